@@ -1,0 +1,371 @@
+//! The QuickJS guest: evaluates one JavaScript snippet per instance.
+//!
+//! The host instantiates this component fresh for every run and throws the
+//! instance away afterwards, so nothing here needs to be reset between runs and
+//! nothing one run leaves behind can be seen by the next. The guest has no
+//! filesystem, no sockets and no environment: its only ways out are the
+//! `output` import (console) and the broker import (grants).
+//!
+//! Deadlines and memory caps are enforced by the host from outside the engine
+//! (epoch interruption, memory growth traps); the guest does not police itself.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use rquickjs::context::EvalOptions;
+use rquickjs::function::{Opt, Rest};
+use rquickjs::{
+    CatchResultExt, CaughtError, Context, Ctx, Function, Object, Persistent, Promise, Runtime,
+    Value,
+};
+
+mod bindings {
+    wit_bindgen::generate!({
+        world: "guest",
+        path: "../wit/js",
+        generate_all,
+    });
+}
+
+use bindings::plimsoll::broker::broker as host_broker;
+use bindings::plimsoll::js::output::{self, Channel};
+
+/// Node's exit code when a top-level await never settles: the run did not fail
+/// with an exception, but it did not finish either.
+const EXIT_UNSETTLED: i32 = 13;
+
+/// QuickJS checks its own stack depth and throws a catchable `RangeError`
+/// before the wasm shadow stack (set to 8 MiB at link time) can overflow and
+/// trap the whole instance.
+const JS_STACK_LIMIT: usize = 4 << 20;
+
+struct Guest;
+
+impl bindings::Guest for Guest {
+    fn run(code: String) -> i32 {
+        match run_snippet(code) {
+            Ok(code) => code,
+            Err(msg) => {
+                // Only engine set-up failures land here (out of memory while
+                // building the context, say); the snippet never ran.
+                output::write(Channel::Stderr, &format!("plimsoll: {msg}\n"));
+                1
+            }
+        }
+    }
+}
+
+bindings::export!(Guest with_types_in bindings);
+
+/// Promises rejected with no handler attached, in the order they were
+/// rejected; a handler attached later removes its promise again.
+type Unhandled = Rc<RefCell<Vec<(Persistent<Value<'static>>, String)>>>;
+
+fn run_snippet(code: String) -> Result<i32, String> {
+    let rt = Runtime::new().map_err(|e| format!("engine start failed: {e}"))?;
+    rt.set_max_stack_size(JS_STACK_LIMIT);
+    let ctx = Context::full(&rt).map_err(|e| format!("engine start failed: {e}"))?;
+
+    let unhandled: Unhandled = Rc::new(RefCell::new(Vec::new()));
+    {
+        let unhandled = unhandled.clone();
+        rt.set_host_promise_rejection_tracker(Some(Box::new(
+            move |ctx: Ctx<'_>, promise: Value<'_>, reason: Value<'_>, is_handled: bool| {
+                let mut list = unhandled.borrow_mut();
+                if is_handled {
+                    list.retain(|(p, _)| {
+                        p.clone()
+                            .restore(&ctx)
+                            .map(|p| p != promise)
+                            .unwrap_or(true)
+                    });
+                } else {
+                    let text = describe_thrown(&ctx, &reason);
+                    list.push((Persistent::save(&ctx, promise), text));
+                }
+            },
+        )));
+    }
+
+    // The script's completion value is a promise (top-level await is on); it
+    // is kept across the job loop below and inspected once the queue drains.
+    let main = ctx.with(
+        |ctx| -> Result<Result<Persistent<Value<'static>>, i32>, String> {
+            install_globals(&ctx).map_err(|e| format!("engine set-up failed: {e}"))?;
+            let mut options = EvalOptions::default();
+            options.global = true;
+            // Snippets are classic scripts, as `node -e` runs them: sloppy mode.
+            options.strict = false;
+            options.promise = true;
+            options.backtrace_barrier = true;
+            options.filename = Some("snippet.js".to_string());
+            match ctx.eval_with_options::<Value, _>(code, options).catch(&ctx) {
+                Ok(value) => Ok(Ok(Persistent::save(&ctx, value))),
+                Err(err) => {
+                    report(
+                        Channel::Stderr,
+                        &format!("Uncaught {}", describe_caught(&ctx, err)),
+                    );
+                    Ok(Err(1))
+                }
+            }
+        },
+    )?;
+    let main = match main {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+
+    // Settle every promise: run queued jobs until none is left. A job that
+    // throws outside any promise is an uncaught error, as in node.
+    loop {
+        match rt.execute_pending_job() {
+            Ok(true) => continue,
+            Ok(false) => break,
+            Err(job) => {
+                let text = job.0.with(|ctx| {
+                    let thrown = ctx.catch();
+                    describe_thrown(&ctx, &thrown)
+                });
+                report(Channel::Stderr, &format!("Uncaught {text}"));
+                return Ok(1);
+            }
+        }
+    }
+
+    ctx.with(|ctx| -> Result<i32, String> {
+        let main_promise = main.restore(&ctx).ok();
+        if let Some(value) = &main_promise {
+            if let Some(promise) = value.as_promise() {
+                match promise.state() {
+                    rquickjs::promise::PromiseState::Rejected => {
+                        let reason: Value = match promise.result::<Value>() {
+                            Some(Err(rquickjs::Error::Exception)) => ctx.catch(),
+                            Some(Ok(v)) => v,
+                            _ => Value::new_undefined(ctx.clone()),
+                        };
+                        report(Channel::Stderr, &format!("Uncaught {}", describe_thrown(&ctx, &reason)));
+                        return Ok(1);
+                    }
+                    rquickjs::promise::PromiseState::Pending => {
+                        report(
+                            Channel::Stderr,
+                            "Warning: Detected unsettled top-level await; the snippet did not finish",
+                        );
+                        return Ok(EXIT_UNSETTLED);
+                    }
+                    rquickjs::promise::PromiseState::Resolved => {}
+                }
+            }
+        }
+        // Any other promise rejected with nobody listening fails the run, as
+        // node's default `--unhandled-rejections=throw` does.
+        let list = unhandled.borrow();
+        for (promise, text) in list.iter() {
+            let is_main = match (&main_promise, promise.clone().restore(&ctx)) {
+                (Some(m), Ok(p)) => *m == p,
+                _ => false,
+            };
+            if !is_main {
+                report(Channel::Stderr, &format!("Uncaught (in promise) {text}"));
+                return Ok(1);
+            }
+        }
+        Ok(0)
+    })
+}
+
+/// Writes one line to a channel.
+fn report(channel: Channel, text: &str) {
+    let mut line = String::with_capacity(text.len() + 1);
+    line.push_str(text);
+    line.push('\n');
+    output::write(channel, &line);
+}
+
+fn describe_caught<'js>(ctx: &Ctx<'js>, err: CaughtError<'js>) -> String {
+    match err {
+        CaughtError::Exception(e) => describe_thrown(ctx, &e.into_value()),
+        CaughtError::Value(v) => describe_thrown(ctx, &v),
+        CaughtError::Error(e) => e.to_string(),
+    }
+}
+
+/// Node-like text for a thrown value: an Error's name, message and stack; any
+/// other value as the console would print it.
+fn describe_thrown<'js>(ctx: &Ctx<'js>, value: &Value<'js>) -> String {
+    if let Some(exc) = value.as_exception() {
+        let name: String = exc
+            .get::<_, Option<rquickjs::convert::Coerced<String>>>("name")
+            .ok()
+            .flatten()
+            .map(|c| c.0)
+            .unwrap_or_else(|| "Error".to_string());
+        let message = exc.message().unwrap_or_default();
+        let mut text = if message.is_empty() {
+            name
+        } else {
+            format!("{name}: {message}")
+        };
+        if let Some(stack) = exc.stack() {
+            let stack = stack.trim_end();
+            if !stack.is_empty() {
+                text.push('\n');
+                text.push_str(stack);
+            }
+        }
+        return text;
+    }
+    format_value(ctx, value)
+}
+
+/// How `console.log` prints one argument: strings as they are, everything else
+/// in a compact JSON-like form (node's `util.inspect` is larger than the whole
+/// engine; this is the useful core of it).
+fn format_value<'js>(ctx: &Ctx<'js>, value: &Value<'js>) -> String {
+    if let Some(s) = value.as_string() {
+        return s.to_string().unwrap_or_default();
+    }
+    if value.is_undefined() {
+        return "undefined".to_string();
+    }
+    if value.is_function() {
+        return "[Function]".to_string();
+    }
+    if value.as_exception().is_some() {
+        return describe_thrown(ctx, value);
+    }
+    if value.is_object() {
+        if let Ok(Some(json)) = ctx.json_stringify(value.clone()) {
+            if let Ok(s) = json.to_string() {
+                return s;
+            }
+        }
+    }
+    value
+        .get::<rquickjs::convert::Coerced<String>>()
+        .map(|c| c.0)
+        .unwrap_or_else(|_| "[unprintable]".to_string())
+}
+
+fn console_writer<'js>(ctx: &Ctx<'js>, channel: Channel) -> rquickjs::Result<Function<'js>> {
+    Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
+        let mut line = String::new();
+        for (i, arg) in args.0.iter().enumerate() {
+            if i > 0 {
+                line.push(' ');
+            }
+            line.push_str(&format_value(&ctx, arg));
+        }
+        report(channel, &line);
+    })
+}
+
+fn install_globals<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<()> {
+    let globals = ctx.globals();
+
+    let console = Object::new(ctx.clone())?;
+    console.set("log", console_writer(ctx, Channel::Stdout)?)?;
+    console.set("info", console_writer(ctx, Channel::Stdout)?)?;
+    console.set("debug", console_writer(ctx, Channel::Stdout)?)?;
+    console.set("warn", console_writer(ctx, Channel::Stderr)?)?;
+    console.set("error", console_writer(ctx, Channel::Stderr)?)?;
+    globals.set("console", console)?;
+
+    // The grant client. It exists on every run so that code written against a
+    // grant fails clearly, not with "host is not defined", when none is given.
+    let host = Object::new(ctx.clone())?;
+    host.set("call", host_fn(ctx, None)?)?;
+    for (name, method) in [
+        ("get", "GET"),
+        ("del", "DELETE"),
+        ("put", "PUT"),
+        ("post", "POST"),
+        ("patch", "PATCH"),
+    ] {
+        host.set(name, host_fn(ctx, Some(method))?)?;
+    }
+    globals.set("host", host)?;
+    Ok(())
+}
+
+/// One method of the `host` object: `call(method, path, body)` when `method`
+/// is `None`, else the shorthand for that method, `(path, body)`. A body given
+/// to `get` or `del` is sent too: the broker polices routes, not payloads.
+fn host_fn<'js>(ctx: &Ctx<'js>, method: Option<&'static str>) -> rquickjs::Result<Function<'js>> {
+    Function::new(
+        ctx.clone(),
+        move |ctx: Ctx<'js>,
+              a: Value<'js>,
+              b: Opt<Value<'js>>,
+              c: Opt<Value<'js>>|
+              -> rquickjs::Result<Promise<'js>> {
+            let text = |v: &Value<'js>| -> String {
+                v.as_string()
+                    .and_then(|s| s.to_string().ok())
+                    .unwrap_or_default()
+            };
+            match method {
+                None => {
+                    let path = b.0.as_ref().map(text).unwrap_or_default();
+                    host_call(&ctx, text(&a), path, c.0)
+                }
+                Some(m) => host_call(&ctx, m.to_string(), text(&a), b.0),
+            }
+        },
+    )
+}
+
+/// `host.call(method, path, body)`: one brokered call, as a Promise. The body
+/// is sent as JSON; a 2xx answer resolves to the parsed JSON (or the text when
+/// it is not JSON); anything else rejects with an Error naming the status.
+fn host_call<'js>(
+    ctx: &Ctx<'js>,
+    method: String,
+    path: String,
+    body: Option<Value<'js>>,
+) -> rquickjs::Result<Promise<'js>> {
+    let (promise, resolve, reject) = Promise::new(ctx)?;
+    let body = match body {
+        Some(v) if !v.is_undefined() => match ctx.json_stringify(v)? {
+            Some(s) => Some(s.to_string()?.into_bytes()),
+            None => None,
+        },
+        _ => None,
+    };
+    let request = host_broker::Request { method, path, body };
+    match host_broker::call(&request) {
+        Ok(response) => {
+            let text = String::from_utf8_lossy(&response.body).into_owned();
+            if (200..300).contains(&response.status) {
+                let value = match ctx.json_parse(text.clone()) {
+                    Ok(v) => v,
+                    Err(_) => rquickjs::String::from_str(ctx.clone(), &text)?.into_value(),
+                };
+                resolve.call::<_, ()>((value,))?;
+            } else {
+                let err = make_error(ctx, &format!("host api {}: {}", response.status, text))?;
+                reject.call::<_, ()>((err,))?;
+            }
+        }
+        Err(e) => {
+            let message = match e {
+                host_broker::CallError::NoGrant => {
+                    "no grant for this run: the host API is not available (the request named no grant_profile)".to_string()
+                }
+                host_broker::CallError::NotPermitted(why) => format!("not permitted by sandbox capability: {why}"),
+                host_broker::CallError::BudgetExhausted(why) => format!("host call budget exhausted: {why}"),
+                host_broker::CallError::Shed => "host api 503: calls are being shed after the API asked to back off".to_string(),
+                host_broker::CallError::UpstreamFailed(why) => format!("host api call failed: {why}"),
+            };
+            let err = make_error(ctx, &message)?;
+            reject.call::<_, ()>((err,))?;
+        }
+    }
+    Ok(promise)
+}
+
+fn make_error<'js>(ctx: &Ctx<'js>, message: &str) -> rquickjs::Result<Value<'js>> {
+    let ctor: Function = ctx.globals().get("Error")?;
+    ctor.call((message.to_string(),))
+}

@@ -1,0 +1,347 @@
+//! The HTTP surface: `plimsoll.v1.SandboxService` over the Connect protocol
+//! (unary, JSON codec) on HTTP/1.1 and prior-knowledge h2c, plus `/healthz`
+//! and `/readyz`.
+//!
+//! Every answer carries the caller's `Plimsoll-Request-Id` back, so a client
+//! can tell its own answer from anyone else's. Every refusal that ran nothing
+//! carries the `Plimsoll-Not-Dispatched` header and, where a Connect body is
+//! possible, the `plimsoll.v1.NotDispatched` detail; an answer without the
+//! mark may follow execution.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use base64::Engine as _;
+use serde::Serialize;
+
+use crate::refusal::{Code, Reason, Refusal};
+use crate::service::{Daemon, RunError};
+use crate::wire::{self, DescribeRequest, PROTOCOL, RunRequest};
+
+pub const REQUEST_ID_HEADER: &str = "plimsoll-request-id";
+pub const NOT_DISPATCHED_HEADER: &str = "plimsoll-not-dispatched";
+const SERVICE_PREFIX: &str = "plimsoll.v1.SandboxService";
+
+/// Largest request body, raw and decoded. The biggest legitimate request (a
+/// project at its file budget, JSON-escaped) fits well inside it.
+pub const MAX_REQUEST_BYTES: usize = 8 << 20;
+/// A client that cannot deliver its body in this long is holding a slot.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn router(daemon: Arc<Daemon>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route(&format!("/{SERVICE_PREFIX}/{{procedure}}"), any(procedure))
+        .fallback(not_found)
+        .layer(middleware::from_fn(bind_answer))
+        .with_state(daemon)
+}
+
+/// Copies a well-formed request ID onto the answer, whatever the answer is.
+/// Only the form official clients send (32 lowercase hex) is echoed, so the
+/// header can never reflect arbitrary caller bytes.
+async fn bind_answer(req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .filter(|v| {
+            v.len() == 32
+                && v.as_bytes()
+                    .iter()
+                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
+        .cloned();
+    let mut resp = next.run(req).await;
+    if let Some(id) = id {
+        resp.headers_mut().insert(REQUEST_ID_HEADER, id);
+    }
+    resp
+}
+
+async fn readyz(State(_d): State<Arc<Daemon>>) -> Response {
+    // The providers that exist so far have no external dependency that can
+    // fail after start; a provider that has one answers 503 here.
+    (StatusCode::OK, "ok").into_response()
+}
+
+async fn not_found() -> Response {
+    refusal_response(
+        StatusCode::NOT_FOUND,
+        &Refusal::unsupported("no such procedure or path"),
+    )
+}
+
+async fn procedure(
+    State(daemon): State<Arc<Daemon>>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Response {
+    let known = matches!(
+        name.as_str(),
+        "Run" | "Describe" | "OpenSession" | "SessionRun" | "CloseSession"
+    );
+    if !known {
+        return not_found().await;
+    }
+    if req.method() != Method::POST {
+        let mut r = refusal_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &Refusal::request("Connect unary calls use POST"),
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return r;
+    }
+    if let Err(r) = check_headers(req.headers()) {
+        return r;
+    }
+    let body = match read_body(req.into_body()).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    match name.as_str() {
+        "Describe" => describe(&daemon, &body),
+        "Run" => run(&daemon, &body).await,
+        // Sessions are not offered by any provider this daemon has.
+        _ => refusal_response(
+            StatusCode::NOT_IMPLEMENTED,
+            &Refusal::unsupported("sessions are not supported by this daemon's provider"),
+        ),
+    }
+}
+
+/// Content type, encoding and declared length, all before any body byte is
+/// read.
+fn check_headers(h: &HeaderMap) -> Result<(), Response> {
+    let ctype = h
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        });
+    if ctype.as_deref() != Some("application/json") {
+        return Err(refusal_response(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &Refusal::request(
+                "this daemon speaks the Connect protocol with the JSON codec: Content-Type must be application/json",
+            ),
+        ));
+    }
+    if let Some(v) = h.get("connect-protocol-version") {
+        if v.as_bytes() != b"1" {
+            return Err(refusal_response(
+                StatusCode::BAD_REQUEST,
+                &Refusal::request("unsupported Connect-Protocol-Version (want 1)"),
+            ));
+        }
+    }
+    if let Some(enc) = h.get(header::CONTENT_ENCODING) {
+        if !enc.as_bytes().eq_ignore_ascii_case(b"identity") {
+            return Err(refusal_response(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                &Refusal::request("compressed request bodies are not accepted"),
+            ));
+        }
+    }
+    if let Some(len) = h.get(header::CONTENT_LENGTH) {
+        let len = len.to_str().ok().and_then(|s| s.parse::<u64>().ok());
+        match len {
+            Some(n) if n > MAX_REQUEST_BYTES as u64 => return Err(too_large()),
+            Some(_) => {}
+            None => {
+                return Err(refusal_response(
+                    StatusCode::BAD_REQUEST,
+                    &Refusal::request("malformed Content-Length"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn too_large() -> Response {
+    refusal_response(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &Refusal::new(
+            Code::ResourceExhausted,
+            Reason::Request,
+            format!("request body exceeds {MAX_REQUEST_BYTES} bytes"),
+        ),
+    )
+}
+
+async fn read_body(body: Body) -> Result<Bytes, Response> {
+    match tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        axum::body::to_bytes(body, MAX_REQUEST_BYTES),
+    )
+    .await
+    {
+        Ok(Ok(b)) => Ok(b),
+        // to_bytes fails for an over-limit body (chunked, no Content-Length)
+        // and for a broken connection; both ran nothing.
+        Ok(Err(_)) => Err(too_large()),
+        Err(_) => Err(refusal_response(
+            StatusCode::REQUEST_TIMEOUT,
+            &Refusal::request("the request body did not arrive in time"),
+        )),
+    }
+}
+
+fn describe(daemon: &Daemon, body: &[u8]) -> Response {
+    if let Err(e) = serde_json::from_slice::<DescribeRequest>(body) {
+        return refusal_response(
+            StatusCode::BAD_REQUEST,
+            &Refusal::request(format!("malformed DescribeRequest: {e}")),
+        );
+    }
+    json_ok(&daemon.describe())
+}
+
+async fn run(daemon: &Daemon, body: &[u8]) -> Response {
+    let req = match parse_run(body) {
+        Ok(r) => r,
+        Err(r) => return refusal_from(&r),
+    };
+    match daemon.run(req).await {
+        Ok(resp) => json_ok(&resp),
+        Err(RunError::Refused(r)) => refusal_from(&r),
+        Err(RunError::Internal { id, .. }) => {
+            connect_error(Code::Internal, &format!("internal error {id}"), None)
+        }
+    }
+}
+
+/// Parses a Run body. The protocol number is checked before anything in the
+/// payload counts: a request from a client of another protocol is refused as
+/// `protocol` even when its payload would not parse here.
+pub fn parse_run(body: &[u8]) -> Result<RunRequest, Refusal> {
+    let parsed = serde_json::from_slice::<RunRequest>(body);
+    let protocol = match &parsed {
+        Ok(r) => Ok(r.protocol),
+        Err(_) => match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(serde_json::Value::Object(m)) => wire::peek_protocol(&m),
+            _ => return Err(Refusal::request("the request body is not a JSON object")),
+        },
+    };
+    match protocol {
+        Ok(0) => {
+            return Err(Refusal::new(
+                Code::InvalidArgument,
+                Reason::Protocol,
+                format!(
+                    "the request states no protocol number; this daemon serves protocol {PROTOCOL}"
+                ),
+            ));
+        }
+        Ok(p) if p != PROTOCOL => {
+            return Err(Refusal::new(
+                Code::Unimplemented,
+                Reason::Protocol,
+                format!("this daemon serves protocol {PROTOCOL}, the request states {p}"),
+            ));
+        }
+        Ok(_) => {}
+        Err(why) => return Err(Refusal::new(Code::InvalidArgument, Reason::Protocol, why)),
+    }
+    parsed.map_err(|e| Refusal::request(format!("malformed RunRequest: {e}")))
+}
+
+fn json_ok<T: Serialize>(v: &T) -> Response {
+    match serde_json::to_vec(v) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(_) => connect_error(
+            Code::Internal,
+            "internal error: encoding the answer failed",
+            None,
+        ),
+    }
+}
+
+fn refusal_from(r: &Refusal) -> Response {
+    let status = StatusCode::from_u16(r.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+    refusal_response(status, r)
+}
+
+/// A marked refusal: the header and the Connect detail both say nothing ran.
+pub fn refusal_response(status: StatusCode, r: &Refusal) -> Response {
+    let mut resp = connect_error(r.code, &r.message, Some(r.reason));
+    *resp.status_mut() = status;
+    resp
+}
+
+#[derive(Serialize)]
+struct ConnectError<'a> {
+    code: &'a str,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    details: Vec<ConnectDetail>,
+}
+
+#[derive(Serialize)]
+struct ConnectDetail {
+    #[serde(rename = "type")]
+    type_: &'static str,
+    value: String,
+}
+
+fn connect_error(code: Code, message: &str, reason: Option<Reason>) -> Response {
+    let details = reason
+        .map(|r| {
+            vec![ConnectDetail {
+                type_: "plimsoll.v1.NotDispatched",
+                value: base64::engine::general_purpose::STANDARD_NO_PAD.encode(r.detail_bytes()),
+            }]
+        })
+        .unwrap_or_default();
+    let body = serde_json::to_vec(&ConnectError {
+        code: code.as_str(),
+        message,
+        details,
+    })
+    .unwrap_or_else(|_| br#"{"code":"internal"}"#.to_vec());
+    let status =
+        StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    if let Some(r) = reason {
+        resp.headers_mut()
+            .insert(NOT_DISPATCHED_HEADER, HeaderValue::from_static(r.as_str()));
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_is_checked_before_payload() {
+        let r = parse_run(br#"{"protocol":3,"javascript":{"code":1,"junk":true}}"#)
+            .expect_err("refused");
+        assert_eq!(r.reason, Reason::Protocol);
+        assert_eq!(r.code, Code::Unimplemented);
+        let r = parse_run(br#"{"javascript":{"code":"1"}}"#).expect_err("refused");
+        assert_eq!(
+            (r.reason, r.code),
+            (Reason::Protocol, Code::InvalidArgument)
+        );
+        let r = parse_run(br#"{"protocol":4,"javascript":{"code":"1","junk":true}}"#)
+            .expect_err("refused");
+        assert_eq!(r.reason, Reason::Request);
+        assert!(parse_run(br#"{"protocol":4,"javascript":{"code":"1"}}"#).is_ok());
+        let r = parse_run(b"[1,2]").expect_err("refused");
+        assert_eq!(r.reason, Reason::Request);
+    }
+}

@@ -1,0 +1,126 @@
+//! `plimsolld`: the daemon. Configuration comes only from the environment
+//! (`plimsolld -h` lists it); any other argument is refused, so a flag that
+//! looks like it sets something cannot be silently ignored.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use plimsoll::admission::Limits;
+use plimsoll::config::{self, Config, LogFormat, ProviderKind};
+use plimsoll::providers::{Provider, wasm::WasmProvider};
+use plimsoll::{Daemon, api};
+
+/// Output cap per stream for a JavaScript run.
+const OUTPUT_LIMIT: usize = 64 << 10;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => {}
+        [a] if a == "-h" || a == "--help" || a == "help" => {
+            print!("{}", config::help_text());
+            return ExitCode::SUCCESS;
+        }
+        _ => {
+            eprintln!(
+                "plimsolld takes no arguments; configuration comes from the environment (see plimsolld -h)"
+            );
+            return ExitCode::from(2);
+        }
+    }
+    let cfg = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("plimsolld: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(cfg.log_format);
+    for name in &cfg.unknown {
+        tracing::warn!(variable = %name, "unknown configuration variable ignored (see plimsolld -h)");
+    }
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("plimsolld: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "plimsolld stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(cfg: Config) -> anyhow::Result<()> {
+    let (provider, limits) = match cfg.provider {
+        ProviderKind::Disabled => {
+            tracing::warn!("SANDBOX_PROVIDER is unset: the Disabled provider refuses every run");
+            (Provider::Disabled, Limits::wasm(cfg.max_concurrent))
+        }
+        ProviderKind::Wasm => {
+            tracing::warn!(
+                "the wasm provider is process-tier: an engine escape lands in this daemon; never use it for hostile code"
+            );
+            let (memory_mb, max) = (cfg.memory_mb, cfg.max_concurrent);
+            let w = tokio::task::spawn_blocking(move || {
+                WasmProvider::new(memory_mb, max, OUTPUT_LIMIT)
+            })
+            .await??;
+            (Provider::Wasm(w), Limits::wasm(cfg.max_concurrent))
+        }
+    };
+    let daemon = Arc::new(Daemon::new(provider, limits));
+    let ev = daemon.evidence();
+    let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        sandbox = ev.sandbox,
+        isolation = ev.tier.as_str(),
+        environment = %ev.environment,
+        memory_mb = cfg.memory_mb,
+        max_concurrent = cfg.max_concurrent,
+        "plimsolld listening"
+    );
+    axum::serve(listener, api::router(daemon))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutting down");
+}
+
+fn init_logging(format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(true);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(false).init(),
+    }
+}

@@ -1,0 +1,378 @@
+//! The `wasm` provider: JavaScript snippets in QuickJS, compiled to a Wasm
+//! component and run by wasmtime inside this process.
+//!
+//! Process tier, and only that: an engine escape lands in the daemon. It is for
+//! trusted or low-stakes code and for development, never for hostile code.
+//!
+//! Performance shape: the component is compiled once at start and pre-linked
+//! once (`InstancePre`); every run gets a fresh `Store` and a fresh instance
+//! from the pooling allocator, whose memory images are copy-on-write, so a run
+//! starts from the component's pristine state and leaves nothing behind.
+//! Deadlines use epoch interruption (a ticker thread bumps the epoch); memory
+//! is capped by a limiter that traps on the first growth past the cap, so a
+//! script cannot catch its way around it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    Trap,
+};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::providers::ProcessOutput;
+use crate::refusal::Refusal;
+
+mod generated {
+    wasmtime::component::bindgen!({
+        world: "guest",
+        path: "../wit/js",
+    });
+}
+
+use generated::plimsoll::broker::broker as broker_if;
+use generated::plimsoll::js::output as output_if;
+
+/// The QuickJS guest, built by `make guest` before the host (see build.rs).
+static GUEST_JS: &[u8] = include_bytes!(env!("PLIMSOLL_GUEST_JS_WASM"));
+
+/// Epoch tick. Deadlines are rounded up to it, so a run overruns its budget by
+/// at most one tick.
+const TICK: Duration = Duration::from_millis(5);
+
+/// Exit code reported for a run stopped at its deadline, as `timeout(1)` does.
+pub const EXIT_TIMED_OUT: i32 = 124;
+/// Exit code reported for a run stopped at its memory cap, as for a process
+/// the kernel's OOM killer ends.
+pub const EXIT_OUT_OF_MEMORY: i32 = 137;
+/// Exit code for any other trap inside the engine (a bug in the guest).
+pub const EXIT_ENGINE_TRAP: i32 = 134;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WasmError {
+    #[error("configuring the wasm engine: {0}")]
+    Engine(String),
+    #[error("compiling the QuickJS component: {0}")]
+    Compile(String),
+    #[error("linking the QuickJS component: {0}")]
+    Link(String),
+}
+
+/// Why a run produced no result.
+#[derive(Debug)]
+pub enum RunFailure {
+    /// Nothing of the snippet ran (no instance could be created).
+    NotDispatched(Refusal),
+    /// The engine failed after the snippet may have started.
+    MayHaveRun(String),
+}
+
+pub struct WasmProvider {
+    engine: Engine,
+    pre: generated::GuestPre<RunState>,
+    identity: String,
+    memory_limit: usize,
+    output_limit: usize,
+    stop_ticker: Arc<AtomicBool>,
+}
+
+impl Drop for WasmProvider {
+    fn drop(&mut self) {
+        self.stop_ticker.store(true, Ordering::Relaxed);
+    }
+}
+
+impl WasmProvider {
+    /// Compiles and links the embedded QuickJS component. Slow (about a second
+    /// of Cranelift on two cores), so it happens once, at start.
+    pub fn new(
+        memory_mb: u32,
+        max_concurrent: u32,
+        output_limit: usize,
+    ) -> Result<Self, WasmError> {
+        Self::from_component(GUEST_JS, memory_mb, max_concurrent, output_limit)
+    }
+
+    pub fn from_component(
+        bytes: &[u8],
+        memory_mb: u32,
+        max_concurrent: u32,
+        output_limit: usize,
+    ) -> Result<Self, WasmError> {
+        let memory_limit = (memory_mb as usize) << 20;
+        let mut cfg = Config::new();
+        cfg.wasm_component_model(true);
+        cfg.epoch_interruption(true);
+        // One pool slot per run that may be in flight, plus headroom for the
+        // few core instances and memories one component instance consists of.
+        let slots = max_concurrent.max(1);
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(slots)
+            .total_core_instances(slots * 8)
+            .total_memories(slots * 2)
+            .total_tables(slots * 4)
+            .max_memory_size(memory_limit);
+        cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&cfg).map_err(|e| WasmError::Engine(format!("{e:#}")))?;
+
+        let component =
+            Component::new(&engine, bytes).map_err(|e| WasmError::Compile(format!("{e:#}")))?;
+        let mut linker: Linker<RunState> = Linker::new(&engine);
+        // All of WASI p2 is linked, but the context grants nothing: no
+        // preopened directories, no sockets, no environment, no arguments,
+        // stdin empty and stdout/stderr discarded (output goes through the
+        // `output` import instead, where the host caps it).
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| WasmError::Link(format!("{e:#}")))?;
+        generated::Guest::add_to_linker::<RunState, HasSelf<RunState>>(&mut linker, |s| s)
+            .map_err(|e| WasmError::Link(format!("{e:#}")))?;
+        let pre = linker
+            .instantiate_pre(&component)
+            .map_err(|e| WasmError::Link(format!("{e:#}")))?;
+        let pre = generated::GuestPre::new(pre).map_err(|e| WasmError::Link(format!("{e:#}")))?;
+
+        let stop_ticker = Arc::new(AtomicBool::new(false));
+        spawn_ticker(&engine, stop_ticker.clone());
+
+        Ok(WasmProvider {
+            engine,
+            pre,
+            identity: format!("quickjs-wasm:sha256:{}", hex::encode(Sha256::digest(bytes))),
+            memory_limit,
+            output_limit,
+            stop_ticker,
+        })
+    }
+
+    /// `quickjs-wasm:sha256:<digest of the component>`: the exact engine
+    /// every run of this daemon executes in.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    pub fn memory_limit(&self) -> usize {
+        self.memory_limit
+    }
+
+    /// Runs one snippet to completion, its deadline, or its memory cap.
+    /// Blocking: call it from a blocking thread.
+    pub fn run(&self, code: &str, timeout: Duration) -> Result<ProcessOutput, RunFailure> {
+        let state = RunState {
+            wasi: WasiCtx::builder().build(),
+            table: ResourceTable::new(),
+            limits: Limits {
+                memory_limit: self.memory_limit,
+                memory_denied: false,
+            },
+            stdout: Capped::new(self.output_limit),
+            stderr: Capped::new(self.output_limit),
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        let ticks = timeout.as_nanos().div_ceil(TICK.as_nanos()).max(1) as u64 + 1;
+        store.set_epoch_deadline(ticks);
+        store.epoch_deadline_trap();
+
+        let guest = match self.pre.instantiate(&mut store) {
+            Ok(g) => g,
+            Err(e) => {
+                // Instantiation runs no snippet code (the component has no
+                // start function that evaluates anything), so this is a
+                // refusal. The pool being exhausted is the usual cause.
+                tracing::warn!(error = %format!("{e:#}"), "wasm instantiation failed");
+                return Err(RunFailure::NotDispatched(Refusal::capacity(
+                    "no wasm instance could be created for this run",
+                )));
+            }
+        };
+        let result = guest.call_run(&mut store, code);
+        let state = store.into_data();
+        let (mut out, mut err) = (state.stdout, state.stderr);
+        let (exit_code, timed_out) = match result {
+            Ok(code) => (code, false),
+            Err(e) => {
+                if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+                    err.push_str(&format!(
+                        "plimsoll: the run was stopped at its deadline of {} ms\n",
+                        timeout.as_millis()
+                    ));
+                    (EXIT_TIMED_OUT, true)
+                } else if state.limits.memory_denied {
+                    err.push_str(&format!(
+                        "plimsoll: the run was stopped at its memory limit of {} MiB\n",
+                        self.memory_limit >> 20
+                    ));
+                    (EXIT_OUT_OF_MEMORY, false)
+                } else if let Some(trap) = e.downcast_ref::<Trap>() {
+                    // A trap code names the fault class only; the wasm
+                    // backtrace is left out of the result and the log.
+                    err.push_str(&format!("plimsoll: the engine stopped the run: {trap}\n"));
+                    (EXIT_ENGINE_TRAP, false)
+                } else {
+                    return Err(RunFailure::MayHaveRun(format!("{e:#}")));
+                }
+            }
+        };
+        Ok(ProcessOutput {
+            stdout_truncated: out.truncated,
+            stderr_truncated: err.truncated,
+            stdout: std::mem::take(&mut out.buf),
+            stderr: std::mem::take(&mut err.buf),
+            exit_code,
+            timed_out,
+        })
+    }
+}
+
+fn spawn_ticker(engine: &Engine, stop: Arc<AtomicBool>) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("plimsoll-epoch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(TICK);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
+                }
+            }
+        })
+        // A thread that cannot be spawned at start is a start failure; there
+        // is no request in play yet.
+        .expect("spawning the epoch ticker thread");
+}
+
+/// Everything one run's store holds.
+struct RunState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: Limits,
+    stdout: Capped,
+    stderr: Capped,
+}
+
+impl WasiView for RunState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl output_if::Host for RunState {
+    fn write(&mut self, channel: output_if::Channel, data: String) {
+        match channel {
+            output_if::Channel::Stdout => self.stdout.push_str(&data),
+            output_if::Channel::Stderr => self.stderr.push_str(&data),
+        }
+    }
+}
+
+impl broker_if::Host for RunState {
+    fn call(
+        &mut self,
+        _request: broker_if::Request,
+    ) -> Result<broker_if::Response, broker_if::CallError> {
+        // No run carries a grant yet: the guest has no network at all.
+        Err(broker_if::CallError::NoGrant)
+    }
+}
+
+/// Memory and table caps for one run. Growth past the memory cap is an error,
+/// which wasmtime turns into a trap: the script cannot catch it and carry on.
+struct Limits {
+    memory_limit: usize,
+    memory_denied: bool,
+}
+
+/// Generous for QuickJS (which uses one small function table) while keeping a
+/// runaway table from eating host memory.
+const MAX_TABLE_ELEMENTS: usize = 1 << 16;
+
+impl ResourceLimiter for Limits {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_limit {
+            self.memory_denied = true;
+            return Err(wasmtime::Error::msg("memory limit reached"));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+/// An output stream that keeps at most `limit` bytes and remembers whether it
+/// dropped any. Cut on a UTF-8 boundary so the kept part stays text.
+struct Capped {
+    buf: Vec<u8>,
+    limit: usize,
+    truncated: bool,
+}
+
+impl Capped {
+    fn new(limit: usize) -> Self {
+        Capped {
+            buf: Vec::new(),
+            limit,
+            truncated: false,
+        }
+    }
+
+    fn push_str(&mut self, s: &str) {
+        if self.truncated {
+            return;
+        }
+        let room = self.limit - self.buf.len();
+        if s.len() <= room {
+            self.buf.extend_from_slice(s.as_bytes());
+            return;
+        }
+        let mut cut = room;
+        while cut > 0 && !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        self.buf.extend_from_slice(&s.as_bytes()[..cut]);
+        self.truncated = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capped_keeps_limit_and_flags() {
+        let mut c = Capped::new(5);
+        c.push_str("abc");
+        c.push_str("déf");
+        assert_eq!(c.buf, b"abcd");
+        assert!(c.truncated);
+        c.push_str("x");
+        assert_eq!(c.buf, b"abcd");
+    }
+
+    #[test]
+    fn capped_exact_fit_is_not_truncated() {
+        let mut c = Capped::new(3);
+        c.push_str("abc");
+        assert!(!c.truncated);
+        assert_eq!(c.buf, b"abc");
+    }
+}

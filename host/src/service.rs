@@ -1,0 +1,271 @@
+//! The run pipeline, independent of HTTP: validate, admit, check the floor
+//! against current evidence, dispatch to the provider, seal the record.
+//!
+//! The order is the security argument. Everything that can refuse a run does
+//! so before `dispatch`, and each refusal is a typed `Refusal` (nothing ran).
+//! The isolation floor is compared with the provider's evidence as the very
+//! last step before the provider is called, after admission, so no wait in a
+//! queue can sit between the check and the run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Semaphore;
+
+use crate::admission::{self, Limits};
+use crate::providers::{Evidence, ProcessOutput, Provider, wasm::RunFailure};
+use crate::record;
+use crate::refusal::{Code, Reason, Refusal};
+use crate::tier::Tier;
+use crate::wire::{
+    B64, DescribeResponse, I64, JavaScriptResult, PROTOCOL, PayloadEnvironment, RunRequest,
+    RunResources, RunResponse,
+};
+
+/// A run that produced no result.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Nothing ran; the answer carries the not-dispatched mark.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// The run may have started. Unmarked: a client must not retry blindly.
+    /// `id` joins the caller's answer to the detailed log line.
+    #[error("internal error {id}")]
+    Internal { id: String, detail: String },
+}
+
+pub struct Daemon {
+    provider: Arc<Provider>,
+    limits: Limits,
+    in_flight: Arc<Semaphore>,
+}
+
+impl Daemon {
+    pub fn new(provider: Provider, limits: Limits) -> Self {
+        let in_flight = Arc::new(Semaphore::new(limits.max_concurrent as usize));
+        Daemon {
+            provider: Arc::new(provider),
+            limits,
+            in_flight,
+        }
+    }
+
+    pub fn evidence(&self) -> Evidence {
+        self.provider.evidence()
+    }
+
+    pub fn describe(&self) -> DescribeResponse {
+        let ev = self.provider.evidence();
+        let mut d = DescribeResponse {
+            sandbox: ev.sandbox.to_string(),
+            isolation: ev.tier.as_str().to_string(),
+            protocol: PROTOCOL,
+            ..Default::default()
+        };
+        if let Provider::Wasm(w) = &*self.provider {
+            d.javascript_environment = Some(PayloadEnvironment {
+                identity: ev.environment.clone(),
+                max_timeout_ms: self.limits.max_timeout.as_millis() as u32,
+                software_identity: ev.software_identity.clone(),
+                languages: vec!["javascript".to_string()],
+            });
+            d.resources = Some(RunResources {
+                memory_mb: (w.memory_limit() >> 20) as u32,
+                ..Default::default()
+            });
+        }
+        d
+    }
+
+    /// One `Run` call, from parsed request to sealed answer.
+    pub async fn run(&self, req: RunRequest) -> Result<RunResponse, RunError> {
+        // 1. The request on its own: malformed or out of bounds is `request`.
+        let checked = admission::validate(&req, &self.limits)?;
+
+        // 2. What this daemon can do at all.
+        let js = match (&*self.provider, &checked.payload) {
+            (Provider::Disabled, _) => {
+                return Err(Refusal::new(
+                    Code::FailedPrecondition,
+                    Reason::Unsupported,
+                    "no provider is configured (SANDBOX_PROVIDER is unset): this daemon runs nothing",
+                )
+                .into());
+            }
+            (
+                Provider::Wasm(_),
+                admission::Payload::JavaScript {
+                    code,
+                    grant_profile,
+                },
+            ) => {
+                if !grant_profile.is_empty() {
+                    // No grant profiles exist yet; an unknown profile and a
+                    // forbidden one will get this same answer.
+                    return Err(Refusal::permission(
+                        "grant profile is unknown or not permitted for this caller",
+                    )
+                    .into());
+                }
+                code.clone()
+            }
+            (Provider::Wasm(_), payload) => {
+                return Err(Refusal::unsupported(format!(
+                    "the wasm provider runs JavaScript snippets only, not {} payloads",
+                    payload.kind()
+                ))
+                .into());
+            }
+        };
+
+        // 3. Admission: a slot now, or a capacity refusal now (no queue).
+        let _slot = self.in_flight.clone().try_acquire_owned().map_err(|_| {
+            Refusal::capacity("the daemon is running as many runs as it is configured for")
+        })?;
+
+        // 4. The wall: current evidence against the floor and the software
+        //    rule, immediately before dispatch.
+        let ev = self.provider.evidence();
+        check_floor(checked.floor, ev.tier)?;
+        if let Some(rule) = &req.software_rule {
+            if !rule.identities.iter().any(|id| *id == ev.software_identity)
+                || ev.software_identity.is_empty()
+            {
+                return Err(Refusal::environment(
+                    "the provider's software is not in the request's software rule",
+                )
+                .into());
+            }
+        }
+
+        // 5. Dispatch.
+        let started_wall = unix_ms();
+        let started = Instant::now();
+        let output = self.dispatch_javascript(js, checked.timeout).await?;
+        let elapsed_ms = started.elapsed().as_millis() as i64;
+
+        // 6. The answer and its record.
+        let result = JavaScriptResult {
+            stdout: B64(output.stdout),
+            stderr: B64(output.stderr),
+            exit_code: output.exit_code,
+            timed_out: output.timed_out,
+            stdout_truncated: output.stdout_truncated,
+            stderr_truncated: output.stderr_truncated,
+        };
+        let rec = record::seal(
+            record::request_digest(&req),
+            record::javascript_result_digest(&result),
+            req.software_rule.as_ref(),
+            &record::Evidence {
+                provider: ev.sandbox,
+                isolation: ev.tier.as_str(),
+                environment: &ev.environment,
+                policy: "",
+                software_identity: &ev.software_identity,
+                instance: "",
+            },
+            started_wall,
+            started_wall + elapsed_ms,
+        );
+        tracing::info!(
+            target: "plimsoll::audit",
+            op = "javascript",
+            sandbox = ev.sandbox,
+            isolation = ev.tier.as_str(),
+            duration_ms = elapsed_ms,
+            code_bytes = req.javascript.as_ref().map_or(0, |j| j.code.len()),
+            exit_code = result.exit_code,
+            timed_out = result.timed_out,
+            trace_id = checked.trace_id.as_deref().unwrap_or(""),
+            trace_id_rejected = checked.trace_id_rejected,
+            "code run"
+        );
+        Ok(RunResponse {
+            sandbox: ev.sandbox.to_string(),
+            isolation: ev.tier.as_str().to_string(),
+            duration_ms: I64(elapsed_ms),
+            record: rec,
+            software_identity: ev.software_identity.clone(),
+            environment: ev.environment.clone(),
+            instance: String::new(),
+            javascript: Some(result),
+        })
+    }
+
+    async fn dispatch_javascript(
+        &self,
+        code: String,
+        timeout: Duration,
+    ) -> Result<ProcessOutput, RunError> {
+        let provider = self.provider.clone();
+        let joined = tokio::task::spawn_blocking(move || match &*provider {
+            Provider::Wasm(w) => w.run(&code, timeout),
+            // Unreachable by construction (checked above); answered as a
+            // refusal rather than a panic all the same.
+            Provider::Disabled => Err(RunFailure::NotDispatched(Refusal::unsupported(
+                "no provider",
+            ))),
+        })
+        .await;
+        match joined {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(RunFailure::NotDispatched(r))) => Err(r.into()),
+            Ok(Err(RunFailure::MayHaveRun(detail))) => Err(internal(detail)),
+            Err(join) => Err(internal(format!("run task failed: {join}"))),
+        }
+    }
+}
+
+/// The floor check. `None` is no floor. Below the floor nothing runs.
+pub fn check_floor(floor: Option<Tier>, current: Tier) -> Result<(), Refusal> {
+    match floor {
+        Some(f) if !current.meets(f) => Err(Refusal::new(
+            Code::FailedPrecondition,
+            Reason::Isolation,
+            format!("the provider's isolation is {current}, below the requested minimum {f}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn internal(detail: String) -> RunError {
+    let mut id = [0u8; 8];
+    // Without randomness the ID is only a join key; zeros still answer.
+    let _ = getrandom::fill(&mut id);
+    let id = hex::encode(id);
+    tracing::error!(error_id = %id, detail = %truncate(&detail, 4096), "internal error during a run");
+    RunError::Internal { id, detail }
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floor_below_evidence_refuses_with_isolation() {
+        let r = check_floor(Some(Tier::Vm), Tier::Process).expect_err("refused");
+        assert_eq!(r.reason, Reason::Isolation);
+        assert_eq!(r.code, Code::FailedPrecondition);
+        assert!(check_floor(Some(Tier::Process), Tier::Process).is_ok());
+        assert!(check_floor(None, Tier::None).is_ok());
+        assert!(check_floor(Some(Tier::Process), Tier::None).is_err());
+    }
+}
