@@ -34,10 +34,9 @@ use bindings::plimsoll::js::output::{self, Channel};
 /// with an exception, but it did not finish either.
 const EXIT_UNSETTLED: i32 = 13;
 
-/// QuickJS checks its own stack depth and throws a catchable `RangeError`
-/// before the wasm shadow stack (set to 8 MiB at link time) can overflow and
-/// trap the whole instance.
-const JS_STACK_LIMIT: usize = 4 << 20;
+// No JS stack limit is set: QuickJS-ng ignores it when built for WASI (its
+// stack check is compiled out there). Runaway recursion is stopped by the
+// host instead, when the instance reaches its wasm stack limit and traps.
 
 struct Guest;
 
@@ -63,7 +62,6 @@ type Unhandled = Rc<RefCell<Vec<(Persistent<Value<'static>>, String)>>>;
 
 fn run_snippet(code: String) -> Result<i32, String> {
     let rt = Runtime::new().map_err(|e| format!("engine start failed: {e}"))?;
-    rt.set_max_stack_size(JS_STACK_LIMIT);
     let ctx = Context::full(&rt).map_err(|e| format!("engine start failed: {e}"))?;
 
     let unhandled: Unhandled = Rc::new(RefCell::new(Vec::new()));

@@ -40,8 +40,13 @@ fn main() -> ExitCode {
         tracing::warn!(variable = %name, "unknown configuration variable ignored (see plimsolld -h)");
     }
 
+    // Runs execute on the blocking pool, whose threads get this stack size
+    // too: the wasm provider needs room for its native wasm stack, or a deep
+    // recursion in a snippet would overflow the host thread and abort the
+    // daemon instead of trapping the one instance.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(plimsoll::providers::wasm::RUN_THREAD_STACK)
         .build()
     {
         Ok(r) => r,

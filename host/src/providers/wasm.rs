@@ -44,6 +44,12 @@ static GUEST_JS: &[u8] = include_bytes!(env!("PLIMSOLL_GUEST_JS_WASM"));
 /// at most one tick.
 const TICK: Duration = Duration::from_millis(5);
 
+/// Native stack wasm code may use; see `Config::max_wasm_stack` above.
+pub const MAX_WASM_STACK: usize = 4 << 20;
+/// Stack size for threads that call `WasmProvider::run`: the wasm stack plus
+/// room for the host frames beneath it.
+pub const RUN_THREAD_STACK: usize = 8 << 20;
+
 /// Exit code reported for a run stopped at its deadline, as `timeout(1)` does.
 pub const EXIT_TIMED_OUT: i32 = 124;
 /// Exit code reported for a run stopped at its memory cap, as for a process
@@ -107,6 +113,15 @@ impl WasmProvider {
         let mut cfg = Config::new();
         cfg.wasm_component_model(true);
         cfg.epoch_interruption(true);
+        // Deep JS recursion is bounded by this native stack (QuickJS's own
+        // check is compiled out under WASI): a larger one lets legitimate
+        // recursive code go deeper before the instance traps. Runs happen on
+        // threads with `RUN_THREAD_STACK`, so the trap always comes first and
+        // the host thread itself can never overflow.
+        cfg.max_wasm_stack(MAX_WASM_STACK);
+        // wasmtime requires the async fiber stack to hold the wasm stack even
+        // though this provider calls the guest synchronously.
+        cfg.async_stack_size(MAX_WASM_STACK + (1 << 20));
         // One pool slot per run that may be in flight, plus headroom for the
         // few core instances and memories one component instance consists of.
         let slots = max_concurrent.max(1);
@@ -207,6 +222,11 @@ impl WasmProvider {
                         self.memory_limit >> 20
                     ));
                     (EXIT_OUT_OF_MEMORY, false)
+                } else if e.downcast_ref::<Trap>() == Some(&Trap::StackOverflow) {
+                    // QuickJS has no working stack check under WASI, so deep
+                    // recursion ends here rather than as a RangeError.
+                    err.push_str("plimsoll: the run exhausted its stack (runaway recursion) and was stopped\n");
+                    (EXIT_ENGINE_TRAP, false)
                 } else if let Some(trap) = e.downcast_ref::<Trap>() {
                     // A trap code names the fault class only; the wasm
                     // backtrace is left out of the result and the log.

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what building and testing plimsoll needs on a fresh Debian 12
+# machine, and nothing else. Idempotent: each step is skipped when done.
+#   - clang + wasi-libc: compile QuickJS's C for wasm32-wasip2 (rquickjs-sys)
+#   - llvm: llvm-ar for that archive
+#   - the wasm32-wasip2 Rust target: the guest components
+#   - a venv with the published Python client, for the compatibility suite
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v clang >/dev/null || need_apt+=(clang)
+command -v llvm-ar >/dev/null || need_apt+=(llvm)
+[ -d /usr/include/wasm32-wasi ] || need_apt+=(wasi-libc)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]} from Debian"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if ! rustup target list --installed | grep -qx wasm32-wasip2; then
+  echo "setup: adding the wasm32-wasip2 Rust target"
+  rustup target add wasm32-wasip2
+fi
+
+# The published client, pinned, unmodified: the compatibility contract.
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import plimsoll_client, pytest' 2>/dev/null; then
+  echo "setup: creating .venv with plimsoll-client 0.23.0 and pytest"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check 'plimsoll-client==0.23.0' 'pytest>=8,<9'
+fi

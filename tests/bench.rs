@@ -1,0 +1,174 @@
+//! `plimsoll-bench`: the numbers in docs/benchmarks.md.
+//!
+//! 1. bare: the wasm provider in this process, instantiate + run of a trivial
+//!    snippet, no HTTP (what one run costs the engine).
+//! 2. http: the same snippet end to end through the real daemon on loopback,
+//!    sequentially (latency) and from several concurrent clients (throughput).
+//! 3. idle RSS of a freshly started daemon.
+//!
+//! Everything is bounded in count and time and only talks to 127.0.0.1.
+
+use std::time::{Duration, Instant};
+
+use plimsoll::providers::wasm::WasmProvider;
+use plimsoll_tests::{Daemon, js_run};
+
+const SNIPPET: &str = "console.log(6*7)";
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn summary(name: &str, mut v: Vec<Duration>) {
+    v.sort();
+    println!(
+        "| {name} | {} | {:.3} ms | {:.3} ms | {:.3} ms |",
+        v.len(),
+        percentile(&v, 0.5).as_secs_f64() * 1e3,
+        percentile(&v, 0.99).as_secs_f64() * 1e3,
+        v[0].as_secs_f64() * 1e3
+    );
+}
+
+fn bare(n: usize) {
+    let w = WasmProvider::new(256, 8, 64 << 10).expect("wasm provider");
+    for _ in 0..200 {
+        w.run(SNIPPET, Duration::from_secs(5)).ok();
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let out = w.run(SNIPPET, Duration::from_secs(5)).ok().expect("run");
+        v.push(t.elapsed());
+        assert_eq!(out.stdout, b"42\n");
+    }
+    summary("bare instantiate+run (in process)", v);
+}
+
+async fn http(d: &Daemon, n: usize) {
+    let c = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let url = d.url("/plimsoll.v1.SandboxService/Run");
+    let body = serde_json::to_vec(&js_run(SNIPPET)).expect("json");
+    for _ in 0..200 {
+        c.post(&url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .ok();
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = c
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("sent");
+        let status = r.status();
+        let _ = r.bytes().await.expect("body");
+        v.push(t.elapsed());
+        assert!(status.is_success());
+    }
+    summary("HTTP Run, 1 client, keep-alive", v);
+}
+
+async fn throughput(d: &Daemon, clients: usize, per_client: usize) {
+    let url = d.url("/plimsoll.v1.SandboxService/Run");
+    let body = serde_json::to_vec(&js_run(SNIPPET)).expect("json");
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (url, body) = (url.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            let c = reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("client");
+            let mut v = Vec::with_capacity(per_client);
+            let mut refused = 0usize;
+            for _ in 0..per_client {
+                let t = Instant::now();
+                let r = c
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .expect("sent");
+                let ok = r.status().is_success();
+                let _ = r.bytes().await;
+                if ok {
+                    v.push(t.elapsed())
+                } else {
+                    refused += 1
+                }
+            }
+            (v, refused)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut refused = 0;
+    for t in tasks {
+        let (v, r) = t.await.expect("join");
+        all.extend(v);
+        refused += r;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "| HTTP Run, {clients} concurrent clients | {} ok, {refused} refused | {:.0} runs/s | | |",
+        all.len(),
+        all.len() as f64 / secs
+    );
+    summary(&format!("  latency under {clients} clients"), all);
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+#[tokio::main]
+async fn main() {
+    let n: usize = std::env::var("BENCH_N")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
+    println!("| what | runs | p50 | p99 | min |");
+    println!("|---|---|---|---|---|");
+    bare(n);
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("SANDBOX_MAX_CONCURRENT", "16"),
+    ]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let idle = d.pid().and_then(rss_kib);
+    http(&d, n).await;
+    throughput(&d, 4, n / 2).await;
+    throughput(&d, 8, n / 4).await;
+    println!();
+    match idle {
+        Some(kib) => println!(
+            "daemon idle RSS after start: {:.1} MiB",
+            kib as f64 / 1024.0
+        ),
+        None => println!("daemon idle RSS: unavailable"),
+    }
+    if let Some(kib) = d.pid().and_then(rss_kib) {
+        println!(
+            "daemon RSS after the benchmark: {:.1} MiB",
+            kib as f64 / 1024.0
+        );
+    }
+}

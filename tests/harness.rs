@@ -1,0 +1,251 @@
+//! Test harness: starts the real `plimsolld` binary on a loopback port with a
+//! given environment, and talks to it as a client would.
+//!
+//! The binary is the one `make build` produced (`PLIMSOLLD_BIN`, or found next
+//! to the test executable). Each daemon gets port 0 and reports the address it
+//! bound in its "plimsolld listening" log line; its log is kept so tests can
+//! assert on the audit lines (and on what must never appear in them).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::Value;
+
+pub const REQUEST_ID: &str = "0123456789abcdef0123456789abcdef";
+
+pub fn plimsolld_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("PLIMSOLLD_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/release/deps/<test> -> target/release/plimsolld
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .join("plimsolld")
+}
+
+/// The guest component the daemon embeds, for checking reported identities.
+pub fn guest_wasm_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("PLIMSOLL_GUEST_JS_WASM") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    let target = exe.ancestors().nth(3).expect("target dir");
+    target.join("wasm32-wasip2/guest/plimsoll_guest_js.wasm")
+}
+
+pub struct Daemon {
+    child: Child,
+    pub addr: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    /// Starts plimsolld with exactly `env` (plus PATH) and waits until it
+    /// listens. Panics with the daemon's log if it exits first.
+    pub fn start(env: &[(&str, &str)]) -> Daemon {
+        let mut cmd = Command::new(plimsolld_path());
+        cmd.env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
+        }
+        cmd.env("PLIMSOLL_ADDR", "127.0.0.1:0");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .expect("spawning plimsolld (run `make build` first)");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if line.contains("plimsolld listening") {
+                        let _ = tx.send(line.clone());
+                    }
+                    log.lock().expect("log lock").push(line);
+                }
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
+                let v: Value = serde_json::from_str(&line).expect("listening line is JSON");
+                let addr = v["addr"].as_str().expect("addr field").to_string();
+                return Daemon { child, addr, log };
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "plimsolld exited with {status} before listening:\n{}",
+                    log.lock().expect("log").join("\n")
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "plimsolld did not start listening in 60 s"
+            );
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().expect("log lock").clone()
+    }
+
+    /// Audit lines ("code run") logged so far.
+    pub fn audit_runs(&self) -> usize {
+        self.log_lines()
+            .iter()
+            .filter(|l| l.contains("plimsoll::audit"))
+            .count()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        Some(self.child.id())
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs plimsolld with `args` and `env`, waiting for it to exit; returns the
+/// exit code and everything it wrote.
+pub fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(plimsolld_path());
+    cmd.env_clear().args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("running plimsolld");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), text)
+}
+
+/// One answer, as a test looks at it.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+impl Answer {
+    pub fn mark(&self) -> Option<&str> {
+        self.headers
+            .get("plimsoll-not-dispatched")
+            .and_then(|v| v.to_str().ok())
+    }
+
+    pub fn request_id(&self) -> Option<&str> {
+        self.headers
+            .get("plimsoll-request-id")
+            .and_then(|v| v.to_str().ok())
+    }
+
+    /// The reason number in the NotDispatched Connect detail, if any.
+    pub fn detail_reason(&self) -> Option<u8> {
+        let details = self.body.get("details")?.as_array()?;
+        let d = details
+            .iter()
+            .find(|d| d["type"] == "plimsoll.v1.NotDispatched")?;
+        let raw = base64::engine::general_purpose::STANDARD_NO_PAD
+            .decode(d["value"].as_str()?)
+            .ok()?;
+        match raw.as_slice() {
+            [0x08, n] => Some(*n),
+            _ => None,
+        }
+    }
+
+    pub fn code(&self) -> &str {
+        self.body["code"].as_str().unwrap_or("")
+    }
+
+    pub fn js_bytes(&self, field: &str) -> Vec<u8> {
+        let s = self.body["javascript"][field].as_str().unwrap_or("");
+        base64::engine::general_purpose::STANDARD
+            .decode(s)
+            .expect("base64 output")
+    }
+
+    pub fn stdout(&self) -> String {
+        String::from_utf8(self.js_bytes("stdout")).expect("utf-8 stdout")
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8(self.js_bytes("stderr")).expect("utf-8 stderr")
+    }
+
+    pub fn exit_code(&self) -> i64 {
+        self.body["javascript"]["exitCode"].as_i64().unwrap_or(0)
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("http client")
+}
+
+/// POSTs a raw body to a procedure with the Connect JSON headers.
+pub async fn call_raw(d: &Daemon, procedure: &str, body: impl Into<reqwest::Body>) -> Answer {
+    let resp = client()
+        .post(d.url(&format!("/plimsoll.v1.SandboxService/{procedure}")))
+        .header("content-type", "application/json")
+        .header("plimsoll-request-id", REQUEST_ID)
+        .body(body)
+        .send()
+        .await
+        .expect("request sent");
+    answer(resp).await
+}
+
+pub async fn answer(resp: reqwest::Response) -> Answer {
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.bytes().await.expect("body");
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+pub async fn call(d: &Daemon, procedure: &str, body: &Value) -> Answer {
+    call_raw(d, procedure, serde_json::to_vec(body).expect("json")).await
+}
+
+/// A JavaScript Run request with the current protocol.
+pub fn js_run(code: &str) -> Value {
+    serde_json::json!({"protocol": 4, "javascript": {"code": code}})
+}
+
+pub fn wasm_daemon() -> Daemon {
+    Daemon::start(&[("SANDBOX_PROVIDER", "wasm")])
+}

@@ -1,0 +1,274 @@
+//! The wasm provider through the real daemon: what a snippet sees, how it
+//! ends, and that its limits hold without disturbing anything beside it.
+
+use plimsoll_tests::{Daemon, call, guest_wasm_path, js_run, wasm_daemon};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+#[tokio::test]
+async fn console_and_exit_codes() {
+    let d = wasm_daemon();
+    let a = call(&d, "Run", &js_run("console.log('a', 1, {b: [2]}, null, undefined); console.info('i'); console.warn('w'); console.error('e')")).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(a.stdout(), "a 1 {\"b\":[2]} null undefined\ni\n");
+    assert_eq!(a.stderr(), "w\ne\n");
+    assert_eq!(a.exit_code(), 0);
+
+    let a = call(
+        &d,
+        "Run",
+        &js_run("console.log('before'); throw new TypeError('bad thing')"),
+    )
+    .await;
+    assert_eq!(a.exit_code(), 1);
+    assert_eq!(a.stdout(), "before\n");
+    let err = a.stderr();
+    assert!(err.starts_with("Uncaught TypeError: bad thing\n"), "{err}");
+    assert!(err.contains("snippet.js"), "stack missing: {err}");
+
+    let a = call(&d, "Run", &js_run("throw 'plain'")).await;
+    assert_eq!(
+        (a.exit_code(), a.stderr()),
+        (1, "Uncaught plain\n".to_string())
+    );
+}
+
+#[tokio::test]
+async fn promises_settle_before_the_run_ends() {
+    let d = wasm_daemon();
+    let a = call(&d, "Run", &js_run("const v = await new Promise(r => r(7)); Promise.resolve().then(() => console.log('then', v)); console.log('tla')")).await;
+    assert_eq!(
+        (a.exit_code(), a.stdout()),
+        (0, "tla\nthen 7\n".to_string())
+    );
+
+    let a = call(
+        &d,
+        "Run",
+        &js_run("async function f() { throw new Error('async boom') } await f()"),
+    )
+    .await;
+    assert_eq!(a.exit_code(), 1);
+    assert!(a.stderr().contains("Error: async boom"), "{}", a.stderr());
+
+    // A rejection nobody handles fails the run, as in node.
+    let a = call(
+        &d,
+        "Run",
+        &js_run("Promise.reject(new Error('lost')); console.log('after')"),
+    )
+    .await;
+    assert_eq!(a.exit_code(), 1);
+    assert!(
+        a.stderr().contains("Uncaught (in promise) Error: lost"),
+        "{}",
+        a.stderr()
+    );
+    // One handled later in the same turn does not.
+    let a = call(&d, "Run", &js_run("const p = Promise.reject(new Error('x')); p.catch(e => console.log('caught', e.message))")).await;
+    assert_eq!((a.exit_code(), a.stdout()), (0, "caught x\n".to_string()));
+
+    // A top-level await that can never settle ends with node's code 13.
+    let a = call(
+        &d,
+        "Run",
+        &js_run("await new Promise(() => {}); console.log('never')"),
+    )
+    .await;
+    assert_eq!(a.exit_code(), 13);
+    assert_eq!(a.stdout(), "");
+}
+
+#[tokio::test]
+async fn no_ambient_capabilities() {
+    let d = wasm_daemon();
+    let probe = r#"
+        const names = ['require', 'process', 'fetch', 'XMLHttpRequest', 'WebSocket', 'Deno', 'Bun', 'os', 'std', 'module'];
+        console.log(names.filter(n => typeof globalThis[n] !== 'undefined').join(',') || 'none');
+        let imported = 'no';
+        try { await import('fs'); imported = 'yes'; } catch (e) {}
+        console.log('import fs:', imported);
+    "#;
+    let a = call(&d, "Run", &js_run(probe)).await;
+    assert_eq!(a.exit_code(), 0, "{}", a.stderr());
+    assert_eq!(a.stdout(), "none\nimport fs: no\n");
+
+    // The grant client exists and says plainly there is no grant.
+    let a = call(
+        &d,
+        "Run",
+        &js_run("try { await host.get('/orders/1') } catch (e) { console.log(e.message) }"),
+    )
+    .await;
+    assert!(
+        a.stdout().starts_with("no grant for this run"),
+        "{}",
+        a.stdout()
+    );
+    let a = call(&d, "Run", &js_run("await host.post('/x', {a: 1})")).await;
+    assert_eq!(a.exit_code(), 1);
+    assert!(
+        a.stderr().contains("no grant for this run"),
+        "{}",
+        a.stderr()
+    );
+}
+
+#[tokio::test]
+async fn deadline_stops_the_run_and_spares_its_neighbours() {
+    let d = wasm_daemon();
+    let mut spin = js_run("console.log('started'); while (true) {}");
+    spin["timeoutMs"] = json!(300);
+    let spinning = call(&d, "Run", &spin);
+    let neighbour = async {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        call(&d, "Run", &js_run("console.log('neighbour')")).await
+    };
+    let (a, b) = tokio::join!(spinning, neighbour);
+    assert_eq!(a.body["javascript"]["timedOut"], true);
+    assert_eq!(a.exit_code(), 124);
+    assert_eq!(
+        a.stdout(),
+        "started\n",
+        "output before the deadline is kept"
+    );
+    assert!(a.stderr().contains("deadline of 300 ms"), "{}", a.stderr());
+    let ms: u64 = a.body["durationMs"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("duration");
+    assert!((300..2000).contains(&ms), "stopped after {ms} ms");
+    assert_eq!((b.exit_code(), b.stdout()), (0, "neighbour\n".to_string()));
+    // The request's timeout is clamped to the maximum, never refused.
+    let mut long = js_run("console.log('ok')");
+    long["timeoutMs"] = json!(i32::MAX);
+    assert_eq!(call(&d, "Run", &long).await.stdout(), "ok\n");
+}
+
+#[tokio::test]
+async fn memory_cap_is_a_hard_stop() {
+    let d = Daemon::start(&[("SANDBOX_PROVIDER", "wasm"), ("SANDBOX_MEMORY_MB", "64")]);
+    // Catching the failure must not help: growth past the cap traps.
+    let bomb = "let a = []; try { while (true) a.push(new Array(100000).fill(1.5)) } catch (e) { console.log('caught it') }";
+    let a = call(&d, "Run", &js_run(bomb)).await;
+    assert_eq!(a.exit_code(), 137, "{:?}", a.body);
+    assert!(!a.stdout().contains("caught it"));
+    assert!(
+        a.stderr().contains("memory limit of 64 MiB"),
+        "{}",
+        a.stderr()
+    );
+    assert_eq!(a.body["javascript"]["timedOut"], serde_json::Value::Null);
+    // The engine's own string limit is an ordinary exception.
+    let a = call(&d, "Run", &js_run("let s = 'x'; while (true) s = s + s")).await;
+    assert_eq!(a.exit_code(), 1);
+    // Runaway recursion ends the one instance (QuickJS has no stack check
+    // under WASI, so it cannot be a RangeError) and never the daemon.
+    let a = call(
+        &d,
+        "Run",
+        &js_run(
+            "function f(n) { return f(n + 1) + 1 } try { f(0) } catch (e) { console.log(e.name) }",
+        ),
+    )
+    .await;
+    assert_eq!(a.exit_code(), 134, "{:?}", a.body);
+    assert!(a.stderr().contains("exhausted its stack"), "{}", a.stderr());
+    // Ordinary recursion a few thousand deep is fine.
+    let a = call(
+        &d,
+        "Run",
+        &js_run("function f(n) { return n === 0 ? 0 : 1 + f(n - 1) } console.log(f(5000))"),
+    )
+    .await;
+    assert_eq!(
+        (a.exit_code(), a.stdout()),
+        (0, "5000\n".to_string()),
+        "{}",
+        a.stderr()
+    );
+    // And the next run starts clean.
+    let a = call(&d, "Run", &js_run("console.log(typeof a)")).await;
+    assert_eq!(a.stdout(), "undefined\n");
+}
+
+#[tokio::test]
+async fn output_is_capped_per_stream_with_flags() {
+    let d = wasm_daemon();
+    let a = call(&d, "Run", &js_run("const l = 'x'.repeat(1023); for (let i = 0; i < 200; i++) { console.log(l); console.error(l) }")).await;
+    assert_eq!(a.exit_code(), 0);
+    assert_eq!(a.js_bytes("stdout").len(), 64 * 1024);
+    assert_eq!(a.js_bytes("stderr").len(), 64 * 1024);
+    assert_eq!(a.body["javascript"]["stdoutTruncated"], true);
+    assert_eq!(a.body["javascript"]["stderrTruncated"], true);
+    // Exactly at the cap is not truncated.
+    let a = call(&d, "Run", &js_run("console.log('y'.repeat(65535))")).await;
+    assert_eq!(a.js_bytes("stdout").len(), 65536);
+    assert_eq!(
+        a.body["javascript"]["stdoutTruncated"],
+        serde_json::Value::Null
+    );
+}
+
+#[tokio::test]
+async fn runs_share_nothing() {
+    let d = wasm_daemon();
+    let a = call(
+        &d,
+        "Run",
+        &js_run("globalThis.leak = 'secret'; Object.prototype.polluted = 1; console.log('set')"),
+    )
+    .await;
+    assert_eq!(a.stdout(), "set\n");
+    let b = call(
+        &d,
+        "Run",
+        &js_run("console.log(typeof leak, typeof ({}).polluted)"),
+    )
+    .await;
+    assert_eq!(b.stdout(), "undefined undefined\n");
+}
+
+#[tokio::test]
+async fn describe_reports_the_embedded_engine() {
+    let d = wasm_daemon();
+    let bytes = std::fs::read(guest_wasm_path()).expect("guest component built by make");
+    let identity = format!(
+        "quickjs-wasm:sha256:{}",
+        hex::encode(Sha256::digest(&bytes))
+    );
+    let info = call(&d, "Describe", &json!({})).await;
+    assert_eq!(info.body["sandbox"], "wasm");
+    assert_eq!(info.body["isolation"], "process");
+    assert_eq!(
+        info.body["javascriptEnvironment"]["identity"],
+        identity.as_str()
+    );
+    assert_eq!(info.body["javascriptEnvironment"]["maxTimeoutMs"], 30000);
+    assert_eq!(info.body["resources"]["memoryMb"], 256);
+    assert!(info.body.get("supportsProject").is_none());
+
+    let a = call(&d, "Run", &js_run("1")).await;
+    assert_eq!(a.body["environment"], identity.as_str());
+    assert_eq!(a.body["record"]["environment"], identity.as_str());
+    assert_eq!(a.body["record"]["version"], 4);
+
+    // Projects are not something this provider can do.
+    let p = call(
+        &d,
+        "Run",
+        &json!({"protocol": 4, "project": {"steps": ["true"]}}),
+    )
+    .await;
+    assert_eq!((p.code(), p.mark()), ("unimplemented", Some("unsupported")));
+}
+
+#[tokio::test]
+async fn wasm_refuses_limits_it_cannot_enforce() {
+    for var in ["SANDBOX_CPUS", "SANDBOX_PIDS", "SANDBOX_DISK_MB"] {
+        let (code, text) =
+            plimsoll_tests::run_to_exit(&[], &[("SANDBOX_PROVIDER", "wasm"), (var, "1")]);
+        assert_eq!(code, Some(2), "{var}: {text}");
+        assert!(text.contains(var), "{text}");
+    }
+}
