@@ -21,12 +21,14 @@ pub fn plimsolld_path() -> PathBuf {
     if let Some(p) = std::env::var_os("PLIMSOLLD_BIN") {
         return PathBuf::from(p);
     }
-    // target/release/deps/<test> -> target/release/plimsolld
+    // Tests live in target/release/deps/, the benchmark in target/release/.
     let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(|p| p.parent())
-        .expect("target dir")
-        .join("plimsolld")
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("plimsolld"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("plimsolld"))
 }
 
 /// The guest component the daemon embeds, for checking reported identities.

@@ -1,0 +1,204 @@
+"""The published Python client (plimsoll-client 0.23.0, from PyPI, unmodified)
+against the real plimsolld binary.
+
+The client is the compatibility contract: it checks the protocol number, binds
+every answer to its request ID, recomputes both digests of every run record,
+and compares the stated tier with the caller's floor. A test passing here means
+the daemon satisfied all of those checks, not just that JSON came back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import plimsoll_client
+from plimsoll_client import Client
+from plimsoll_client.aio import AsyncClient
+from plimsoll_client.errors import (
+    DisabledError,
+    InsufficientIsolationError,
+    InvalidRequestError,
+    SoftwareMismatchError,
+    UnsupportedError,
+)
+from plimsoll_client.types import SoftwareRule
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def plimsolld_bin() -> str:
+    path = os.environ.get("PLIMSOLLD_BIN") or str(ROOT / "target" / "release" / "plimsolld")
+    assert Path(path).is_file(), f"plimsolld not built at {path} (run make build)"
+    return path
+
+
+class Daemon:
+    """The real binary on a free loopback port, with its log kept."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        full = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": f"127.0.0.1:{port}", **env}
+        self.proc = subprocess.Popen([plimsolld_bin()], env=full, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.listening = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self.listening.wait(60):
+            self.stop()
+            raise RuntimeError("plimsolld did not start:\n" + "\n".join(self.lines))
+        self.url = f"http://127.0.0.1:{port}"
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+            if "plimsolld listening" in line:
+                self.listening.set()
+
+    def audit(self) -> list[dict]:
+        out = []
+        for line in list(self.lines):
+            try:
+                v = json.loads(line)
+            except ValueError:
+                continue
+            if v.get("target") == "plimsoll::audit":
+                out.append(v)
+        return out
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def wasm():
+    d = Daemon({"SANDBOX_PROVIDER": "wasm"})
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def disabled():
+    d = Daemon({})
+    yield d
+    d.stop()
+
+
+def test_client_version_is_the_published_one():
+    assert plimsoll_client.__version__ == "0.23.0"
+
+
+def test_describe(wasm):
+    info = Client(wasm.url).describe()
+    assert info.provider == "wasm"
+    assert info.isolation == "process"
+    assert info.protocol == 4
+    assert info.javascript_environment.identity.startswith("quickjs-wasm:sha256:")
+    assert info.javascript_environment.max_timeout_ms == 30000
+    assert info.javascript_environment.languages == ("javascript",)
+    assert not info.supports_project and not info.supports_sessions
+    assert info.resources.memory_mb == 256
+
+
+def test_run_javascript_passes_every_client_check(wasm):
+    c = Client(wasm.url)
+    r = c.run_javascript("console.log('hello', 6 * 7); console.error('to stderr')",
+                         minimum_isolation="process", trace_id="compat-1", timeout=5)
+    assert r.stdout == b"hello 42\n"
+    assert r.stderr == b"to stderr\n"
+    assert r.exit_code == 0 and not r.timed_out
+    assert (r.provider, r.isolation) == ("wasm", "process")
+    # The client recomputed both digests and the record's own digest.
+    assert r.record is not None and r.record.version == 4
+    assert r.record.provider == "wasm" and r.record.isolation == "process"
+    assert r.record.environment == r.environment
+    assert r.record.ended_unix_ms >= r.record.started_unix_ms > 0
+    line = wasm.audit()[-1]
+    assert line["trace_id"] == "compat-1"
+
+
+def test_vm_floor_is_refused_and_nothing_runs(wasm):
+    before = len(wasm.audit())
+    with pytest.raises(InsufficientIsolationError) as e:
+        Client(wasm.url).run_javascript("console.log('must not run')", minimum_isolation="vm")
+    assert e.value.not_dispatched == "isolation"
+    assert e.value.code == "failed_precondition"
+    assert len(wasm.audit()) == before, "a run below its floor reached the provider"
+
+
+def test_software_rule(wasm):
+    c = Client(wasm.url)
+    identity = c.describe().javascript_environment.software_identity
+    r = c.run_javascript("console.log(1)", software=SoftwareRule.exact(identity))
+    assert r.record.software_rule_id == f"exact:{identity}"
+    r = c.run_javascript("console.log(1)", software=SoftwareRule.approved(identity, "other:id"))
+    assert r.record.software_rule_id.startswith("approved:sha256:")
+    with pytest.raises(SoftwareMismatchError) as e:
+        c.run_javascript("1", software=SoftwareRule.exact("oci-manifest:linux/amd64@sha256:00"))
+    assert e.value.not_dispatched == "environment"
+
+
+def test_failures_are_results_not_errors(wasm):
+    c = Client(wasm.url)
+    r = c.run_javascript("throw new Error('nope')")
+    assert r.exit_code == 1 and b"Error: nope" in r.stderr
+    r = c.run_javascript("while (true) {}", timeout=0.3)
+    assert r.timed_out and r.exit_code == 124
+    assert r.record.version == 4
+
+
+def test_truncation_flags_survive_the_record_check(wasm):
+    r = Client(wasm.url).run_javascript("console.log('z'.repeat(70000))")
+    assert r.stdout_truncated and len(r.stdout) == 65536
+
+
+def test_project_payload_is_unsupported_on_wasm(wasm):
+    with pytest.raises(UnsupportedError) as e:
+        Client(wasm.url).run_project({"a.txt": "x"}, ["cat a.txt"])
+    assert e.value.not_dispatched == "unsupported"
+
+
+def test_disabled_refuses(disabled):
+    c = Client(disabled.url)
+    info = c.describe()
+    assert (info.provider, info.isolation) == ("disabled", "none")
+    with pytest.raises(DisabledError) as e:
+        c.run_javascript("console.log('no')")
+    assert e.value.not_dispatched == "unsupported"
+    assert disabled.audit() == []
+
+
+def test_server_side_validation_matches_the_client(wasm):
+    # The client refuses these itself; the daemon must too, for clients that do not.
+    import urllib.request
+    for body in ({"protocol": 4, "javascript": {"code": "x" * (256 * 1024 + 1)}},
+                 {"protocol": 4, "javascript": {"code": "a\u0000b"}}):
+        req = urllib.request.Request(wasm.url + "/plimsoll.v1.SandboxService/Run",
+                                     data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req)
+        assert e.value.headers["plimsoll-not-dispatched"] == "request"
+    with pytest.raises(InvalidRequestError):
+        Client(wasm.url).run_javascript("")
+
+
+def test_async_client(wasm):
+    import asyncio
+
+    async def main():
+        c = AsyncClient(wasm.url)
+        results = await asyncio.gather(*(c.run_javascript(f"console.log({i})") for i in range(6)))
+        return [r.stdout for r in results]
+
+    assert asyncio.run(main()) == [f"{i}\n".encode() for i in range(6)]
