@@ -272,3 +272,23 @@ async fn wasm_refuses_limits_it_cannot_enforce() {
         assert!(text.contains(var), "{text}");
     }
 }
+
+#[tokio::test]
+async fn math_random_is_fresh_in_every_run() {
+    // Every run starts from one pre-initialised snapshot; without a per-run
+    // seed they would all draw the same sequence.
+    let d = wasm_daemon();
+    let code = "console.log([1, 2, 3].map(() => Math.random()).join(','))";
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..5 {
+        let out = call(&d, "Run", &js_run(code)).await.stdout();
+        for v in out.trim().split(',') {
+            let f: f64 = v.parse().expect("a number");
+            assert!((0.0..1.0).contains(&f), "{f}");
+        }
+        assert!(
+            seen.insert(out.clone()),
+            "a run repeated another's sequence: {out}"
+        );
+    }
+}

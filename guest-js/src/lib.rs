@@ -28,6 +28,7 @@ mod bindings {
 }
 
 use bindings::plimsoll::broker::broker as host_broker;
+use bindings::plimsoll::js::entropy;
 use bindings::plimsoll::js::output::{self, Channel};
 
 /// Node's exit code when a top-level await never settles: the run did not fail
@@ -41,8 +42,19 @@ const EXIT_UNSETTLED: i32 = 13;
 struct Guest;
 
 impl bindings::Guest for Guest {
+    fn initialize() {
+        // A failure here leaves ENGINE empty and `run` builds its own.
+        if let Ok(engine) = Engine::new() {
+            ENGINE.with(|e| *e.borrow_mut() = Some(engine));
+        }
+    }
+
     fn run(code: String) -> i32 {
-        match run_snippet(code) {
+        let engine = match ENGINE.with(|e| e.borrow_mut().take()) {
+            Some(engine) => Ok(engine),
+            None => Engine::new(),
+        };
+        match engine.and_then(|engine| run_snippet(engine, code)) {
             Ok(code) => code,
             Err(msg) => {
                 // Only engine set-up failures land here (out of memory while
@@ -60,16 +72,29 @@ bindings::export!(Guest with_types_in bindings);
 /// rejected; a handler attached later removes its promise again.
 type Unhandled = Rc<RefCell<Vec<(Persistent<Value<'static>>, String)>>>;
 
-fn run_snippet(code: String) -> Result<i32, String> {
-    let rt = Runtime::new().map_err(|e| format!("engine start failed: {e}"))?;
-    let ctx = Context::full(&rt).map_err(|e| format!("engine start failed: {e}"))?;
+/// A ready JavaScript engine: runtime, context with globals installed, and
+/// the list the rejection tracker fills.
+struct Engine {
+    rt: Runtime,
+    ctx: Context,
+    unhandled: Unhandled,
+}
 
-    let unhandled: Unhandled = Rc::new(RefCell::new(Vec::new()));
-    {
-        let unhandled = unhandled.clone();
+thread_local! {
+    /// The engine `initialize` built, taken by the one `run` this instance
+    /// will ever serve.
+    static ENGINE: RefCell<Option<Engine>> = const { RefCell::new(None) };
+}
+
+impl Engine {
+    fn new() -> Result<Engine, String> {
+        let rt = Runtime::new().map_err(|e| format!("engine start failed: {e}"))?;
+        let ctx = Context::full(&rt).map_err(|e| format!("engine start failed: {e}"))?;
+        let unhandled: Unhandled = Rc::new(RefCell::new(Vec::new()));
+        let tracked = unhandled.clone();
         rt.set_host_promise_rejection_tracker(Some(Box::new(
             move |ctx: Ctx<'_>, promise: Value<'_>, reason: Value<'_>, is_handled: bool| {
-                let mut list = unhandled.borrow_mut();
+                let mut list = tracked.borrow_mut();
                 if is_handled {
                     list.retain(|(p, _)| {
                         p.clone()
@@ -83,13 +108,21 @@ fn run_snippet(code: String) -> Result<i32, String> {
                 }
             },
         )));
+        ctx.with(|ctx| install_globals(&ctx))
+            .map_err(|e| format!("engine set-up failed: {e}"))?;
+        Ok(Engine { rt, ctx, unhandled })
     }
+}
+
+fn run_snippet(engine: Engine, code: String) -> Result<i32, String> {
+    let Engine { rt, ctx, unhandled } = engine;
+    let seed = entropy::seed();
 
     // The script's completion value is a promise (top-level await is on); it
     // is kept across the job loop below and inspected once the queue drains.
     let main = ctx.with(
         |ctx| -> Result<Result<Persistent<Value<'static>>, i32>, String> {
-            install_globals(&ctx).map_err(|e| format!("engine set-up failed: {e}"))?;
+            reseed_math_random(&ctx, seed).map_err(|e| format!("engine set-up failed: {e}"))?;
             let mut options = EvalOptions::default();
             options.global = true;
             // Snippets are classic scripts, as `node -e` runs them: sloppy mode.
@@ -244,6 +277,33 @@ fn format_value<'js>(ctx: &Ctx<'js>, value: &Value<'js>) -> String {
         .get::<rquickjs::convert::Coerced<String>>()
         .map(|c| c.0)
         .unwrap_or_else(|_| "[unprintable]".to_string())
+}
+
+/// Replaces `Math.random` with a xorshift128+ generator seeded from the
+/// host for this run. QuickJS's own generator was seeded when the engine was
+/// built, which for a snapshot means once for every run of the daemon.
+fn reseed_math_random(ctx: &Ctx<'_>, seed: u64) -> rquickjs::Result<()> {
+    // splitmix64 spreads one seed over two non-zero state words.
+    let mut z = seed;
+    let mut next = || {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut x = z;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    };
+    let state = Rc::new(RefCell::new([next() | 1, next() | 1]));
+    let random = Function::new(ctx.clone(), move || -> f64 {
+        let mut s = state.borrow_mut();
+        let (mut s1, s0) = (s[0], s[1]);
+        s[0] = s0;
+        s1 ^= s1 << 23;
+        s[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
+        // 53 random bits in [0, 1), as engines build a double from them.
+        (s[1].wrapping_add(s0) >> 11) as f64 / (1u64 << 53) as f64
+    })?;
+    let math: Object = ctx.globals().get("Math")?;
+    math.set("random", random)
 }
 
 fn console_writer<'js>(ctx: &Ctx<'js>, channel: Channel) -> rquickjs::Result<Function<'js>> {
