@@ -82,6 +82,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             (Provider::Wasm(w), Limits::wasm(cfg.max_concurrent))
         }
     };
+    release_startup_memory();
     let daemon = Arc::new(Daemon::new(provider, limits));
     let ev = daemon.evidence();
     let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
@@ -127,5 +128,23 @@ fn init_logging(format: LogFormat) {
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.with_ansi(false).init(),
+    }
+}
+
+/// Compiling the guest component at start allocates tens of MiB across
+/// Cranelift's worker threads; glibc keeps the freed memory in per-thread
+/// arenas, where it would sit in the daemon's RSS for its whole life. Hand it
+/// back once, now that compilation is over.
+fn release_startup_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: malloc_trim only returns free heap pages to the kernel; it
+        // has no preconditions and touches no memory the program owns.
+        unsafe {
+            malloc_trim(0);
+        }
     }
 }
