@@ -66,7 +66,11 @@ async fn protocol_gate_comes_before_the_payload() {
             "{p}"
         );
     }
-    assert_eq!(d.audit_runs(), 0);
+    assert_eq!(
+        d.audit_after_sentinel().await,
+        1,
+        "a refused request was recorded as run"
+    );
 }
 
 #[tokio::test]
@@ -89,6 +93,8 @@ async fn bad_input_is_refused_marked_and_harmless() {
         ("floor unknown", br#"{"protocol":4,"minimumIsolation":"VM","javascript":{"code":"1"}}"#.to_vec(), "invalid_argument"),
         ("bad software rule", br#"{"protocol":4,"softwareRule":{"mode":"exact","identities":[]},"javascript":{"code":"1"}}"#.to_vec(), "invalid_argument"),
         ("code over 256 KiB", serde_json::to_vec(&js_run(&big_code)).expect("json"), "invalid_argument"),
+        ("positional array", br#"[4,"","",0,null,{"code":"console.log(1)"}]"#.to_vec(), "invalid_argument"),
+        ("positional payload", br#"{"protocol":4,"javascript":["console.log(1)",""]}"#.to_vec(), "invalid_argument"),
     ];
     for (name, body, code) in cases {
         let a = call_raw(&d, "Run", body).await;
@@ -118,7 +124,11 @@ async fn bad_input_is_refused_marked_and_harmless() {
     assert!(head.contains("plimsoll-not-dispatched: request"), "{head}");
 
     // Nothing of the above ran, and the daemon still serves.
-    assert_eq!(d.audit_runs(), 0, "a refused request was recorded as run");
+    assert_eq!(
+        d.audit_after_sentinel().await,
+        1,
+        "a refused request was recorded as run"
+    );
     let ok = call(&d, "Run", &js_run("console.log('still here')")).await;
     assert_eq!(ok.status, 200);
     assert_eq!(ok.stdout(), "still here\n");
@@ -236,7 +246,11 @@ async fn floors_are_enforced_against_current_evidence() {
             ("failed_precondition", Some("isolation"), Some(ISOLATION))
         );
     }
-    assert_eq!(d.audit_runs(), 0, "a run below its floor was dispatched");
+    assert_eq!(
+        d.audit_after_sentinel().await,
+        1,
+        "a run below its floor was dispatched"
+    );
     let mut req = js_run("console.log('ran')");
     req["minimumIsolation"] = json!("process");
     let a = call(&d, "Run", &req).await;
@@ -394,4 +408,90 @@ fn unknown_variables_are_warned_about() {
     // The typo means the provider stayed Disabled, which is the safe reading.
     assert!(log.contains("\"sandbox\":\"disabled\""), "{log}");
     assert!(d.is_running());
+}
+
+#[tokio::test]
+async fn a_caller_that_hangs_up_does_not_free_the_slot_or_skip_the_audit() {
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("SANDBOX_MAX_CONCURRENT", "1"),
+    ]);
+    let mut req = js_run("while (true) {}");
+    req["timeoutMs"] = json!(1500);
+    req["traceId"] = json!("hung-up-run");
+    // Send the run, then drop the request after 300 ms: the connection closes.
+    let url = d.url("/plimsoll.v1.SandboxService/Run");
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        client()
+            .post(url)
+            .header("content-type", "application/json")
+            .json(&req)
+            .send(),
+    )
+    .await;
+    // The run is still going and still holds the only slot.
+    let a = call(&d, "Run", &js_run("1")).await;
+    assert_eq!(
+        a.mark(),
+        Some("capacity"),
+        "the slot was released while the run went on: {:?}",
+        a.body
+    );
+    // When it ends, it is audited like any other run.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !d.log_lines().iter().any(|l| l.contains("hung-up-run")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned run was never audited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let line = d
+        .log_lines()
+        .into_iter()
+        .find(|l| l.contains("hung-up-run"))
+        .expect("audit line");
+    assert!(line.contains("\"timed_out\":true"), "{line}");
+    assert_eq!(
+        call(&d, "Run", &js_run("console.log(2)")).await.stdout(),
+        "2\n"
+    );
+}
+
+#[tokio::test]
+async fn logs_carry_no_code_output_or_request_content() {
+    let d = wasm_daemon();
+    const IN_CODE: &str = "CANARYc0de5e7a";
+    const IN_OUTPUT: &str = "CANARY0u7b9c2d";
+    const IN_PROFILE: &str = "CANARYpr0f11e";
+    const IN_BAD_TRACE: &str = "CANARY tr4ce";
+    let code = format!(
+        "// {IN_CODE}\nconsole.log('{}' + '{}'); throw new Error('{IN_CODE}')",
+        &IN_OUTPUT[..6],
+        &IN_OUTPUT[6..]
+    );
+    let mut req = js_run(&code);
+    req["traceId"] = json!(IN_BAD_TRACE);
+    let a = call(&d, "Run", &req).await;
+    assert_eq!(a.stdout(), format!("{IN_OUTPUT}\n"));
+    // Refused requests carrying canaries: a profile, a malformed body.
+    let _ = call(
+        &d,
+        "Run",
+        &json!({"protocol": 4, "javascript": {"code": IN_CODE, "grantProfile": IN_PROFILE}}),
+    )
+    .await;
+    let _ = call_raw(
+        &d,
+        "Run",
+        format!("{{\"protocol\":4,\"javascript\":{{\"code\":\"{IN_CODE}\",\"x\":1}}}}"),
+    )
+    .await;
+    d.audit_after_sentinel().await;
+    let log = d.log_lines().join("\n");
+    for canary in [IN_CODE, IN_OUTPUT, IN_PROFILE, "CANARY"] {
+        assert!(!log.contains(canary), "{canary} reached the log:\n{log}");
+    }
+    assert!(log.contains("\"trace_id_rejected\":true"), "{log}");
 }

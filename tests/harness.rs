@@ -121,6 +121,33 @@ impl Daemon {
         Some(self.child.id())
     }
 
+    /// Sends one ordinary run and waits until its audit line has been read,
+    /// then returns how many audit lines there are. Lines arrive in order on
+    /// one stream, so every line logged before the sentinel is in by then:
+    /// "nothing ran" checks compare against this, not against a log that may
+    /// still be in flight.
+    pub async fn audit_after_sentinel(&self) -> usize {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let tag = format!(
+            "sentinel-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let mut req = js_run("0");
+        req["traceId"] = serde_json::json!(tag);
+        let a = call(self, "Run", &req).await;
+        assert_eq!(a.status, 200, "sentinel run failed: {:?}", a.body);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.log_lines().iter().any(|l| l.contains(&tag)) {
+            assert!(
+                Instant::now() < deadline,
+                "the sentinel's audit line never arrived"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.audit_runs()
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }

@@ -292,3 +292,22 @@ async fn math_random_is_fresh_in_every_run() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_flooded_stream_still_ends_with_the_daemons_notice() {
+    let d = wasm_daemon();
+    let mut req =
+        js_run("const s = 'y'.repeat(100000); for (;;) { console.error(s); console.log(s) }");
+    req["timeoutMs"] = json!(300);
+    let a = call(&d, "Run", &req).await;
+    assert_eq!(a.body["javascript"]["timedOut"], true);
+    let err = a.stderr();
+    assert_eq!(err.len(), 64 * 1024);
+    assert!(
+        err.ends_with("plimsoll: the run was stopped at its deadline of 300 ms\n"),
+        "{}",
+        &err[err.len() - 80..]
+    );
+    assert_eq!(a.body["javascript"]["stderrTruncated"], true);
+    assert_eq!(a.js_bytes("stdout").len(), 64 * 1024);
+}

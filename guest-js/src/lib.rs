@@ -70,7 +70,11 @@ bindings::export!(Guest with_types_in bindings);
 
 /// Promises rejected with no handler attached, in the order they were
 /// rejected; a handler attached later removes its promise again.
-type Unhandled = Rc<RefCell<Vec<(Persistent<Value<'static>>, String)>>>;
+/// Each entry is (promise, reason). The reason is formatted only after the
+/// job queue drains: formatting can run the script's own getters, which must
+/// not happen inside the engine's rejection callback (a getter that rejects
+/// another promise would re-enter it).
+type Unhandled = Rc<RefCell<Vec<(Persistent<Value<'static>>, Persistent<Value<'static>>)>>>;
 
 /// A ready JavaScript engine: runtime, context with globals installed, and
 /// the list the rejection tracker fills.
@@ -103,8 +107,10 @@ impl Engine {
                             .unwrap_or(true)
                     });
                 } else {
-                    let text = describe_thrown(&ctx, &reason);
-                    list.push((Persistent::save(&ctx, promise), text));
+                    list.push((
+                        Persistent::save(&ctx, promise),
+                        Persistent::save(&ctx, reason),
+                    ));
                 }
             },
         )));
@@ -166,38 +172,45 @@ fn run_snippet(engine: Engine, code: String) -> Result<i32, String> {
 
     ctx.with(|ctx| -> Result<i32, String> {
         let main_promise = main.restore(&ctx).ok();
-        if let Some(value) = &main_promise {
-            if let Some(promise) = value.as_promise() {
-                match promise.state() {
-                    rquickjs::promise::PromiseState::Rejected => {
-                        let reason: Value = match promise.result::<Value>() {
-                            Some(Err(rquickjs::Error::Exception)) => ctx.catch(),
-                            Some(Ok(v)) => v,
-                            _ => Value::new_undefined(ctx.clone()),
-                        };
-                        report(Channel::Stderr, &format!("Uncaught {}", describe_thrown(&ctx, &reason)));
-                        return Ok(1);
-                    }
-                    rquickjs::promise::PromiseState::Pending => {
-                        report(
-                            Channel::Stderr,
-                            "Warning: Detected unsettled top-level await; the snippet did not finish",
-                        );
-                        return Ok(EXIT_UNSETTLED);
-                    }
-                    rquickjs::promise::PromiseState::Resolved => {}
+        if let Some(promise) = main_promise.as_ref().and_then(|v| v.as_promise()) {
+            match promise.state() {
+                rquickjs::promise::PromiseState::Rejected => {
+                    let reason: Value = match promise.result::<Value>() {
+                        Some(Err(rquickjs::Error::Exception)) => ctx.catch(),
+                        Some(Ok(v)) => v,
+                        _ => Value::new_undefined(ctx.clone()),
+                    };
+                    report(
+                        Channel::Stderr,
+                        &format!("Uncaught {}", describe_thrown(&ctx, &reason)),
+                    );
+                    return Ok(1);
                 }
+                rquickjs::promise::PromiseState::Pending => {
+                    report(
+                        Channel::Stderr,
+                        "Warning: Detected unsettled top-level await; the snippet did not finish",
+                    );
+                    return Ok(EXIT_UNSETTLED);
+                }
+                rquickjs::promise::PromiseState::Resolved => {}
             }
         }
         // Any other promise rejected with nobody listening fails the run, as
         // node's default `--unhandled-rejections=throw` does.
-        let list = unhandled.borrow();
-        for (promise, text) in list.iter() {
-            let is_main = match (&main_promise, promise.clone().restore(&ctx)) {
+        // Taken out of the cell first: formatting may run script code that
+        // rejects more promises, and the tracker must be free to record them.
+        let list = std::mem::take(&mut *unhandled.borrow_mut());
+        for (promise, reason) in list {
+            let is_main = match (&main_promise, promise.restore(&ctx)) {
                 (Some(m), Ok(p)) => *m == p,
                 _ => false,
             };
             if !is_main {
+                let text = match reason.restore(&ctx) {
+                    Ok(r) => describe_thrown(&ctx, &r),
+                    Err(_) => "a rejected promise".to_string(),
+                };
                 report(Channel::Stderr, &format!("Uncaught (in promise) {text}"));
                 return Ok(1);
             }
@@ -206,12 +219,56 @@ fn run_snippet(engine: Engine, code: String) -> Result<i32, String> {
     })
 }
 
-/// Writes one line to a channel.
+thread_local! {
+    /// Per channel (stdout, stderr): whether the host has stopped keeping
+    /// output, so formatting more of it would be wasted work.
+    static FULL: std::cell::Cell<[bool; 2]> = const { std::cell::Cell::new([false; 2]) };
+}
+
+/// Largest piece of output handed to the host in one call.
+const CHUNK: usize = 16 << 10;
+
+fn channel_index(channel: Channel) -> usize {
+    match channel {
+        Channel::Stdout => 0,
+        Channel::Stderr => 1,
+    }
+}
+
+fn mark_full(channel: Channel) {
+    FULL.with(|f| {
+        let mut v = f.get();
+        v[channel_index(channel)] = true;
+        f.set(v);
+    });
+}
+
+fn channel_full(channel: Channel) -> bool {
+    FULL.with(|f| f.get()[channel_index(channel)])
+}
+
+/// Writes one line to a channel, in chunks the host can take without copying
+/// much, and stops as soon as the host keeps no more.
 fn report(channel: Channel, text: &str) {
-    let mut line = String::with_capacity(text.len() + 1);
-    line.push_str(text);
-    line.push('\n');
-    output::write(channel, &line);
+    if channel_full(channel) {
+        return;
+    }
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(CHUNK);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let (piece, tail) = rest.split_at(cut);
+        if !output::write(channel, piece) {
+            mark_full(channel);
+            return;
+        }
+        rest = tail;
+    }
+    if !output::write(channel, "\n") {
+        mark_full(channel);
+    }
 }
 
 fn describe_caught<'js>(ctx: &Ctx<'js>, err: CaughtError<'js>) -> String {
@@ -266,12 +323,11 @@ fn format_value<'js>(ctx: &Ctx<'js>, value: &Value<'js>) -> String {
     if value.as_exception().is_some() {
         return describe_thrown(ctx, value);
     }
-    if value.is_object() {
-        if let Ok(Some(json)) = ctx.json_stringify(value.clone()) {
-            if let Ok(s) = json.to_string() {
-                return s;
-            }
-        }
+    if value.is_object()
+        && let Ok(Some(json)) = ctx.json_stringify(value.clone())
+        && let Ok(s) = json.to_string()
+    {
+        return s;
     }
     value
         .get::<rquickjs::convert::Coerced<String>>()
@@ -308,6 +364,9 @@ fn reseed_math_random(ctx: &Ctx<'_>, seed: u64) -> rquickjs::Result<()> {
 
 fn console_writer<'js>(ctx: &Ctx<'js>, channel: Channel) -> rquickjs::Result<Function<'js>> {
     Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
+        if channel_full(channel) {
+            return;
+        }
         let mut line = String::new();
         for (i, arg) in args.0.iter().enumerate() {
             if i > 0 {

@@ -85,6 +85,8 @@ pub enum ConfigError {
     Invalid { name: &'static str, why: String },
     #[error("SANDBOX_PROVIDER={0:?} is not a provider; known providers: {known}", known = ProviderKind::KNOWN.join(", "))]
     UnknownProvider(String),
+    #[error("{0} is not valid UTF-8 text")]
+    NotText(String),
     #[error(
         "{0} is set, but the {1} provider cannot enforce it; unset it rather than believe it holds"
     )]
@@ -98,9 +100,21 @@ const MAX_MEMORY_MB: u32 = 4095;
 impl Config {
     /// Reads the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
-        let vars: BTreeMap<String, String> = std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().unwrap_or_default())))
-            .collect();
+        let mut vars = BTreeMap::new();
+        for (k, v) in std::env::vars_os() {
+            let Ok(k) = k.into_string() else { continue };
+            match v.into_string() {
+                Ok(v) => {
+                    vars.insert(k, v);
+                }
+                // Reading a non-UTF-8 value as "unset" could silently drop a
+                // limit; one of ours that is not text is an error instead.
+                Err(_) if k.starts_with("PLIMSOLL_") || k.starts_with("SANDBOX_") => {
+                    return Err(ConfigError::NotText(k));
+                }
+                Err(_) => {}
+            }
+        }
         Config::from_map(&vars)
     }
 

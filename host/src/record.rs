@@ -282,6 +282,17 @@ mod tests {
         assert_eq!(r.record_sha256, GOLDEN_RECORD);
     }
 
+    #[test]
+    fn request_digest_covers_rule_and_accepts_proto_json_variants() {
+        // The same request the golden value was computed from, written with
+        // the snake_case names and string integers proto3 JSON also accepts.
+        let body = br#"{"protocol":"4","software_rule":{"mode":"approved","identities":["b:2","a:1"]},"javascript":{"code":"x","grant_profile":"inv"}}"#;
+        let req = crate::api::parse_run(body).expect("parses");
+        assert_eq!(request_digest(&req), GOLDEN_REQUEST_RULE);
+    }
+
+    const GOLDEN_REQUEST_RULE: &str =
+        "ec5c2218d8aca2969fa94c54a64a0e93a9252c5377c26328fb5ad809b49cc818";
     const GOLDEN_REQUEST: &str = "3e67b159a79717db6a92d2ba6e92f6bff3b65d1b2349a85a7c1222373d3a9841";
     const GOLDEN_RESULT: &str = "9a471e25396d4e0a2ef3124f138007aadce1a73d746dd4b99c38c50c0df2a7a5";
     const GOLDEN_APPROVED: &str =

@@ -78,12 +78,18 @@ impl Daemon {
     }
 
     /// One `Run` call, from parsed request to sealed answer.
-    pub async fn run(&self, req: RunRequest) -> Result<RunResponse, RunError> {
+    ///
+    /// Everything from admission on runs in a task of its own, which the
+    /// caller only waits for: if the caller goes away (a dropped connection
+    /// cancels the HTTP handler), the run that was admitted still holds its
+    /// slot until it ends, and its audit line is still written. A run is
+    /// never left executing without being counted and recorded.
+    pub async fn run(self: &Arc<Self>, req: RunRequest) -> Result<RunResponse, RunError> {
         // 1. The request on its own: malformed or out of bounds is `request`.
         let checked = admission::validate(&req, &self.limits)?;
 
         // 2. What this daemon can do at all.
-        let js = match (&*self.provider, &checked.payload) {
+        let code = match (&*self.provider, &checked.payload) {
             (Provider::Disabled, _) => {
                 return Err(Refusal::new(
                     Code::FailedPrecondition,
@@ -119,30 +125,69 @@ impl Daemon {
         };
 
         // 3. Admission: a slot now, or a capacity refusal now (no queue).
-        let _slot = self.in_flight.clone().try_acquire_owned().map_err(|_| {
+        let slot = self.in_flight.clone().try_acquire_owned().map_err(|_| {
             Refusal::capacity("the daemon is running as many runs as it is configured for")
         })?;
 
+        let daemon = self.clone();
+        let task = tokio::spawn(async move {
+            let _slot = slot;
+            daemon.admitted(req, checked, code).await
+        });
+        match task.await {
+            Ok(answer) => answer,
+            Err(join) => Err(internal(format!("run task failed: {join}"))),
+        }
+    }
+
+    /// Steps 4 to 6 of a run that holds a slot.
+    async fn admitted(
+        &self,
+        req: RunRequest,
+        checked: admission::Checked,
+        code: String,
+    ) -> Result<RunResponse, RunError> {
         // 4. The wall: current evidence against the floor and the software
         //    rule, immediately before dispatch.
         let ev = self.provider.evidence();
         check_floor(checked.floor, ev.tier)?;
-        if let Some(rule) = &req.software_rule {
-            if !rule.identities.iter().any(|id| *id == ev.software_identity)
-                || ev.software_identity.is_empty()
-            {
-                return Err(Refusal::environment(
-                    "the provider's software is not in the request's software rule",
-                )
-                .into());
-            }
+        if let Some(rule) = &req.software_rule
+            && (ev.software_identity.is_empty() || !rule.identities.contains(&ev.software_identity))
+        {
+            return Err(Refusal::environment(
+                "the provider's software is not in the request's software rule",
+            )
+            .into());
         }
 
         // 5. Dispatch.
         let started_wall = unix_ms();
         let started = Instant::now();
-        let output = self.dispatch_javascript(js, checked.timeout).await?;
+        let dispatched = self.dispatch_javascript(code, checked.timeout).await;
         let elapsed_ms = started.elapsed().as_millis() as i64;
+        let code_bytes = req.javascript.as_ref().map_or(0, |j| j.code.len());
+        let trace_id = checked.trace_id.as_deref().unwrap_or("");
+        let output = match dispatched {
+            Ok(out) => out,
+            Err(e) => {
+                if let RunError::Internal { id, .. } = &e {
+                    // The run may have started: it is audited like any other.
+                    tracing::error!(
+                        target: "plimsoll::audit",
+                        op = "javascript",
+                        sandbox = ev.sandbox,
+                        isolation = ev.tier.as_str(),
+                        duration_ms = elapsed_ms,
+                        code_bytes,
+                        error_id = %id,
+                        trace_id,
+                        trace_id_rejected = checked.trace_id_rejected,
+                        "code run failed"
+                    );
+                }
+                return Err(e);
+            }
+        };
 
         // 6. The answer and its record.
         let result = JavaScriptResult {
@@ -174,10 +219,10 @@ impl Daemon {
             sandbox = ev.sandbox,
             isolation = ev.tier.as_str(),
             duration_ms = elapsed_ms,
-            code_bytes = req.javascript.as_ref().map_or(0, |j| j.code.len()),
+            code_bytes,
             exit_code = result.exit_code,
             timed_out = result.timed_out,
-            trace_id = checked.trace_id.as_deref().unwrap_or(""),
+            trace_id,
             trace_id_rejected = checked.trace_id_rejected,
             "code run"
         );
@@ -201,7 +246,7 @@ impl Daemon {
         let provider = self.provider.clone();
         let joined = tokio::task::spawn_blocking(move || match &*provider {
             Provider::Wasm(w) => w.run(&code, timeout),
-            // Unreachable by construction (checked above); answered as a
+            // Unreachable by construction (checked in `run`); answered as a
             // refusal rather than a panic all the same.
             Provider::Disabled => Err(RunFailure::NotDispatched(Refusal::unsupported(
                 "no provider",

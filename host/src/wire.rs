@@ -332,23 +332,28 @@ enum IntForm {
 }
 
 fn int_from<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i128>, D::Error> {
-    let v: Option<IntForm> = Option::deserialize(d)?;
-    let Some(v) = v else { return Ok(None) };
+    match Option::<IntForm>::deserialize(d)? {
+        None => Ok(None),
+        Some(v) => int_value(v).map(Some).map_err(de::Error::custom),
+    }
+}
+
+/// The integer rules of proto3 JSON, shared by the typed parse and the shape
+/// pass so both read a number the same way.
+fn int_value(v: IntForm) -> Result<i128, String> {
     match v {
         IntForm::Num(n) => {
             if let Some(i) = n.as_i64() {
-                Ok(Some(i128::from(i)))
+                Ok(i128::from(i))
             } else if let Some(u) = n.as_u64() {
-                Ok(Some(i128::from(u)))
+                Ok(i128::from(u))
             } else {
                 // protobuf accepts 5.0 for an integer field, never 5.5.
                 let f = n.as_f64().unwrap_or(f64::NAN);
                 if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e18 {
-                    Ok(Some(f as i128))
+                    Ok(f as i128)
                 } else {
-                    Err(de::Error::custom(
-                        "integer field holds a non-integer number",
-                    ))
+                    Err("integer field holds a non-integer number".into())
                 }
             }
         }
@@ -356,13 +361,9 @@ fn int_from<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i128>, D::Error> {
             let digits = s.strip_prefix('-').unwrap_or(&s);
             if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.len() > 20
             {
-                return Err(de::Error::custom(
-                    "integer field holds a string that is not a decimal integer",
-                ));
+                return Err("integer field holds a string that is not a decimal integer".into());
             }
-            s.parse::<i128>()
-                .map(Some)
-                .map_err(|_| de::Error::custom("integer out of range"))
+            s.parse::<i128>().map_err(|_| "integer out of range".into())
         }
     }
 }
@@ -430,21 +431,173 @@ fn de_f64s<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
     raw.unwrap_or_default().into_iter().map(float_of).collect()
 }
 
-/// Reads the `protocol` field of a request body without decoding the rest, so
-/// a mismatched protocol is refused before the payload is interpreted.
-pub fn peek_protocol(
-    body: &serde_json::Map<String, serde_json::Value>,
-) -> Result<u32, &'static str> {
-    match body.get("protocol") {
-        None | Some(serde_json::Value::Null) => Ok(0),
-        Some(serde_json::Value::Number(n)) => n
-            .as_u64()
-            .and_then(|v| u32::try_from(v).ok())
-            .ok_or("protocol is not a uint32"),
-        Some(serde_json::Value::String(s)) => {
-            s.parse::<u32>().map_err(|_| "protocol is not a uint32")
+// --- the shape pass ----------------------------------------------------------------
+//
+// serde's derived structs also accept a JSON *array* holding the fields in
+// order, which protobuf's JSON never does: `[4,"","",0,null,{"code":"1"}]`
+// would otherwise parse as a Run. And the protocol number must be read before
+// the payload is interpreted. One pass over the body does both, allocating
+// nothing per value (it skips what it does not check), so a large hostile
+// body costs no more than reading it.
+
+/// Where a message (a JSON object) is expected, and what is inside it.
+#[derive(Clone, Copy)]
+enum Kind {
+    Message(&'static [(&'static str, Kind)]),
+    Repeated(&'static [(&'static str, Kind)]),
+}
+
+const LEAF: &[(&str, Kind)] = &[];
+const FILES: (&str, Kind) = ("files", Kind::Repeated(LEAF));
+const RUN_FIELDS: &[(&str, Kind)] = &[
+    ("softwareRule", Kind::Message(LEAF)),
+    ("software_rule", Kind::Message(LEAF)),
+    ("javascript", Kind::Message(LEAF)),
+    ("project", Kind::Message(&[FILES])),
+    ("module", Kind::Message(&[("rows", Kind::Repeated(LEAF))])),
+    ("cell", Kind::Message(&[FILES])),
+];
+
+/// What the shape pass learnt: the protocol number as the request states it
+/// (`Ok(0)` when absent), or why it is not a uint32.
+pub type StatedProtocol = Result<u32, String>;
+
+/// Checks that `body` is a JSON object with objects wherever a message goes,
+/// and returns its `protocol` field. An `Err` is a malformed request.
+pub fn shape_of_run(body: &[u8]) -> Result<StatedProtocol, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let mut protocol: StatedProtocol = Ok(0);
+    de::DeserializeSeed::deserialize(
+        MessageSeed {
+            fields: RUN_FIELDS,
+            protocol: Some(&mut protocol),
+        },
+        &mut de,
+    )?;
+    de.end()?;
+    Ok(protocol)
+}
+
+/// Checks that a Describe body is a JSON object (its fields are checked by
+/// the typed parse).
+pub fn shape_of_describe(body: &[u8]) -> Result<(), serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    de::DeserializeSeed::deserialize(
+        MessageSeed {
+            fields: LEAF,
+            protocol: None,
+        },
+        &mut de,
+    )?;
+    de.end()
+}
+
+struct MessageSeed<'p> {
+    fields: &'static [(&'static str, Kind)],
+    /// Only the top level reads `protocol`.
+    protocol: Option<&'p mut StatedProtocol>,
+}
+
+impl<'de> de::DeserializeSeed<'de> for MessageSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> de::Visitor<'de> for MessageSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if key == "protocol" && self.protocol.is_some() {
+                let v: Option<IntForm> = map.next_value()?;
+                let stated = match v {
+                    None => Ok(0),
+                    Some(form) => int_value(form).and_then(|n| {
+                        u32::try_from(n).map_err(|_| "protocol is not a uint32".to_string())
+                    }),
+                };
+                if let Some(p) = self.protocol.as_deref_mut() {
+                    *p = stated;
+                }
+                continue;
+            }
+            match self
+                .fields
+                .iter()
+                .find(|(name, _)| *name == key)
+                .map(|(_, k)| *k)
+            {
+                Some(Kind::Message(fields)) => map.next_value_seed(Nullable(MessageSeed {
+                    fields,
+                    protocol: None,
+                }))?,
+                Some(Kind::Repeated(fields)) => {
+                    map.next_value_seed(Nullable(RepeatedSeed(fields)))?
+                }
+                None => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+            }
         }
-        Some(_) => Err("protocol is not a uint32"),
+        Ok(())
+    }
+}
+
+/// `null` (the field's default) or the inner shape.
+struct Nullable<S>(S);
+
+impl<'de, S: de::DeserializeSeed<'de, Value = ()>> de::DeserializeSeed<'de> for Nullable<S> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de, S: de::DeserializeSeed<'de, Value = ()>> de::Visitor<'de> for Nullable<S> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("null or a JSON value of the field's type")
+    }
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        self.0.deserialize(d)
+    }
+}
+
+struct RepeatedSeed(&'static [(&'static str, Kind)]);
+
+impl<'de> de::DeserializeSeed<'de> for RepeatedSeed {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> de::Visitor<'de> for RepeatedSeed {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON array of objects")
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq
+            .next_element_seed(MessageSeed {
+                fields: self.0,
+                protocol: None,
+            })?
+            .is_some()
+        {}
+        Ok(())
     }
 }
 
@@ -477,6 +630,42 @@ mod tests {
         ] {
             assert!(serde_json::from_str::<RunRequest>(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn shape_pass_refuses_positional_arrays_and_reads_protocol() {
+        assert_eq!(
+            shape_of_run(br#"{"protocol":4,"javascript":{"code":"1"}}"#).expect("shape"),
+            Ok(4)
+        );
+        assert_eq!(shape_of_run(br#"{"protocol":4.0}"#).expect("shape"), Ok(4));
+        assert_eq!(shape_of_run(br#"{"protocol":"4"}"#).expect("shape"), Ok(4));
+        assert!(
+            shape_of_run(br#"{"protocol":"+4"}"#)
+                .expect("shape")
+                .is_err()
+        );
+        assert_eq!(
+            shape_of_run(br#"{"javascript":null}"#).expect("shape"),
+            Ok(0)
+        );
+        for bad in [
+            &br#"[4,"","",0,null,{"code":"1"}]"#[..],
+            br#"{"protocol":4,"javascript":["1",""]}"#,
+            br#"{"protocol":4,"project":{"files":[["a","b"]],"steps":["x"]}}"#,
+            br#"{"protocol":4,"module":{"rows":[[1,2]]}}"#,
+            br#"{"protocol":4,"softwareRule":["exact",["a"]]}"#,
+            br#"{"protocol":4} trailing"#,
+            br#"{"protocol":4"#,
+        ] {
+            assert!(
+                shape_of_run(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert!(shape_of_describe(b"[]").is_err());
+        assert!(shape_of_describe(b"{}").is_ok());
     }
 
     #[test]

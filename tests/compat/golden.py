@@ -23,3 +23,10 @@ print(f'const GOLDEN_REQUEST: &str = "{request}";')
 print(f'const GOLDEN_RESULT: &str = "{result}";')
 print(f'const GOLDEN_APPROVED: &str = "{approved}";')
 print(f'const GOLDEN_RECORD: &str = "{record_digest(rec)}";')
+
+# A request with an approved software rule and a grant profile: the digest
+# covers the rule's identities in the order sent (host/src/record.rs
+# parses the snake_case, string-integer form of the same request).
+req2 = {"protocol": 4, "softwareRule": {"mode": "approved", "identities": ["b:2", "a:1"]},
+        "javascript": {"code": "x", "grantProfile": "inv"}}
+print(f'const GOLDEN_REQUEST_RULE: &str = "{request_digest(req2)}";')

@@ -76,6 +76,17 @@ class Daemon:
                 out.append(v)
         return out
 
+    def audit_after_sentinel(self) -> int:
+        """Runs one snippet with a unique trace ID and waits for its audit line;
+        lines arrive in order, so every earlier line is in by then."""
+        tag = f"sentinel-{time.monotonic_ns()}"
+        Client(self.url).run_javascript("0", trace_id=tag)
+        deadline = time.monotonic() + 10
+        while not any(a.get("trace_id") == tag for a in self.audit()):
+            assert time.monotonic() < deadline, "the sentinel's audit line never arrived"
+            time.sleep(0.02)
+        return len(self.audit())
+
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
@@ -129,12 +140,12 @@ def test_run_javascript_passes_every_client_check(wasm):
 
 
 def test_vm_floor_is_refused_and_nothing_runs(wasm):
-    before = len(wasm.audit())
+    before = wasm.audit_after_sentinel()
     with pytest.raises(InsufficientIsolationError) as e:
         Client(wasm.url).run_javascript("console.log('must not run')", minimum_isolation="vm")
     assert e.value.not_dispatched == "isolation"
     assert e.value.code == "failed_precondition"
-    assert len(wasm.audit()) == before, "a run below its floor reached the provider"
+    assert wasm.audit_after_sentinel() == before + 1, "a run below its floor reached the provider"
 
 
 def test_software_rule(wasm):

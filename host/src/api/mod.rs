@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -20,29 +21,46 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use base64::Engine as _;
 use serde::Serialize;
+use tokio::sync::Semaphore;
 
 use crate::refusal::{Code, Reason, Refusal};
 use crate::service::{Daemon, RunError};
 use crate::wire::{self, DescribeRequest, PROTOCOL, RunRequest};
 
+pub mod serve;
+
 pub const REQUEST_ID_HEADER: &str = "plimsoll-request-id";
 pub const NOT_DISPATCHED_HEADER: &str = "plimsoll-not-dispatched";
 const SERVICE_PREFIX: &str = "plimsoll.v1.SandboxService";
 
-/// Largest request body, raw and decoded. The biggest legitimate request (a
-/// project at its file budget, JSON-escaped) fits well inside it.
+/// Largest request body, raw. A project at its 4 MiB file budget fits unless
+/// its text is mostly characters JSON must escape.
 pub const MAX_REQUEST_BYTES: usize = 8 << 20;
 /// A client that cannot deliver its body in this long is holding a slot.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub fn router(daemon: Arc<Daemon>) -> Router {
+/// What the HTTP layer shares between requests.
+#[derive(Clone)]
+pub struct Api {
+    daemon: Arc<Daemon>,
+    /// Bodies being read and parsed at once. Reading happens before
+    /// admission, so without this bound many slow or large uploads could
+    /// hold memory no concurrency limit ever sees.
+    body_slots: Arc<Semaphore>,
+}
+
+pub fn router(daemon: Arc<Daemon>, body_slots: usize) -> Router {
+    let api = Api {
+        daemon,
+        body_slots: Arc::new(Semaphore::new(body_slots.max(1))),
+    };
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route(&format!("/{SERVICE_PREFIX}/{{procedure}}"), any(procedure))
         .fallback(not_found)
         .layer(middleware::from_fn(bind_answer))
-        .with_state(daemon)
+        .with_state(api)
 }
 
 /// Copies a well-formed request ID onto the answer, whatever the answer is.
@@ -66,7 +84,7 @@ async fn bind_answer(req: Request, next: Next) -> Response {
     resp
 }
 
-async fn readyz(State(_d): State<Arc<Daemon>>) -> Response {
+async fn readyz(State(_api): State<Api>) -> Response {
     // The providers that exist so far have no external dependency that can
     // fail after start; a provider that has one answers 503 here.
     (StatusCode::OK, "ok").into_response()
@@ -80,10 +98,14 @@ async fn not_found() -> Response {
 }
 
 async fn procedure(
-    State(daemon): State<Arc<Daemon>>,
-    Path(name): Path<String>,
+    State(api): State<Api>,
+    name: Result<Path<String>, PathRejection>,
     req: Request,
 ) -> Response {
+    // A path segment that is not valid UTF-8 names no procedure.
+    let Ok(Path(name)) = name else {
+        return not_found().await;
+    };
     let known = matches!(
         name.as_str(),
         "Run" | "Describe" | "OpenSession" | "SessionRun" | "CloseSession"
@@ -101,15 +123,30 @@ async fn procedure(
         return r;
     }
     if let Err(r) = check_headers(req.headers()) {
-        return r;
+        return *r;
     }
+    // Nothing is read until a body slot is free now; no queue.
+    let Ok(body_slot) = api.body_slots.clone().try_acquire_owned() else {
+        return refusal_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            &Refusal::capacity("the daemon is reading as many request bodies as it allows"),
+        );
+    };
     let body = match read_body(req.into_body()).await {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match name.as_str() {
-        "Describe" => describe(&daemon, &body),
-        "Run" => run(&daemon, &body).await,
+        "Describe" => describe(&api.daemon, &body),
+        "Run" => {
+            let req = match parse_run(&body) {
+                Ok(r) => r,
+                Err(r) => return refusal_from(&r),
+            };
+            drop(body);
+            drop(body_slot);
+            run(&api.daemon, req).await
+        }
         // Sessions are not offered by any provider this daemon has.
         _ => refusal_response(
             StatusCode::NOT_IMPLEMENTED,
@@ -119,8 +156,10 @@ async fn procedure(
 }
 
 /// Content type, encoding and declared length, all before any body byte is
-/// read.
-fn check_headers(h: &HeaderMap) -> Result<(), Response> {
+/// read. Boxed: a response is large and this is the error path.
+fn check_headers(h: &HeaderMap) -> Result<(), Box<Response>> {
+    let refuse =
+        |status, why: &str| Err(Box::new(refusal_response(status, &Refusal::request(why))));
     let ctype = h
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -132,40 +171,32 @@ fn check_headers(h: &HeaderMap) -> Result<(), Response> {
                 .to_ascii_lowercase()
         });
     if ctype.as_deref() != Some("application/json") {
-        return Err(refusal_response(
+        return refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            &Refusal::request(
-                "this daemon speaks the Connect protocol with the JSON codec: Content-Type must be application/json",
-            ),
-        ));
+            "this daemon speaks the Connect protocol with the JSON codec: Content-Type must be application/json",
+        );
     }
-    if let Some(v) = h.get("connect-protocol-version") {
-        if v.as_bytes() != b"1" {
-            return Err(refusal_response(
-                StatusCode::BAD_REQUEST,
-                &Refusal::request("unsupported Connect-Protocol-Version (want 1)"),
-            ));
-        }
+    if let Some(v) = h.get("connect-protocol-version")
+        && v.as_bytes() != b"1"
+    {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "unsupported Connect-Protocol-Version (want 1)",
+        );
     }
-    if let Some(enc) = h.get(header::CONTENT_ENCODING) {
-        if !enc.as_bytes().eq_ignore_ascii_case(b"identity") {
-            return Err(refusal_response(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                &Refusal::request("compressed request bodies are not accepted"),
-            ));
-        }
+    if let Some(enc) = h.get(header::CONTENT_ENCODING)
+        && !enc.as_bytes().eq_ignore_ascii_case(b"identity")
+    {
+        return refuse(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "compressed request bodies are not accepted",
+        );
     }
     if let Some(len) = h.get(header::CONTENT_LENGTH) {
-        let len = len.to_str().ok().and_then(|s| s.parse::<u64>().ok());
-        match len {
-            Some(n) if n > MAX_REQUEST_BYTES as u64 => return Err(too_large()),
+        match len.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
+            Some(n) if n > MAX_REQUEST_BYTES as u64 => return Err(Box::new(too_large())),
             Some(_) => {}
-            None => {
-                return Err(refusal_response(
-                    StatusCode::BAD_REQUEST,
-                    &Refusal::request("malformed Content-Length"),
-                ));
-            }
+            None => return refuse(StatusCode::BAD_REQUEST, "malformed Content-Length"),
         }
     }
     Ok(())
@@ -182,7 +213,7 @@ fn too_large() -> Response {
     )
 }
 
-async fn read_body(body: Body) -> Result<Bytes, Response> {
+async fn read_body(body: Body) -> Result<Bytes, Box<Response>> {
     match tokio::time::timeout(
         BODY_READ_TIMEOUT,
         axum::body::to_bytes(body, MAX_REQUEST_BYTES),
@@ -190,18 +221,31 @@ async fn read_body(body: Body) -> Result<Bytes, Response> {
     .await
     {
         Ok(Ok(b)) => Ok(b),
-        // to_bytes fails for an over-limit body (chunked, no Content-Length)
-        // and for a broken connection; both ran nothing.
-        Ok(Err(_)) => Err(too_large()),
-        Err(_) => Err(refusal_response(
+        Ok(Err(e)) => {
+            let over_limit = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if over_limit {
+                Err(Box::new(too_large()))
+            } else {
+                // The connection broke mid-body: nothing ran, and probably
+                // nobody is left to read this.
+                Err(Box::new(refusal_response(
+                    StatusCode::BAD_REQUEST,
+                    &Refusal::request("the request body could not be read"),
+                )))
+            }
+        }
+        Err(_) => Err(Box::new(refusal_response(
             StatusCode::REQUEST_TIMEOUT,
             &Refusal::request("the request body did not arrive in time"),
-        )),
+        ))),
     }
 }
 
 fn describe(daemon: &Daemon, body: &[u8]) -> Response {
-    if let Err(e) = serde_json::from_slice::<DescribeRequest>(body) {
+    let parsed = wire::shape_of_describe(body)
+        .and_then(|()| serde_json::from_slice::<DescribeRequest>(body));
+    if let Err(e) = parsed {
         return refusal_response(
             StatusCode::BAD_REQUEST,
             &Refusal::request(format!("malformed DescribeRequest: {e}")),
@@ -210,11 +254,7 @@ fn describe(daemon: &Daemon, body: &[u8]) -> Response {
     json_ok(&daemon.describe())
 }
 
-async fn run(daemon: &Daemon, body: &[u8]) -> Response {
-    let req = match parse_run(body) {
-        Ok(r) => r,
-        Err(r) => return refusal_from(&r),
-    };
+async fn run(daemon: &Arc<Daemon>, req: RunRequest) -> Response {
     match daemon.run(req).await {
         Ok(resp) => json_ok(&resp),
         Err(RunError::Refused(r)) => refusal_from(&r),
@@ -228,15 +268,9 @@ async fn run(daemon: &Daemon, body: &[u8]) -> Response {
 /// payload counts: a request from a client of another protocol is refused as
 /// `protocol` even when its payload would not parse here.
 pub fn parse_run(body: &[u8]) -> Result<RunRequest, Refusal> {
-    let parsed = serde_json::from_slice::<RunRequest>(body);
-    let protocol = match &parsed {
-        Ok(r) => Ok(r.protocol),
-        Err(_) => match serde_json::from_slice::<serde_json::Value>(body) {
-            Ok(serde_json::Value::Object(m)) => wire::peek_protocol(&m),
-            _ => return Err(Refusal::request("the request body is not a JSON object")),
-        },
-    };
-    match protocol {
+    let stated = wire::shape_of_run(body)
+        .map_err(|e| Refusal::request(format!("malformed RunRequest: {e}")))?;
+    match stated {
         Ok(0) => {
             return Err(Refusal::new(
                 Code::InvalidArgument,
@@ -256,7 +290,8 @@ pub fn parse_run(body: &[u8]) -> Result<RunRequest, Refusal> {
         Ok(_) => {}
         Err(why) => return Err(Refusal::new(Code::InvalidArgument, Reason::Protocol, why)),
     }
-    parsed.map_err(|e| Refusal::request(format!("malformed RunRequest: {e}")))
+    serde_json::from_slice::<RunRequest>(body)
+        .map_err(|e| Refusal::request(format!("malformed RunRequest: {e}")))
 }
 
 fn json_ok<T: Serialize>(v: &T) -> Response {
@@ -342,6 +377,8 @@ mod tests {
         assert_eq!(r.reason, Reason::Request);
         assert!(parse_run(br#"{"protocol":4,"javascript":{"code":"1"}}"#).is_ok());
         let r = parse_run(b"[1,2]").expect_err("refused");
+        assert_eq!(r.reason, Reason::Request);
+        let r = parse_run(br#"[4,"","",0,null,{"code":"1"}]"#).expect_err("refused");
         assert_eq!(r.reason, Reason::Request);
     }
 }

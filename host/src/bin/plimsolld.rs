@@ -47,6 +47,9 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_stack_size(plimsoll::providers::wasm::RUN_THREAD_STACK)
+        // Every admitted run must get a thread at once: a run waiting for one
+        // would sit between its floor check and its dispatch.
+        .max_blocking_threads(1024 + 64)
         .build()
     {
         Ok(r) => r,
@@ -95,9 +98,16 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         max_concurrent = cfg.max_concurrent,
         "plimsolld listening"
     );
-    axum::serve(listener, api::router(daemon))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    if !cfg.addr.ip().is_loopback() {
+        tracing::warn!(
+            addr = %cfg.addr,
+            "the API listens beyond loopback and has no caller authentication yet: anyone who can reach it can run code"
+        );
+    }
+    // Two bodies may be in reading per run slot, as a client can send its
+    // next request while the previous one runs.
+    let body_slots = 2 * cfg.max_concurrent as usize;
+    api::serve::serve(listener, api::router(daemon, body_slots), shutdown_signal()).await;
     Ok(())
 }
 

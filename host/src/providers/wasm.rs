@@ -207,13 +207,13 @@ impl WasmProvider {
             Ok(code) => (code, false),
             Err(e) => {
                 if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
-                    err.push_str(&format!(
+                    err.push_notice(&format!(
                         "plimsoll: the run was stopped at its deadline of {} ms\n",
                         timeout.as_millis()
                     ));
                     (EXIT_TIMED_OUT, true)
                 } else if state.limits.memory_denied {
-                    err.push_str(&format!(
+                    err.push_notice(&format!(
                         "plimsoll: the run was stopped at its memory limit of {} MiB\n",
                         self.memory_limit >> 20
                     ));
@@ -221,12 +221,12 @@ impl WasmProvider {
                 } else if e.downcast_ref::<Trap>() == Some(&Trap::StackOverflow) {
                     // QuickJS has no working stack check under WASI, so deep
                     // recursion ends here rather than as a RangeError.
-                    err.push_str("plimsoll: the run exhausted its stack (runaway recursion) and was stopped\n");
+                    err.push_notice("plimsoll: the run exhausted its stack (runaway recursion) and was stopped\n");
                     (EXIT_ENGINE_TRAP, false)
                 } else if let Some(trap) = e.downcast_ref::<Trap>() {
                     // A trap code names the fault class only; the wasm
                     // backtrace is left out of the result and the log.
-                    err.push_str(&format!("plimsoll: the engine stopped the run: {trap}\n"));
+                    err.push_notice(&format!("plimsoll: the engine stopped the run: {trap}\n"));
                     (EXIT_ENGINE_TRAP, false)
                 } else {
                     return Err(RunFailure::MayHaveRun(format!("{e:#}")));
@@ -439,11 +439,13 @@ impl WasiView for RunState {
 }
 
 impl output_if::Host for RunState {
-    fn write(&mut self, channel: output_if::Channel, data: String) {
-        match channel {
-            output_if::Channel::Stdout => self.stdout.push_str(&data),
-            output_if::Channel::Stderr => self.stderr.push_str(&data),
-        }
+    fn write(&mut self, channel: output_if::Channel, data: String) -> bool {
+        let stream = match channel {
+            output_if::Channel::Stdout => &mut self.stdout,
+            output_if::Channel::Stderr => &mut self.stderr,
+        };
+        stream.push_str(&data);
+        !stream.truncated
     }
 }
 
@@ -525,6 +527,24 @@ impl Capped {
         self.buf.extend_from_slice(&s.as_bytes()[..cut]);
         self.truncated = true;
     }
+
+    /// The daemon's own closing line (deadline, memory cap): always kept,
+    /// even on a full stream, by giving up the end of the guest's output,
+    /// which the truncated flag already says is incomplete.
+    fn push_notice(&mut self, notice: &str) {
+        let notice = &notice.as_bytes()[..notice.len().min(self.limit)];
+        if notice.len() > self.limit - self.buf.len() {
+            // The buffer holds whole UTF-8 text, so a cut that does not land
+            // on a continuation byte (0b10xx_xxxx) leaves it whole.
+            let mut keep = self.limit - notice.len();
+            while keep > 0 && keep < self.buf.len() && (self.buf[keep] & 0xC0) == 0x80 {
+                keep -= 1;
+            }
+            self.buf.truncate(keep);
+            self.truncated = true;
+        }
+        self.buf.extend_from_slice(notice);
+    }
 }
 
 #[cfg(test)]
@@ -540,6 +560,24 @@ mod tests {
         assert!(c.truncated);
         c.push_str("x");
         assert_eq!(c.buf, b"abcd");
+    }
+
+    #[test]
+    fn notices_survive_a_full_stream() {
+        let mut c = Capped::new(10);
+        c.push_str("ééééé");
+        c.push_notice("stop\n");
+        assert_eq!(c.buf.len(), 9, "{:?}", String::from_utf8_lossy(&c.buf));
+        assert_eq!(
+            std::str::from_utf8(&c.buf).expect("utf-8"),
+            "éé".to_string() + "stop\n"
+        );
+        assert!(c.truncated);
+        let mut c = Capped::new(10);
+        c.push_str("ab");
+        c.push_notice("stop\n");
+        assert_eq!(c.buf, b"abstop\n");
+        assert!(!c.truncated);
     }
 
     #[test]
