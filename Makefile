@@ -8,19 +8,28 @@
 CARGO_TARGET_DIR ?= $(CURDIR)/target
 export CARGO_TARGET_DIR
 CARGO ?= cargo
-GUEST_WASM := $(CARGO_TARGET_DIR)/wasm32-wasip2/guest/plimsoll_guest_js.wasm
+WASM_OUT := $(CARGO_TARGET_DIR)/wasm32-wasip2/guest
+GUEST_WASM := $(WASM_OUT)/plimsoll_guest_js.wasm
 PLIMSOLLD := $(CARGO_TARGET_DIR)/release/plimsolld
 export PLIMSOLLD_BIN := $(PLIMSOLLD)
 export PLIMSOLL_GUEST_JS_WASM := $(GUEST_WASM)
 
-.PHONY: setup guest build demo test test-rust test-compat audit bench clean
+.PHONY: setup guest build demo test audit bench clean
 
 setup:
 	@scripts/setup.sh
 
-# The guest component first: the host embeds it (host/build.rs).
+# Every component in one cargo call: the QuickJS guest (which the host
+# embeds, see host/build.rs), the shipped provider plugins, and the test
+# fixtures. Shipped plugins go to target/plugins (plimsolld's default
+# PLIMSOLL_PLUGIN_DIR); fixtures to target/test-plugins, never loaded by
+# default.
 guest: setup
-	$(CARGO) build -p plimsoll-guest-js --target wasm32-wasip2 --profile guest
+	$(CARGO) build --target wasm32-wasip2 --profile guest \
+		-p plimsoll-guest-js -p plimsoll-plugin-remote-plimsoll -p plimsoll-fixture-hostile
+	mkdir -p $(CARGO_TARGET_DIR)/plugins $(CARGO_TARGET_DIR)/test-plugins
+	cp $(WASM_OUT)/plimsoll_plugin_remote_plimsoll.wasm $(CARGO_TARGET_DIR)/plugins/remote-plimsoll.wasm
+	cp $(WASM_OUT)/plimsoll_fixture_hostile.wasm $(CARGO_TARGET_DIR)/test-plugins/hostile.wasm
 
 build: guest
 	$(CARGO) build --release -p plimsoll-host -p plimsoll-tests
@@ -35,7 +44,8 @@ test: build
 audit: guest
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release -p plimsoll-host -p plimsoll-tests --all-targets -- -D warnings
-	$(CARGO) clippy -p plimsoll-guest-js --target wasm32-wasip2 --profile guest -- -D warnings
+	$(CARGO) clippy --target wasm32-wasip2 --profile guest \
+		-p plimsoll-guest-js -p plimsoll-plugin-remote-plimsoll -p plimsoll-fixture-hostile -- -D warnings
 	$(MAKE) test
 
 bench: build

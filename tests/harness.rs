@@ -31,6 +31,26 @@ pub fn plimsolld_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("plimsolld"))
 }
 
+/// The build's target directory, found from this executable's path
+/// (tests run from target/release/deps/, the benchmark from target/release/).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.ancestors()
+        .find(|d| d.join("release").is_dir() && d.join("wasm32-wasip2").is_dir())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target"))
+}
+
+/// Where `make guest` installs the shipped plugins.
+pub fn plugin_dir() -> PathBuf {
+    target_dir().join("plugins")
+}
+
+/// Where `make guest` installs the test-fixture plugins.
+pub fn test_plugin_dir() -> PathBuf {
+    target_dir().join("test-plugins")
+}
+
 /// The guest component the daemon embeds, for checking reported identities.
 pub fn guest_wasm_path() -> PathBuf {
     if let Some(p) = std::env::var_os("PLIMSOLL_GUEST_JS_WASM") {

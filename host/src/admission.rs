@@ -28,6 +28,8 @@ pub struct Limits {
     pub default_timeout: Duration,
     pub max_timeout: Duration,
     pub max_concurrent: u32,
+    /// Bytes kept per output stream.
+    pub output_limit: usize,
 }
 
 impl Limits {
@@ -37,6 +39,7 @@ impl Limits {
             default_timeout: Duration::from_secs(5),
             max_timeout: Duration::from_secs(30),
             max_concurrent,
+            output_limit: 64 << 10,
         }
     }
 }

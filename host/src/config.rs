@@ -8,6 +8,11 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::plugins::engine_policy::EnginePolicy;
+use crate::plugins::http::{HttpGrant, Origin};
+use crate::tier::Tier;
 
 /// Every variable the daemon reads: name, default, meaning.
 pub const VARIABLES: &[(&str, &str, &str)] = &[
@@ -20,7 +25,47 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "SANDBOX_PROVIDER",
         "(unset: disabled)",
-        "provider: disabled or wasm; unset runs nothing, ever",
+        "provider: disabled, wasm, or the name of a plugin in PLIMSOLL_PLUGIN_DIR; unset runs nothing, ever",
+    ),
+    (
+        "PLIMSOLL_PLUGIN_DIR",
+        "(target/plugins beside the build's target/release)",
+        "where provider plugins (<name>.wasm) are loaded from",
+    ),
+    (
+        "SANDBOX_PLUGIN_SHA256",
+        "(unset)",
+        "pins the selected plugin: its SHA-256 must equal this or the daemon does not start",
+    ),
+    (
+        "SANDBOX_PLUGIN_MAX_TIER",
+        "process",
+        "strongest tier the selected plugin may report: process, container, kernel or vm",
+    ),
+    (
+        "SANDBOX_PLUGIN_HTTP_ORIGINS",
+        "(unset: no network)",
+        "grants the plugin the http capability for these origins (comma-separated https://host[:port]; http only on loopback IPs)",
+    ),
+    (
+        "SANDBOX_PLUGIN_API_KEY_ENV",
+        "(unset)",
+        "name of the variable holding the provider's API key, which the host adds to the plugin's requests",
+    ),
+    (
+        "SANDBOX_PLUGIN_API_KEY_HEADER",
+        "authorization",
+        "header carrying that key (authorization sends Bearer <key>; any other sends the key as is)",
+    ),
+    (
+        "SANDBOX_PLUGIN_CONTAINER_ENGINE",
+        "0",
+        "1 grants the plugin the container-engine capability (policed by the host)",
+    ),
+    (
+        "SANDBOX_DOCKER_RUNTIME",
+        "(unset: runc)",
+        "the only OCI runtime containers may use (runsc for gVisor)",
     ),
     (
         "SANDBOX_MEMORY_MB",
@@ -50,12 +95,24 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
 ];
 
 /// Which provider runs the code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderKind {
     /// The default: refuses every run.
     Disabled,
     /// QuickJS as a Wasm component in this process (process tier).
     Wasm,
+    /// A provider plugin of this name, from the plugin directory.
+    Plugin(String),
+}
+
+/// What the operator configured for a plugin provider.
+#[derive(Debug, Clone, Default)]
+pub struct PluginSettings {
+    pub dir: Option<PathBuf>,
+    pub sha256: Option<String>,
+    pub max_tier: Option<Tier>,
+    pub http: Option<HttpGrant>,
+    pub container_engine: Option<EnginePolicy>,
 }
 
 impl ProviderKind {
@@ -75,6 +132,7 @@ pub struct Config {
     pub provider: ProviderKind,
     pub memory_mb: u32,
     pub max_concurrent: u32,
+    pub plugin: PluginSettings,
     /// Variables with our prefixes that are not on the list.
     pub unknown: Vec<String>,
 }
@@ -83,7 +141,7 @@ pub struct Config {
 pub enum ConfigError {
     #[error("{name}: {why}")]
     Invalid { name: &'static str, why: String },
-    #[error("SANDBOX_PROVIDER={0:?} is not a provider; known providers: {known}", known = ProviderKind::KNOWN.join(", "))]
+    #[error("SANDBOX_PROVIDER={0:?} is neither a built-in provider ({known}) nor a valid plugin name ([a-z0-9-]{{1,32}})", known = ProviderKind::KNOWN.join(", "))]
     UnknownProvider(String),
     #[error("{0} is not valid UTF-8 text")]
     NotText(String),
@@ -145,6 +203,7 @@ impl Config {
         {
             None | Some("disabled") => ProviderKind::Disabled,
             Some("wasm") => ProviderKind::Wasm,
+            Some(name) if valid_plugin_name(name) => ProviderKind::Plugin(name.to_string()),
             Some(other) => return Err(ConfigError::UnknownProvider(other.to_string())),
         };
         let memory_mb = parse_u32(
@@ -161,6 +220,18 @@ impl Config {
             1024,
         )?
         .unwrap_or(8);
+
+        let plugin = plugin_settings(&get, vars)?;
+        let plugin_vars_set = plugin.sha256.is_some()
+            || plugin.max_tier.is_some()
+            || plugin.http.is_some()
+            || plugin.container_engine.is_some();
+        if plugin_vars_set && !matches!(provider, ProviderKind::Plugin(_)) {
+            return Err(ConfigError::Invalid {
+                name: "SANDBOX_PLUGIN_*",
+                why: "plugin settings are set but SANDBOX_PROVIDER does not name a plugin".into(),
+            });
+        }
 
         if provider == ProviderKind::Wasm {
             for name in ["SANDBOX_CPUS", "SANDBOX_PIDS", "SANDBOX_DISK_MB"] {
@@ -183,9 +254,132 @@ impl Config {
             provider,
             memory_mb,
             max_concurrent,
+            plugin,
             unknown,
         })
     }
+}
+
+fn valid_plugin_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+fn plugin_settings<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    vars: &'a BTreeMap<String, String>,
+) -> Result<PluginSettings, ConfigError> {
+    let invalid = |name: &'static str, why: String| ConfigError::Invalid { name, why };
+    let sha256 = match get("SANDBOX_PLUGIN_SHA256") {
+        None => None,
+        Some(s) if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Some(s.to_ascii_lowercase())
+        }
+        Some(_) => {
+            return Err(invalid(
+                "SANDBOX_PLUGIN_SHA256",
+                "must be 64 hex digits".into(),
+            ));
+        }
+    };
+    let max_tier = match get("SANDBOX_PLUGIN_MAX_TIER") {
+        None => None,
+        Some(s) => match Tier::parse_floor(s) {
+            Ok(Some(t)) => Some(t),
+            _ => {
+                return Err(invalid(
+                    "SANDBOX_PLUGIN_MAX_TIER",
+                    "must be process, container, kernel or vm".into(),
+                ));
+            }
+        },
+    };
+    let http = match get("SANDBOX_PLUGIN_HTTP_ORIGINS") {
+        None => None,
+        Some(list) => {
+            let origins = list
+                .split(',')
+                .map(str::trim)
+                .filter(|o| !o.is_empty())
+                .map(Origin::parse)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|why| invalid("SANDBOX_PLUGIN_HTTP_ORIGINS", why))?;
+            Some(HttpGrant {
+                origins,
+                api_key: api_key(get, vars)?,
+            })
+        }
+    };
+    if http.is_none() && get("SANDBOX_PLUGIN_API_KEY_ENV").is_some() {
+        return Err(invalid(
+            "SANDBOX_PLUGIN_API_KEY_ENV",
+            "an API key needs SANDBOX_PLUGIN_HTTP_ORIGINS to be sent anywhere".into(),
+        ));
+    }
+    let container_engine = match get("SANDBOX_PLUGIN_CONTAINER_ENGINE") {
+        None | Some("0") => None,
+        Some("1") => Some(EnginePolicy {
+            runtime: get("SANDBOX_DOCKER_RUNTIME").unwrap_or("").to_string(),
+            run_dirs: Vec::new(),
+        }),
+        Some(_) => {
+            return Err(invalid(
+                "SANDBOX_PLUGIN_CONTAINER_ENGINE",
+                "must be 0 or 1".into(),
+            ));
+        }
+    };
+    Ok(PluginSettings {
+        dir: get("PLIMSOLL_PLUGIN_DIR").map(PathBuf::from),
+        sha256,
+        max_tier,
+        http,
+        container_engine,
+    })
+}
+
+/// The header the host adds to a plugin's requests, from the variable the
+/// operator named. The value is marked sensitive so no debug output of a
+/// header map ever prints it.
+fn api_key<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    vars: &'a BTreeMap<String, String>,
+) -> Result<Option<(axum::http::HeaderName, axum::http::HeaderValue)>, ConfigError> {
+    let Some(var) = get("SANDBOX_PLUGIN_API_KEY_ENV") else {
+        return Ok(None);
+    };
+    let invalid = |why: &str| ConfigError::Invalid {
+        name: "SANDBOX_PLUGIN_API_KEY_ENV",
+        why: why.to_string(),
+    };
+    let key = vars
+        .get(var)
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| invalid("names a variable that is unset or empty"))?;
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid("names a variable whose value is not visible ASCII"));
+    }
+    let header = get("SANDBOX_PLUGIN_API_KEY_HEADER")
+        .unwrap_or("authorization")
+        .to_ascii_lowercase();
+    let name = axum::http::HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
+        ConfigError::Invalid {
+            name: "SANDBOX_PLUGIN_API_KEY_HEADER",
+            why: "is not a valid header name".into(),
+        }
+    })?;
+    let text = if name == axum::http::header::AUTHORIZATION {
+        format!("Bearer {key}")
+    } else {
+        key.to_string()
+    };
+    let mut value = axum::http::HeaderValue::from_str(&text)
+        .map_err(|_| invalid("the key is not a valid header value"))?;
+    value.set_sensitive(true);
+    Ok(Some((name, value)))
 }
 
 fn parse_u32(
@@ -244,7 +438,7 @@ mod tests {
 
     #[test]
     fn unknown_provider_lists_known_ones() {
-        let e = Config::from_map(&env(&[("SANDBOX_PROVIDER", "dockr")])).expect_err("refused");
+        let e = Config::from_map(&env(&[("SANDBOX_PROVIDER", "Dock r")])).expect_err("refused");
         let text = e.to_string();
         assert!(text.contains("disabled") && text.contains("wasm"), "{text}");
     }

@@ -9,10 +9,13 @@
 pub mod admission;
 pub mod api;
 pub mod config;
+pub mod limits;
+pub mod plugins;
 pub mod providers;
 pub mod record;
 pub mod refusal;
 pub mod service;
+pub mod text;
 pub mod tier;
 pub mod wire;
 

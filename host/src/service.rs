@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Semaphore;
 
 use crate::admission::{self, Limits};
-use crate::providers::{Evidence, ProcessOutput, Provider, wasm::RunFailure};
+use crate::providers::{Evidence, ProcessOutput, Provider, RunFailure};
 use crate::record;
 use crate::refusal::{Code, Reason, Refusal};
 use crate::tier::Tier;
@@ -57,23 +57,26 @@ impl Daemon {
     pub fn describe(&self) -> DescribeResponse {
         let ev = self.provider.evidence();
         let mut d = DescribeResponse {
-            sandbox: ev.sandbox.to_string(),
+            sandbox: ev.sandbox.clone(),
             isolation: ev.tier.as_str().to_string(),
             protocol: PROTOCOL,
             ..Default::default()
         };
-        if let Provider::Wasm(w) = &*self.provider {
+        if self.provider.runs_javascript() {
             d.javascript_environment = Some(PayloadEnvironment {
                 identity: ev.environment.clone(),
                 max_timeout_ms: self.limits.max_timeout.as_millis() as u32,
                 software_identity: ev.software_identity.clone(),
                 languages: vec!["javascript".to_string()],
             });
+        }
+        if let Provider::Wasm(w) = &*self.provider {
             d.resources = Some(RunResources {
                 memory_mb: (w.memory_limit() >> 20) as u32,
                 ..Default::default()
             });
         }
+        d.policy = ev.policy;
         d
     }
 
@@ -99,12 +102,12 @@ impl Daemon {
                 .into());
             }
             (
-                Provider::Wasm(_),
+                _,
                 admission::Payload::JavaScript {
                     code,
                     grant_profile,
                 },
-            ) => {
+            ) if self.provider.runs_javascript() => {
                 if !grant_profile.is_empty() {
                     // No grant profiles exist yet; an unknown profile and a
                     // forbidden one will get this same answer.
@@ -115,9 +118,10 @@ impl Daemon {
                 }
                 code.clone()
             }
-            (Provider::Wasm(_), payload) => {
+            (provider, payload) => {
                 return Err(Refusal::unsupported(format!(
-                    "the wasm provider runs JavaScript snippets only, not {} payloads",
+                    "the {} provider does not run {} payloads",
+                    provider.evidence().sandbox,
                     payload.kind()
                 ))
                 .into());
@@ -167,23 +171,29 @@ impl Daemon {
         let elapsed_ms = started.elapsed().as_millis() as i64;
         let code_bytes = req.javascript.as_ref().map_or(0, |j| j.code.len());
         let trace_id = checked.trace_id.as_deref().unwrap_or("");
+        // One audit line per dispatched run, whatever became of it: a run
+        // that failed after it may have started is audited like any other.
+        let audit = |exit_code: Option<i32>, timed_out: Option<bool>, error_id: Option<&str>| {
+            tracing::info!(
+                target: "plimsoll::audit",
+                op = "javascript",
+                sandbox = ev.sandbox.as_str(),
+                isolation = ev.tier.as_str(),
+                duration_ms = elapsed_ms,
+                code_bytes,
+                exit_code,
+                timed_out,
+                error_id,
+                trace_id,
+                trace_id_rejected = checked.trace_id_rejected,
+                "code run"
+            );
+        };
         let output = match dispatched {
             Ok(out) => out,
             Err(e) => {
                 if let RunError::Internal { id, .. } = &e {
-                    // The run may have started: it is audited like any other.
-                    tracing::error!(
-                        target: "plimsoll::audit",
-                        op = "javascript",
-                        sandbox = ev.sandbox,
-                        isolation = ev.tier.as_str(),
-                        duration_ms = elapsed_ms,
-                        code_bytes,
-                        error_id = %id,
-                        trace_id,
-                        trace_id_rejected = checked.trace_id_rejected,
-                        "code run failed"
-                    );
+                    audit(None, None, Some(id.as_str()));
                 }
                 return Err(e);
             }
@@ -203,31 +213,19 @@ impl Daemon {
             record::javascript_result_digest(&result),
             req.software_rule.as_ref(),
             &record::Evidence {
-                provider: ev.sandbox,
+                provider: &ev.sandbox,
                 isolation: ev.tier.as_str(),
                 environment: &ev.environment,
-                policy: "",
+                policy: &ev.policy,
                 software_identity: &ev.software_identity,
                 instance: "",
             },
             started_wall,
             started_wall + elapsed_ms,
         );
-        tracing::info!(
-            target: "plimsoll::audit",
-            op = "javascript",
-            sandbox = ev.sandbox,
-            isolation = ev.tier.as_str(),
-            duration_ms = elapsed_ms,
-            code_bytes,
-            exit_code = result.exit_code,
-            timed_out = result.timed_out,
-            trace_id,
-            trace_id_rejected = checked.trace_id_rejected,
-            "code run"
-        );
+        audit(Some(result.exit_code), Some(result.timed_out), None);
         Ok(RunResponse {
-            sandbox: ev.sandbox.to_string(),
+            sandbox: ev.sandbox.clone(),
             isolation: ev.tier.as_str().to_string(),
             duration_ms: I64(elapsed_ms),
             record: rec,
@@ -243,14 +241,25 @@ impl Daemon {
         code: String,
         timeout: Duration,
     ) -> Result<ProcessOutput, RunError> {
+        if let Provider::Plugin(p) = &*self.provider {
+            // Plugins are async all the way down: no blocking thread.
+            return match p
+                .run_javascript(code, timeout, self.limits.output_limit)
+                .await
+            {
+                Ok(out) => Ok(out),
+                Err(RunFailure::NotDispatched(r)) => Err(r.into()),
+                Err(RunFailure::MayHaveRun(detail)) => Err(internal(detail)),
+            };
+        }
         let provider = self.provider.clone();
         let joined = tokio::task::spawn_blocking(move || match &*provider {
             Provider::Wasm(w) => w.run(&code, timeout),
             // Unreachable by construction (checked in `run`); answered as a
             // refusal rather than a panic all the same.
-            Provider::Disabled => Err(RunFailure::NotDispatched(Refusal::unsupported(
-                "no provider",
-            ))),
+            Provider::Disabled | Provider::Plugin(_) => Err(RunFailure::NotDispatched(
+                Refusal::unsupported("no provider for this dispatch path"),
+            )),
         })
         .await;
         match joined {
@@ -279,19 +288,8 @@ fn internal(detail: String) -> RunError {
     // Without randomness the ID is only a join key; zeros still answer.
     let _ = getrandom::fill(&mut id);
     let id = hex::encode(id);
-    tracing::error!(error_id = %id, detail = %truncate(&detail, 4096), "internal error during a run");
+    tracing::error!(error_id = %id, detail = %crate::text::truncate(&detail, 4096), "internal error during a run");
     RunError::Internal { id, detail }
-}
-
-fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    &s[..cut]
 }
 
 fn unix_ms() -> i64 {

@@ -2,12 +2,15 @@
 //! (`plimsolld -h` lists it); any other argument is refused, so a flag that
 //! looks like it sets something cannot be silently ignored.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use plimsoll::admission::Limits;
 use plimsoll::config::{self, Config, LogFormat, ProviderKind};
+use plimsoll::plugins::{self, PluginConfig, PluginProvider};
 use plimsoll::providers::{Provider, wasm::WasmProvider};
+use plimsoll::tier::Tier;
 use plimsoll::{Daemon, api};
 
 /// Output cap per stream for a JavaScript run.
@@ -35,6 +38,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // A plugin that is not there is a configuration mistake, answered like an
+    // unknown provider name: before anything starts, with what is there.
+    if let ProviderKind::Plugin(name) = &cfg.provider
+        && let Err(e) = plugins::locate(&plugin_dir(&cfg), name)
+    {
+        eprintln!("plimsolld: configuration error: {e}");
+        return ExitCode::from(2);
+    }
     init_logging(cfg.log_format);
     for name in &cfg.unknown {
         tracing::warn!(variable = %name, "unknown configuration variable ignored (see plimsolld -h)");
@@ -68,7 +79,7 @@ fn main() -> ExitCode {
 }
 
 async fn serve(cfg: Config) -> anyhow::Result<()> {
-    let (provider, limits) = match cfg.provider {
+    let (provider, limits) = match cfg.provider.clone() {
         ProviderKind::Disabled => {
             tracing::warn!("SANDBOX_PROVIDER is unset: the Disabled provider refuses every run");
             (Provider::Disabled, Limits::wasm(cfg.max_concurrent))
@@ -83,6 +94,27 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             })
             .await??;
             (Provider::Wasm(w), Limits::wasm(cfg.max_concurrent))
+        }
+        ProviderKind::Plugin(name) => {
+            let settings = cfg.plugin.clone();
+            let plugin = PluginProvider::load(PluginConfig {
+                name,
+                dir: plugin_dir(&cfg),
+                sha256_pin: settings.sha256,
+                max_tier: settings.max_tier.unwrap_or(Tier::Process),
+                http: settings.http,
+                container_engine: settings.container_engine,
+                memory_mb: cfg.memory_mb,
+            })
+            .await?;
+            tracing::info!(
+                plugin = plugin.name(),
+                sha256 = plugin.sha256(),
+                claimed = plugin.described().claimed_tier.as_str(),
+                isolation = plugin.tier().as_str(),
+                "provider plugin loaded"
+            );
+            (Provider::Plugin(plugin), Limits::wasm(cfg.max_concurrent))
         }
     };
     release_startup_memory();
@@ -139,6 +171,22 @@ fn init_logging(format: LogFormat) {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.with_ansi(false).init(),
     }
+}
+
+/// Where plugins are loaded from: `PLIMSOLL_PLUGIN_DIR`, or `plugins/`
+/// beside the build's `release/` directory, where `make plugins` puts them.
+fn plugin_dir(cfg: &Config) -> PathBuf {
+    if let Some(dir) = &cfg.plugin.dir {
+        return dir.clone();
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            exe.parent()
+                .and_then(|p| p.parent())
+                .map(|t| t.join("plugins"))
+        })
+        .unwrap_or_else(|| PathBuf::from("plugins"))
 }
 
 /// Compiling the guest component at start allocates tens of MiB across

@@ -9,9 +9,10 @@ use crate::tier::Tier;
 
 pub fn evidence() -> Evidence {
     Evidence {
-        sandbox: "disabled",
+        sandbox: "disabled".to_string(),
         tier: Tier::None,
         environment: String::new(),
         software_identity: String::new(),
+        policy: String::new(),
     }
 }

@@ -12,19 +12,15 @@
 //! is capped by a limiter that traps on the first growth past the cap, so a
 //! script cannot catch its way around it.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
-    Trap,
-};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::providers::ProcessOutput;
+use crate::limits::{EpochTicker, MemoryCap, ticks};
+use crate::providers::{ProcessOutput, RunFailure};
 use crate::refusal::Refusal;
 
 mod generated {
@@ -44,6 +40,7 @@ static GUEST_JS: &[u8] = include_bytes!(env!("PLIMSOLL_GUEST_JS_WASM"));
 /// Epoch tick. Deadlines are rounded up to it, so a run overruns its budget by
 /// at most one tick.
 const TICK: Duration = Duration::from_millis(5);
+const TICKER_NAME: &str = "plimsoll-epoch";
 
 /// Native stack wasm code may use; see `Config::max_wasm_stack` above.
 pub const MAX_WASM_STACK: usize = 4 << 20;
@@ -71,28 +68,13 @@ pub enum WasmError {
     Snapshot(String),
 }
 
-/// Why a run produced no result.
-#[derive(Debug)]
-pub enum RunFailure {
-    /// Nothing of the snippet ran (no instance could be created).
-    NotDispatched(Refusal),
-    /// The engine failed after the snippet may have started.
-    MayHaveRun(String),
-}
-
 pub struct WasmProvider {
     engine: Engine,
     pre: generated::GuestPre<RunState>,
     identity: String,
     memory_limit: usize,
     output_limit: usize,
-    stop_ticker: Arc<AtomicBool>,
-}
-
-impl Drop for WasmProvider {
-    fn drop(&mut self) {
-        self.stop_ticker.store(true, Ordering::Relaxed);
-    }
+    _ticker: EpochTicker,
 }
 
 impl WasmProvider {
@@ -155,8 +137,7 @@ impl WasmProvider {
             .map_err(|e| WasmError::Link(format!("{e:#}")))?;
         let pre = generated::GuestPre::new(pre).map_err(|e| WasmError::Link(format!("{e:#}")))?;
 
-        let stop_ticker = Arc::new(AtomicBool::new(false));
-        spawn_ticker(&engine, stop_ticker.clone());
+        let ticker = EpochTicker::start(&engine, TICK, TICKER_NAME);
 
         Ok(WasmProvider {
             engine,
@@ -164,7 +145,7 @@ impl WasmProvider {
             identity: format!("quickjs-wasm:sha256:{}", hex::encode(Sha256::digest(bytes))),
             memory_limit,
             output_limit,
-            stop_ticker,
+            _ticker: ticker,
         })
     }
 
@@ -184,8 +165,7 @@ impl WasmProvider {
         let state = RunState::new(self.memory_limit, self.output_limit);
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
-        let ticks = timeout.as_nanos().div_ceil(TICK.as_nanos()).max(1) as u64 + 1;
-        store.set_epoch_deadline(ticks);
+        store.set_epoch_deadline(ticks(timeout, TICK));
         store.epoch_deadline_trap();
 
         let guest = match self.pre.instantiate(&mut store) {
@@ -212,7 +192,7 @@ impl WasmProvider {
                         timeout.as_millis()
                     ));
                     (EXIT_TIMED_OUT, true)
-                } else if state.limits.memory_denied {
+                } else if state.limits.denied() {
                     err.push_notice(&format!(
                         "plimsoll: the run was stopped at its memory limit of {} MiB\n",
                         self.memory_limit >> 20
@@ -244,29 +224,11 @@ impl WasmProvider {
     }
 }
 
-fn spawn_ticker(engine: &Engine, stop: Arc<AtomicBool>) {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("plimsoll-epoch".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(TICK);
-                match weak.upgrade() {
-                    Some(engine) => engine.increment_epoch(),
-                    None => break,
-                }
-            }
-        })
-        // A thread that cannot be spawned at start is a start failure; there
-        // is no request in play yet.
-        .expect("spawning the epoch ticker thread");
-}
-
 /// Everything one run's store holds.
 struct RunState {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: Limits,
+    limits: MemoryCap,
     stdout: Capped,
     stderr: Capped,
 }
@@ -276,10 +238,7 @@ impl RunState {
         RunState {
             wasi: WasiCtx::builder().build(),
             table: ResourceTable::new(),
-            limits: Limits {
-                memory_limit,
-                memory_denied: false,
-            },
+            limits: MemoryCap::new(memory_limit),
             stdout: Capped::new(output_limit),
             stderr: Capped::new(output_limit),
         }
@@ -307,7 +266,7 @@ fn pre_initialize(
     let mut store = Store::new(engine, RunState::new(memory_limit, output_limit));
     store.limiter(|s| &mut s.limits);
     // Initialisation is bounded like a run, so a broken guest cannot hang start.
-    store.set_epoch_deadline(Duration::from_secs(30).as_nanos().div_ceil(TICK.as_nanos()) as u64);
+    store.set_epoch_deadline(ticks(Duration::from_secs(30), TICK));
     store.epoch_deadline_trap();
     let instance = linker.instantiate(&mut store, &component).map_err(err)?;
     let init = instance
@@ -456,41 +415,6 @@ impl broker_if::Host for RunState {
     ) -> Result<broker_if::Response, broker_if::CallError> {
         // No run carries a grant yet: the guest has no network at all.
         Err(broker_if::CallError::NoGrant)
-    }
-}
-
-/// Memory and table caps for one run. Growth past the memory cap is an error,
-/// which wasmtime turns into a trap: the script cannot catch it and carry on.
-struct Limits {
-    memory_limit: usize,
-    memory_denied: bool,
-}
-
-/// Generous for QuickJS (which uses one small function table) while keeping a
-/// runaway table from eating host memory.
-const MAX_TABLE_ELEMENTS: usize = 1 << 16;
-
-impl ResourceLimiter for Limits {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired > self.memory_limit {
-            self.memory_denied = true;
-            return Err(wasmtime::Error::msg("memory limit reached"));
-        }
-        Ok(true)
-    }
-
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS)
     }
 }
 

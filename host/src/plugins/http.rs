@@ -1,0 +1,360 @@
+//! The `http` capability: outbound requests for hosted-service adapters.
+//!
+//! The order of checks is the point. The allowlist is checked on the URL
+//! exactly as the plugin gave it, before anything parses it into another form,
+//! resolves it, or adds to it (a proxy rewriting the target after the check is
+//! the classic way such an allowlist fails). Only then does the host build the
+//! request itself: no redirects are followed, no proxy settings are read from
+//! the environment, TLS is verified, size and time are bounded, and the
+//! provider's API key is added by the host, so the plugin never holds it.
+
+use std::time::Duration;
+
+use reqwest::Url;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+
+/// One allowed origin: scheme, host and port, compared exactly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    scheme: String,
+    host: String,
+    port: u16,
+}
+
+impl Origin {
+    /// Parses an operator-written origin such as `https://api.e2b.dev` or
+    /// `http://127.0.0.1:8080`. Plain http is accepted only for a loopback
+    /// address, where there is no network to protect.
+    pub fn parse(s: &str) -> Result<Origin, String> {
+        let url = Url::parse(s).map_err(|_| format!("{s:?} is not a URL"))?;
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(format!("{s:?} carries credentials; origins may not"));
+        }
+        if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
+            return Err(format!("{s:?} is not a bare origin (scheme://host[:port])"));
+        }
+        let host = url
+            .host_str()
+            .ok_or_else(|| format!("{s:?} has no host"))?
+            .to_ascii_lowercase();
+        match url.scheme() {
+            "https" => {}
+            "http" if is_loopback(&url) => {}
+            _ => {
+                return Err(format!(
+                    "{s:?}: only https origins, or http on a loopback address"
+                ));
+            }
+        }
+        let port = url
+            .port_or_known_default()
+            .ok_or_else(|| format!("{s:?} has no port"))?;
+        Ok(Origin {
+            scheme: url.scheme().to_string(),
+            host,
+            port,
+        })
+    }
+
+    /// `scheme://host:port`, as a plugin is told it.
+    pub fn display(&self) -> String {
+        format!("{}://{}:{}", self.scheme, self.host, self.port)
+    }
+
+    fn matches(&self, url: &Url) -> bool {
+        url.scheme() == self.scheme
+            && url
+                .host_str()
+                .is_some_and(|h| h.eq_ignore_ascii_case(&self.host))
+            && url.port_or_known_default() == Some(self.port)
+    }
+}
+
+fn is_loopback(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        _ => false,
+    }
+}
+
+/// What the operator granted one plugin.
+#[derive(Debug, Clone)]
+pub struct HttpGrant {
+    pub origins: Vec<Origin>,
+    /// Header the host adds to every request, carrying the provider's key.
+    pub api_key: Option<(HeaderName, HeaderValue)>,
+}
+
+/// Headers a plugin may never set: the host owns framing, the target, and
+/// every kind of credential.
+const RESERVED: &[&str] = &[
+    "host",
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "x-api-key",
+];
+
+pub const MAX_REQUEST_BODY: usize = 8 << 20;
+pub const MAX_RESPONSE_BODY: usize = 8 << 20;
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A refusal, with the rule that was broken (never the URL or headers: a
+/// plugin could put a snippet in either).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HttpRefusal {
+    #[error("{0}")]
+    Forbidden(&'static str),
+}
+
+/// A request that passed every check, ready to send.
+pub struct Checked {
+    pub method: reqwest::Method,
+    pub url: Url,
+    pub headers: HeaderMap,
+    pub body: Option<Vec<u8>>,
+}
+
+/// Every check, in order, before anything is sent.
+pub fn check(
+    grant: Option<&HttpGrant>,
+    method: &str,
+    url: &str,
+    headers: &[(String, String)],
+    body: Option<Vec<u8>>,
+) -> Result<Checked, HttpRefusal> {
+    let Some(grant) = grant else {
+        return Err(HttpRefusal::Forbidden(
+            "this plugin was not granted the http capability",
+        ));
+    };
+    // The allowlist first, on the plugin's own string: parse it once, refuse
+    // anything a second parser could read differently.
+    if url.bytes().any(|b| b <= b' ' || b == b'\\' || b >= 0x7f) {
+        return Err(HttpRefusal::Forbidden(
+            "the URL contains whitespace, control, backslash or non-ASCII bytes",
+        ));
+    }
+    let parsed = Url::parse(url).map_err(|_| HttpRefusal::Forbidden("the URL does not parse"))?;
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(HttpRefusal::Forbidden("URLs may not carry credentials"));
+    }
+    if !grant.origins.iter().any(|o| o.matches(&parsed)) {
+        return Err(HttpRefusal::Forbidden(
+            "the URL's origin is not on this plugin's allowlist",
+        ));
+    }
+    let method = match method.to_ascii_uppercase().as_str() {
+        "GET" => reqwest::Method::GET,
+        "HEAD" => reqwest::Method::HEAD,
+        "POST" => reqwest::Method::POST,
+        "PUT" => reqwest::Method::PUT,
+        "PATCH" => reqwest::Method::PATCH,
+        "DELETE" => reqwest::Method::DELETE,
+        _ => {
+            return Err(HttpRefusal::Forbidden(
+                "the method must be GET, HEAD, POST, PUT, PATCH or DELETE",
+            ));
+        }
+    };
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| HttpRefusal::Forbidden("a header name is not valid"))?;
+        let reserved = RESERVED.contains(&name.as_str())
+            || name.as_str().starts_with("proxy-")
+            || grant.api_key.as_ref().is_some_and(|(k, _)| *k == name);
+        if reserved {
+            return Err(HttpRefusal::Forbidden(
+                "the plugin set a header the host reserves (framing, target or credentials)",
+            ));
+        }
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| HttpRefusal::Forbidden("a header value is not valid"))?;
+        map.append(name, value);
+    }
+    if body.as_ref().is_some_and(|b| b.len() > MAX_REQUEST_BODY) {
+        return Err(HttpRefusal::Forbidden("the request body exceeds 8 MiB"));
+    }
+    if let Some((k, v)) = &grant.api_key {
+        map.insert(k.clone(), v.clone());
+    }
+    Ok(Checked {
+        method,
+        url: parsed,
+        headers: map,
+        body,
+    })
+}
+
+/// The one client every plugin call shares: no redirects, no proxies, TLS
+/// verified against the system's roots.
+pub fn client() -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .timeout(TIMEOUT)
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+}
+
+/// Sends a checked request and reads at most MAX_RESPONSE_BODY of the answer.
+pub async fn send(
+    client: &reqwest::Client,
+    req: Checked,
+) -> Result<(u16, Vec<(String, String)>, Vec<u8>), SendError> {
+    let mut builder = client.request(req.method, req.url).headers(req.headers);
+    if let Some(body) = req.body {
+        builder = builder.body(body);
+    }
+    let mut resp = builder
+        .send()
+        .await
+        .map_err(|e| SendError::Transport(describe(&e)))?;
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_RESPONSE_BODY as u64)
+    {
+        return Err(SendError::TooLarge);
+    }
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| SendError::Transport(describe(&e)))?
+    {
+        if body.len() + chunk.len() > MAX_RESPONSE_BODY {
+            return Err(SendError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((status, headers, body))
+}
+
+#[derive(Debug)]
+pub enum SendError {
+    Transport(String),
+    TooLarge,
+}
+
+/// The class of a transport failure, without the URL reqwest would include.
+fn describe(e: &reqwest::Error) -> String {
+    let what = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "could not connect"
+    } else if e.is_redirect() {
+        "redirect refused"
+    } else if e.is_body() || e.is_decode() {
+        "the response body failed"
+    } else {
+        "request failed"
+    };
+    what.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant() -> HttpGrant {
+        HttpGrant {
+            origins: vec![
+                Origin::parse("https://api.example.com").expect("origin"),
+                Origin::parse("http://127.0.0.1:8080").expect("origin"),
+            ],
+            api_key: Some((
+                HeaderName::from_static("x-provider-key"),
+                HeaderValue::from_static("k"),
+            )),
+        }
+    }
+
+    #[test]
+    fn origins_parse_strictly() {
+        for bad in [
+            "http://api.example.com",
+            "https://user:pw@api.example.com",
+            "https://api.example.com/path",
+            "https://api.example.com?q",
+            "ftp://api.example.com",
+            "http://localhost:8080",
+            "not a url",
+        ] {
+            assert!(Origin::parse(bad).is_err(), "{bad}");
+        }
+        assert!(Origin::parse("http://[::1]:9").is_ok());
+    }
+
+    #[test]
+    fn only_listed_origins_pass_and_the_key_is_added() {
+        let g = grant();
+        let ok = check(
+            Some(&g),
+            "post",
+            "https://api.example.com/v1/run",
+            &[],
+            None,
+        )
+        .expect("allowed");
+        assert_eq!(
+            ok.headers.get("x-provider-key").map(|v| v.as_bytes()),
+            Some(&b"k"[..])
+        );
+        assert!(check(Some(&g), "GET", "https://API.example.com:443/x", &[], None).is_ok());
+        assert!(check(Some(&g), "GET", "http://127.0.0.1:8080/x", &[], None).is_ok());
+        for url in [
+            "https://api.example.com.evil.net/",
+            "https://evil.net/?https://api.example.com",
+            "https://api.example.com:8443/",
+            "http://api.example.com/",
+            "https://user@api.example.com/",
+            "https://evil.net\\@api.example.com/",
+            "https://api.example.com\t/",
+            "http://127.0.0.1:8081/",
+            "http://localhost:8080/",
+            "http://[::1]:8080/",
+            "file:///etc/passwd",
+        ] {
+            assert!(check(Some(&g), "GET", url, &[], None).is_err(), "{url}");
+        }
+        assert!(check(None, "GET", "https://api.example.com/", &[], None).is_err());
+    }
+
+    #[test]
+    fn reserved_headers_and_methods_are_refused() {
+        let g = grant();
+        for h in [
+            "Authorization",
+            "Host",
+            "Cookie",
+            "Proxy-Authorization",
+            "Proxy-Foo",
+            "X-Provider-Key",
+            "Transfer-Encoding",
+        ] {
+            let headers = vec![(h.to_string(), "x".to_string())];
+            assert!(
+                check(Some(&g), "GET", "https://api.example.com/", &headers, None).is_err(),
+                "{h}"
+            );
+        }
+        assert!(check(Some(&g), "CONNECT", "https://api.example.com/", &[], None).is_err());
+        assert!(check(Some(&g), "TRACE", "https://api.example.com/", &[], None).is_err());
+        let big = vec![0u8; MAX_REQUEST_BODY + 1];
+        assert!(check(Some(&g), "POST", "https://api.example.com/", &[], Some(big)).is_err());
+    }
+}

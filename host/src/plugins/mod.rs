@@ -1,0 +1,727 @@
+//! Provider plugins: adapters loaded as Wasm components from the plugin
+//! directory, each running in wasmtime with only the capabilities the
+//! operator granted it.
+//!
+//! The host stays in charge of everything the security promises rest on:
+//! - what a plugin can reach: it links every capability interface, but each
+//!   refuses a plugin the operator did not grant it to, and a plugin whose
+//!   component *imports* an ungranted capability is refused at start;
+//! - the tier: the plugin states one, the host caps it with what the operator
+//!   allows and what the granted capabilities can stand behind;
+//! - the not-dispatched mark: a refusal is marked only if the host saw the
+//!   plugin use no capability that could have started execution;
+//! - containment: every call gets a fresh store (fresh instance, fresh
+//!   memory) with an epoch deadline and a memory cap, so a plugin that traps,
+//!   loops, panics or exhausts memory fails that call and nothing else.
+//!
+//! Fresh store per call, rather than a long-lived supervised instance: a
+//! plugin then carries no state from one run to the next that another caller
+//! could influence, and a trap needs no recovery logic. Instantiation from a
+//! pre-linked component costs microseconds next to a provider call.
+
+pub mod engine_policy;
+pub mod http;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store, Trap};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::limits::{EpochTicker, MemoryCap, ticks};
+use crate::providers::{ProcessOutput, RunFailure};
+use crate::refusal::{Code, Reason, Refusal};
+use crate::text::{sanitize, truncate};
+use crate::tier::Tier;
+use engine_policy::EnginePolicy;
+use http::HttpGrant;
+
+mod generated {
+    wasmtime::component::bindgen!({
+        world: "plugin",
+        path: "../wit/provider",
+        imports: { default: async },
+        exports: { default: async },
+    });
+}
+
+use generated::plimsoll::provider::container_engine as engine_if;
+use generated::plimsoll::provider::http as http_if;
+use generated::plimsoll::provider::log as log_if;
+use generated::plimsoll::provider::types;
+
+/// Names the daemon's built-in providers use; a plugin may not take them.
+pub const BUILT_IN: &[&str] = &["disabled", "wasm"];
+
+/// Time a plugin gets to describe itself.
+const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a plugin's start-up smoke test gets.
+const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Extra time a run call gets over the run's own budget, for the plugin's
+/// set-up and tear-down around it.
+const CALL_MARGIN: Duration = Duration::from_secs(2);
+const TICK: Duration = Duration::from_millis(10);
+const TICKER_NAME: &str = "plimsoll-plugin-epoch";
+/// Log lines one plugin call may write; the rest are dropped and counted.
+const LOG_LINES_PER_CALL: u32 = 200;
+const LOG_LINE_BYTES: usize = 512;
+/// Longest plugin-supplied message passed on to a caller.
+const MESSAGE_BYTES: usize = 512;
+
+/// What the operator configured for the selected plugin.
+#[derive(Debug, Clone)]
+pub struct PluginConfig {
+    pub name: String,
+    pub dir: PathBuf,
+    pub sha256_pin: Option<String>,
+    /// The strongest tier the operator lets this plugin report.
+    pub max_tier: Tier,
+    pub http: Option<HttpGrant>,
+    pub container_engine: Option<EnginePolicy>,
+    pub memory_mb: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("plugin name {0:?} must be 1-32 of [a-z0-9-] and not a built-in provider name")]
+    BadName(String),
+    #[error("no plugin {path}; built-in providers: {builtin}; plugins found: {found}", builtin = BUILT_IN.join(", "))]
+    NotFound { path: String, found: String },
+    #[error("reading plugin {0}: {1}")]
+    Read(String, std::io::Error),
+    #[error("plugin {name} has SHA-256 {actual}, but SANDBOX_PLUGIN_SHA256 pins {expected}")]
+    PinMismatch {
+        name: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("plugin {0} is not a valid Wasm component: {1}")]
+    NotComponent(String, String),
+    #[error("plugin {0} imports {1}, which the operator did not grant it")]
+    Ungranted(String, String),
+    #[error("plugin {0} imports {1}, which no plimsoll plugin can have")]
+    UnknownImport(String, String),
+    #[error("plugin {0} does not match the plimsoll:provider plugin world: {1}")]
+    Mismatch(String, String),
+    #[error("plugin {0} failed to describe itself: {1}")]
+    Describe(String, String),
+    #[error("plugin {0}'s startup smoke test failed: {1}")]
+    Preflight(String, String),
+    #[error("engine: {0}")]
+    Engine(String),
+}
+
+/// What a loaded plugin stated about itself, after the host's checks.
+#[derive(Debug, Clone)]
+pub struct Described {
+    pub claimed_tier: Tier,
+    pub environment: String,
+    pub runs_javascript: bool,
+    pub runs_projects: bool,
+    pub languages: Vec<String>,
+}
+
+pub struct PluginProvider {
+    name: Arc<str>,
+    engine: Engine,
+    pre: generated::PluginPre<PluginState>,
+    sha256: String,
+    described: Described,
+    tier: Tier,
+    grants: Arc<Grants>,
+    client: reqwest::Client,
+    memory_limit: usize,
+    _ticker: EpochTicker,
+}
+
+/// The capabilities one plugin holds.
+#[derive(Debug)]
+struct Grants {
+    http: Option<HttpGrant>,
+    container_engine: Option<EnginePolicy>,
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !BUILT_IN.contains(&name)
+}
+
+/// The plugins a directory holds, for error messages.
+pub fn list_dir(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter_map(|f| f.strip_suffix(".wasm").map(str::to_string))
+        .filter(|n| valid_name(n))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The file a plugin name refers to, if it is there.
+pub fn locate(dir: &Path, name: &str) -> Result<PathBuf, PluginError> {
+    if !valid_name(name) {
+        return Err(PluginError::BadName(name.to_string()));
+    }
+    let path = dir.join(format!("{name}.wasm"));
+    if !path.is_file() {
+        let found = list_dir(dir);
+        return Err(PluginError::NotFound {
+            path: path.display().to_string(),
+            found: if found.is_empty() {
+                "none".into()
+            } else {
+                found.join(", ")
+            },
+        });
+    }
+    Ok(path)
+}
+
+impl PluginProvider {
+    /// Loads, checks, describes and smoke-tests the configured plugin.
+    pub async fn load(cfg: PluginConfig) -> Result<PluginProvider, PluginError> {
+        let path = locate(&cfg.dir, &cfg.name)?;
+        let bytes =
+            std::fs::read(&path).map_err(|e| PluginError::Read(path.display().to_string(), e))?;
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        if let Some(pin) = &cfg.sha256_pin
+            && !pin.eq_ignore_ascii_case(&sha256)
+        {
+            return Err(PluginError::PinMismatch {
+                name: cfg.name,
+                expected: pin.to_ascii_lowercase(),
+                actual: sha256,
+            });
+        }
+
+        let mut wcfg = Config::new();
+        wcfg.wasm_component_model(true);
+        wcfg.epoch_interruption(true);
+        let engine = Engine::new(&wcfg).map_err(|e| PluginError::Engine(format!("{e:#}")))?;
+        let component = Component::new(&engine, &bytes)
+            .map_err(|e| PluginError::NotComponent(cfg.name.clone(), format!("{e:#}")))?;
+
+        check_imports(&cfg, &component, &engine)?;
+
+        let mut linker: Linker<PluginState> = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| PluginError::Engine(format!("{e:#}")))?;
+        generated::Plugin::add_to_linker::<PluginState, HasSelf<PluginState>>(&mut linker, |s| s)
+            .map_err(|e| PluginError::Engine(format!("{e:#}")))?;
+        let pre = linker
+            .instantiate_pre(&component)
+            .map_err(|e| PluginError::Mismatch(cfg.name.clone(), format!("{e:#}")))?;
+        let pre = generated::PluginPre::new(pre)
+            .map_err(|e| PluginError::Mismatch(cfg.name.clone(), format!("{e:#}")))?;
+
+        let ticker = EpochTicker::start(&engine, TICK, TICKER_NAME);
+        let client =
+            http::client().map_err(|e| PluginError::Engine(format!("http client: {e}")))?;
+        let mut provider = PluginProvider {
+            name: Arc::from(cfg.name.as_str()),
+            engine,
+            pre,
+            sha256,
+            described: Described {
+                claimed_tier: Tier::Process,
+                environment: String::new(),
+                runs_javascript: false,
+                runs_projects: false,
+                languages: vec![],
+            },
+            tier: Tier::None,
+            grants: Arc::new(Grants {
+                http: cfg.http.clone(),
+                container_engine: cfg.container_engine.clone(),
+            }),
+            client,
+            memory_limit: (cfg.memory_mb as usize) << 20,
+            _ticker: ticker,
+        };
+
+        let d = provider.describe().await?;
+        if d.name != cfg.name {
+            return Err(PluginError::Describe(
+                cfg.name,
+                format!("it calls itself {:?}", truncate(&d.name, 64)),
+            ));
+        }
+        provider.described = Described {
+            claimed_tier: tier_of(d.tier),
+            environment: sanitize(&d.environment, 256),
+            runs_javascript: d.payloads.contains(&types::PayloadKind::Javascript),
+            runs_projects: d.payloads.contains(&types::PayloadKind::Project),
+            languages: vec![],
+        };
+        provider.tier = effective_tier(
+            provider.described.claimed_tier,
+            cfg.max_tier,
+            provider.grants.container_engine.is_some(),
+        );
+
+        let report = provider.preflight().await?;
+        provider.described.languages = report
+            .languages
+            .iter()
+            .filter(|l| matches!(l.as_str(), "javascript" | "python"))
+            .cloned()
+            .collect();
+        for check in report.checks.iter().take(64) {
+            tracing::info!(target: "plimsoll::plugin", plugin = %provider.name, check = %sanitize(check, LOG_LINE_BYTES), "preflight");
+        }
+        Ok(provider)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    pub fn described(&self) -> &Described {
+        &self.described
+    }
+
+    /// A fresh store for one call, with the memory cap and a deadline.
+    fn store(&self, deadline: Duration) -> Store<PluginState> {
+        let state = PluginState {
+            wasi: WasiCtx::builder().build(),
+            table: ResourceTable::new(),
+            limits: MemoryCap::new(self.memory_limit),
+            plugin: self.name.clone(),
+            grants: self.grants.clone(),
+            client: self.client.clone(),
+            dispatched: false,
+            log_lines: 0,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(ticks(deadline, TICK));
+        store.epoch_deadline_trap();
+        store
+    }
+
+    async fn describe(&self) -> Result<types::Description, PluginError> {
+        let mut store = self.store(DESCRIBE_TIMEOUT);
+        let fail = |e: String| PluginError::Describe(self.name.to_string(), e);
+        let result = tokio::time::timeout(DESCRIBE_TIMEOUT + Duration::from_secs(1), async {
+            let plugin = self.pre.instantiate_async(&mut store).await?;
+            plugin
+                .plimsoll_provider_adapter()
+                .call_describe(&mut store)
+                .await
+        })
+        .await;
+        match result {
+            Ok(Ok(d)) => Ok(d),
+            Ok(Err(e)) => Err(fail(classify(&e, &store))),
+            Err(_) => Err(fail("timed out".into())),
+        }
+    }
+
+    async fn preflight(&self) -> Result<types::PreflightReport, PluginError> {
+        let mut store = self.store(PREFLIGHT_TIMEOUT);
+        let fail = |e: String| PluginError::Preflight(self.name.to_string(), e);
+        let result = tokio::time::timeout(PREFLIGHT_TIMEOUT + Duration::from_secs(1), async {
+            let plugin = self.pre.instantiate_async(&mut store).await?;
+            plugin
+                .plimsoll_provider_adapter()
+                .call_preflight(&mut store)
+                .await
+        })
+        .await;
+        match result {
+            Ok(Ok(Ok(report))) if report.passed => Ok(report),
+            Ok(Ok(Ok(report))) => {
+                let failed: Vec<String> = report
+                    .checks
+                    .iter()
+                    .take(8)
+                    .map(|c| sanitize(c, 200))
+                    .collect();
+                Err(fail(format!("it reported failure: {}", failed.join("; "))))
+            }
+            Ok(Ok(Err(why))) => Err(fail(sanitize(&why, MESSAGE_BYTES))),
+            Ok(Err(e)) => Err(fail(classify(&e, &store))),
+            Err(_) => Err(fail("timed out".into())),
+        }
+    }
+
+    /// Runs one JavaScript snippet through the plugin. The output the plugin
+    /// returns is capped again here: the host never trusts a plugin to keep
+    /// to a limit it could enforce itself.
+    pub async fn run_javascript(
+        &self,
+        code: String,
+        timeout: Duration,
+        output_limit: usize,
+    ) -> Result<ProcessOutput, RunFailure> {
+        let deadline = timeout + CALL_MARGIN;
+        let mut store = self.store(deadline);
+        let request = types::RunRequest {
+            timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+            output_limit: u32::try_from(output_limit).unwrap_or(u32::MAX),
+            payload: types::Payload::Javascript(code),
+        };
+        let outcome = tokio::time::timeout(deadline + Duration::from_secs(1), async {
+            let plugin = self.pre.instantiate_async(&mut store).await?;
+            plugin
+                .plimsoll_provider_adapter()
+                .call_run(&mut store, &request)
+                .await
+        })
+        .await;
+        let dispatched = store.data().dispatched;
+        let failed = |what: String| -> RunFailure {
+            if dispatched {
+                RunFailure::MayHaveRun(format!(
+                    "plugin {} failed after it started work: {what}",
+                    self.name
+                ))
+            } else {
+                RunFailure::NotDispatched(Refusal::environment(format!(
+                    "plugin {} failed before dispatching anything: {what}",
+                    self.name
+                )))
+            }
+        };
+        match outcome {
+            Err(_) => Err(failed("the call overran its deadline".into())),
+            Ok(Err(e)) => Err(failed(classify(&e, &store))),
+            Ok(Ok(Ok(types::RunResult::Javascript(out)))) => Ok(cap_output(out, output_limit)),
+            Ok(Ok(Ok(types::RunResult::Project(_)))) => Err(RunFailure::MayHaveRun(format!(
+                "plugin {} answered a snippet with a project result",
+                self.name
+            ))),
+            Ok(Ok(Err(types::RunError::MayHaveRun(why)))) => Err(RunFailure::MayHaveRun(format!(
+                "plugin {}: {}",
+                self.name,
+                sanitize(&why, MESSAGE_BYTES)
+            ))),
+            Ok(Ok(Err(types::RunError::NotDispatched(r)))) => {
+                if dispatched {
+                    // The plugin says nothing ran, but the host saw it use a
+                    // capability that can start execution: the host does not
+                    // repeat a claim it cannot stand behind.
+                    Err(RunFailure::MayHaveRun(format!(
+                        "plugin {} reported a refusal after using a capability that can start execution",
+                        self.name
+                    )))
+                } else {
+                    Err(RunFailure::NotDispatched(refusal_of(r)))
+                }
+            }
+        }
+    }
+}
+
+/// The strongest tier the host will report for a plugin: the plugin's own
+/// claim, capped by the operator and by what its capabilities can give. A
+/// plugin that runs containers through the host's engine is at most
+/// `container` until the host verifies a stronger runtime itself.
+pub fn effective_tier(claimed: Tier, operator_max: Tier, uses_container_engine: bool) -> Tier {
+    let capability_max = if uses_container_engine {
+        Tier::Container
+    } else {
+        Tier::Vm
+    };
+    claimed.min(operator_max).min(capability_max)
+}
+
+fn tier_of(t: types::Tier) -> Tier {
+    match t {
+        types::Tier::Process => Tier::Process,
+        types::Tier::Container => Tier::Container,
+        types::Tier::Kernel => Tier::Kernel,
+        types::Tier::Vm => Tier::Vm,
+    }
+}
+
+fn refusal_of(r: types::Refusal) -> Refusal {
+    let (code, reason, msg) = match r {
+        types::Refusal::Request(m) => (Code::InvalidArgument, Reason::Request, m),
+        types::Refusal::Permission(m) => (Code::PermissionDenied, Reason::Permission, m),
+        types::Refusal::Unsupported(m) => (Code::Unimplemented, Reason::Unsupported, m),
+        types::Refusal::Isolation(m) => (Code::FailedPrecondition, Reason::Isolation, m),
+        types::Refusal::Environment(m) => (Code::FailedPrecondition, Reason::Environment, m),
+        types::Refusal::Capacity(m) => (Code::ResourceExhausted, Reason::Capacity, m),
+    };
+    Refusal::new(code, reason, sanitize(&msg, MESSAGE_BYTES))
+}
+
+fn cap_output(out: types::ProcessOutput, limit: usize) -> ProcessOutput {
+    let (stdout, cut_out) = cut(out.stdout, limit);
+    let (stderr, cut_err) = cut(out.stderr, limit);
+    ProcessOutput {
+        stdout,
+        stderr,
+        exit_code: out.exit_code,
+        timed_out: out.timed_out,
+        stdout_truncated: out.stdout_truncated || cut_out,
+        stderr_truncated: out.stderr_truncated || cut_err,
+    }
+}
+
+fn cut(mut v: Vec<u8>, limit: usize) -> (Vec<u8>, bool) {
+    if v.len() > limit {
+        v.truncate(limit);
+        (v, true)
+    } else {
+        (v, false)
+    }
+}
+
+/// What went wrong in a call, as a class: the plugin's own error text may
+/// carry anything, so only the host's classification is passed on.
+fn classify(e: &wasmtime::Error, store: &Store<PluginState>) -> String {
+    if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+        "it ran past its deadline".into()
+    } else if store.data().limits.denied() {
+        "it exceeded its memory limit".into()
+    } else if let Some(trap) = e.downcast_ref::<Trap>() {
+        format!("it trapped ({trap})")
+    } else {
+        "it failed to instantiate or was stopped".into()
+    }
+}
+
+/// Checks the component's imports against the operator's grants: WASI is
+/// linked with an empty context (no files, no sockets, no environment), the
+/// plugin interfaces only where granted, anything else is refused.
+fn check_imports(
+    cfg: &PluginConfig,
+    component: &Component,
+    engine: &Engine,
+) -> Result<(), PluginError> {
+    for (name, _) in component.component_type().imports(engine) {
+        let interface = name.split('@').next().unwrap_or(name);
+        let granted = match interface {
+            _ if interface.starts_with("wasi:") => true,
+            "plimsoll:provider/types" | "plimsoll:provider/log" => true,
+            "plimsoll:provider/http" => cfg.http.is_some(),
+            "plimsoll:provider/container-engine" => cfg.container_engine.is_some(),
+            _ => {
+                return Err(PluginError::UnknownImport(
+                    cfg.name.clone(),
+                    name.to_string(),
+                ));
+            }
+        };
+        if !granted {
+            return Err(PluginError::Ungranted(
+                cfg.name.clone(),
+                interface.to_string(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One call's store data.
+struct PluginState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: MemoryCap,
+    plugin: Arc<str>,
+    grants: Arc<Grants>,
+    client: reqwest::Client,
+    /// Set once the plugin used a capability that can start execution.
+    dispatched: bool,
+    log_lines: u32,
+}
+
+impl WasiView for PluginState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl types::Host for PluginState {}
+
+impl log_if::Host for PluginState {
+    async fn write(&mut self, level: log_if::Level, message: String) {
+        self.log_lines += 1;
+        if self.log_lines > LOG_LINES_PER_CALL {
+            return;
+        }
+        let message = sanitize(&message, LOG_LINE_BYTES);
+        let plugin = &*self.plugin;
+        match level {
+            log_if::Level::Debug => {
+                tracing::debug!(target: "plimsoll::plugin", plugin, "{message}")
+            }
+            log_if::Level::Info => tracing::info!(target: "plimsoll::plugin", plugin, "{message}"),
+            log_if::Level::Warn => tracing::warn!(target: "plimsoll::plugin", plugin, "{message}"),
+            log_if::Level::Error => {
+                tracing::error!(target: "plimsoll::plugin", plugin, "{message}")
+            }
+        }
+    }
+}
+
+impl http_if::Host for PluginState {
+    async fn send(
+        &mut self,
+        request: http_if::Request,
+    ) -> Result<http_if::Response, http_if::HttpError> {
+        let checked = http::check(
+            self.grants.http.as_ref(),
+            &request.method,
+            &request.url,
+            &request.headers,
+            request.body,
+        )
+        .map_err(|e| {
+            tracing::warn!(target: "plimsoll::plugin", plugin = &*self.plugin, rule = %e, "http request refused");
+            http_if::HttpError::Forbidden(e.to_string())
+        })?;
+        // From here on the request may reach the service: anything the
+        // plugin reports afterwards may follow execution.
+        self.dispatched = true;
+        match http::send(&self.client, checked).await {
+            Ok((status, headers, body)) => Ok(http_if::Response {
+                status,
+                headers,
+                body,
+            }),
+            Err(http::SendError::TooLarge) => Err(http_if::HttpError::TooLarge),
+            Err(http::SendError::Transport(why)) => Err(http_if::HttpError::Transport(why)),
+        }
+    }
+
+    async fn allowed_origins(&mut self) -> Vec<String> {
+        self.origins()
+    }
+}
+
+impl PluginState {
+    fn origins(&self) -> Vec<String> {
+        self.grants
+            .http
+            .as_ref()
+            .map(|g| g.origins.iter().map(http::Origin::display).collect())
+            .unwrap_or_default()
+    }
+}
+
+impl engine_if::Host for PluginState {
+    async fn run(
+        &mut self,
+        spec: engine_if::ContainerSpec,
+        _stdin: Vec<u8>,
+        _timeout_ms: u32,
+        _output_limit: u32,
+    ) -> Result<types::ProcessOutput, engine_if::EngineError> {
+        let Some(policy) = self.grants.container_engine.as_ref() else {
+            tracing::warn!(target: "plimsoll::plugin", plugin = &*self.plugin, "container-engine call from a plugin without the grant");
+            return Err(engine_if::EngineError::Forbidden(
+                "this plugin was not granted the container-engine capability".into(),
+            ));
+        };
+        let view = engine_policy::Spec {
+            image: &spec.image,
+            command: &spec.command,
+            env: &spec.env,
+            user: &spec.user,
+            read_only_root: spec.read_only_root,
+            network: &spec.network,
+            privileged: spec.privileged,
+            cap_add: &spec.cap_add,
+            runtime: &spec.runtime,
+            host_namespaces: &spec.host_namespaces,
+            mounts: &spec.mounts,
+        };
+        if let Err(rule) = engine_policy::check(&view, policy) {
+            tracing::warn!(target: "plimsoll::plugin", plugin = &*self.plugin, rule, "container spec refused");
+            return Err(engine_if::EngineError::Forbidden(rule.into()));
+        }
+        // The spec is one the host would run. Driving the engine itself
+        // (bollard, per-run directories, removal on every path) arrives with
+        // the docker provider; until then nothing is created, so nothing is
+        // marked as dispatched.
+        Err(engine_if::EngineError::Engine(
+            "no container engine is connected to this daemon yet".into(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiers_are_capped_never_raised() {
+        assert_eq!(effective_tier(Tier::Vm, Tier::Vm, false), Tier::Vm);
+        assert_eq!(
+            effective_tier(Tier::Vm, Tier::Process, false),
+            Tier::Process
+        );
+        assert_eq!(
+            effective_tier(Tier::Process, Tier::Vm, false),
+            Tier::Process
+        );
+        assert_eq!(effective_tier(Tier::Vm, Tier::Vm, true), Tier::Container);
+        assert_eq!(
+            effective_tier(Tier::Kernel, Tier::Kernel, true),
+            Tier::Container
+        );
+    }
+
+    #[test]
+    fn names() {
+        for good in ["example", "remote-plimsoll", "e2b", "a"] {
+            assert!(valid_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "wasm",
+            "disabled",
+            "Upper",
+            "../x",
+            "a.b",
+            "x".repeat(33).as_str(),
+        ] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn output_is_recapped() {
+        let out = types::ProcessOutput {
+            stdout: vec![b'a'; 10],
+            stderr: vec![b'b'; 3],
+            exit_code: 0,
+            timed_out: false,
+            stdout_truncated: false,
+            stderr_truncated: false,
+        };
+        let c = cap_output(out, 5);
+        assert_eq!(
+            (
+                c.stdout.len(),
+                c.stdout_truncated,
+                c.stderr.len(),
+                c.stderr_truncated
+            ),
+            (5, true, 3, false)
+        );
+    }
+}

@@ -1,0 +1,227 @@
+//! remote-plimsoll: an example provider plugin that runs JavaScript on
+//! another plimsolld, reached through the host's `http` capability.
+//!
+//! It is small on purpose; copy it to start an adapter of your own. What it
+//! shows:
+//! - `describe` asks the upstream what it is and claims the upstream's tier
+//!   (the host caps the claim with `SANDBOX_PLUGIN_MAX_TIER`);
+//! - `preflight` proves the path end to end with a real snippet;
+//! - `run` forwards the snippet with a floor equal to the tier it claimed, so
+//!   an upstream that got weaker since start refuses instead of running;
+//! - errors are mapped honestly: an upstream refusal it can prove is a
+//!   `not-dispatched`, anything else `may-have-run`. (The host still answers
+//!   unmarked once a request has gone out; see docs/plugins.md.)
+//!
+//! Configuration: the first origin the operator allowed
+//! (`SANDBOX_PLUGIN_HTTP_ORIGINS`) is the upstream. The upstream's token, if
+//! it needs one, is the API key the host adds (`SANDBOX_PLUGIN_API_KEY_ENV`);
+//! this plugin never sees it.
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+mod bindings {
+    wit_bindgen::generate!({
+        world: "cloud-adapter",
+        path: "../../wit/provider",
+        generate_all,
+    });
+}
+
+use bindings::exports::plimsoll::provider::adapter::Guest;
+use bindings::plimsoll::provider::http;
+use bindings::plimsoll::provider::log::{self, Level};
+use bindings::plimsoll::provider::types::{
+    Description, PayloadKind, PreflightReport, ProcessOutput, Refusal, RunError, RunRequest,
+    RunResult, Tier,
+};
+
+const NAME: &str = "remote-plimsoll";
+/// The protocol number of the upstream API this plugin speaks.
+const PROTOCOL: u32 = 4;
+
+struct RemotePlimsoll;
+
+impl Guest for RemotePlimsoll {
+    fn describe() -> Description {
+        // describe cannot fail; an unreachable upstream claims the weakest
+        // tier, and preflight then refuses to start.
+        let (tier, environment) = match call("Describe", &json!({})) {
+            Ok(Answer::Ok(d)) => (
+                parse_tier(d["isolation"].as_str().unwrap_or("")),
+                format!(
+                    "remote:{}",
+                    d["javascriptEnvironment"]["identity"]
+                        .as_str()
+                        .unwrap_or("unknown")
+                ),
+            ),
+            _ => (Tier::Process, "remote:unreachable".to_string()),
+        };
+        Description {
+            name: NAME.to_string(),
+            tier,
+            payloads: vec![PayloadKind::Javascript],
+            environment,
+        }
+    }
+
+    fn preflight() -> Result<PreflightReport, String> {
+        let mut checks = Vec::new();
+        let upstream = upstream()?;
+        checks.push(format!("upstream origin {upstream}"));
+        let out = run_snippet("console.log(6 * 7)", 5_000, 1024, None)
+            .map_err(|e| format!("probe run failed: {e:?}"))?;
+        let passed = out.exit_code == 0 && out.stdout == b"42\n";
+        checks.push(format!(
+            "probe snippet exit {} ({})",
+            out.exit_code,
+            if passed { "ok" } else { "unexpected output" }
+        ));
+        Ok(PreflightReport {
+            passed,
+            checks,
+            languages: vec!["javascript".to_string()],
+        })
+    }
+
+    fn run(request: RunRequest) -> Result<RunResult, RunError> {
+        let code = match request.payload {
+            bindings::plimsoll::provider::types::Payload::Javascript(code) => code,
+            bindings::plimsoll::provider::types::Payload::Project(_) => {
+                return Err(RunError::NotDispatched(Refusal::Unsupported(
+                    "remote-plimsoll runs snippets only".into(),
+                )));
+            }
+        };
+        let floor = match call("Describe", &json!({})) {
+            Ok(Answer::Ok(d)) => d["isolation"].as_str().map(str::to_string),
+            _ => None,
+        };
+        run_snippet(
+            &code,
+            request.timeout_ms,
+            request.output_limit,
+            floor.as_deref(),
+        )
+        .map(RunResult::Javascript)
+    }
+}
+
+bindings::export!(RemotePlimsoll with_types_in bindings);
+
+fn upstream() -> Result<String, String> {
+    http::allowed_origins()
+        .into_iter()
+        .next()
+        .ok_or_else(|| "no origin is allowed: set SANDBOX_PLUGIN_HTTP_ORIGINS".to_string())
+}
+
+fn parse_tier(s: &str) -> Tier {
+    match s {
+        "vm" => Tier::Vm,
+        "kernel" => Tier::Kernel,
+        "container" => Tier::Container,
+        _ => Tier::Process,
+    }
+}
+
+enum Answer {
+    Ok(Value),
+    /// The upstream refused, marked: nothing ran there.
+    Refused(String, String),
+    /// Any other failure: the upstream may have run the code.
+    Failed(String),
+}
+
+/// One Connect JSON call to the upstream.
+fn call(procedure: &str, body: &Value) -> Result<Answer, String> {
+    let url = format!("{}/plimsoll.v1.SandboxService/{procedure}", upstream()?);
+    let request = http::Request {
+        method: "POST".to_string(),
+        url,
+        headers: vec![("content-type".to_string(), "application/json".to_string())],
+        body: Some(body.to_string().into_bytes()),
+    };
+    let response = match http::send(&request) {
+        Ok(r) => r,
+        Err(http::HttpError::Forbidden(why)) => {
+            return Err(format!("the host refused the request: {why}"));
+        }
+        Err(http::HttpError::Transport(why)) => {
+            return Ok(Answer::Failed(format!("transport: {why}")));
+        }
+        Err(http::HttpError::TooLarge) => {
+            return Ok(Answer::Failed("the answer was too large".into()));
+        }
+    };
+    let parsed: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
+    if response.status == 200 {
+        return Ok(Answer::Ok(parsed));
+    }
+    let mark = response
+        .headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("plimsoll-not-dispatched"))
+        .map(|(_, v)| v.clone());
+    let message = parsed["message"].as_str().unwrap_or("").to_string();
+    Ok(match mark {
+        Some(reason) => Answer::Refused(reason, message),
+        None => Answer::Failed(format!("upstream status {}: {message}", response.status)),
+    })
+}
+
+fn run_snippet(
+    code: &str,
+    timeout_ms: u32,
+    output_limit: u32,
+    floor: Option<&str>,
+) -> Result<ProcessOutput, RunError> {
+    let mut body =
+        json!({"protocol": PROTOCOL, "timeoutMs": timeout_ms, "javascript": {"code": code}});
+    if let Some(floor) = floor {
+        body["minimumIsolation"] = json!(floor);
+    }
+    let answer =
+        call("Run", &body).map_err(|e| RunError::NotDispatched(Refusal::Environment(e)))?;
+    let resp = match answer {
+        Answer::Ok(v) => v,
+        Answer::Refused(reason, message) => {
+            log::write(Level::Info, &format!("upstream refused the run ({reason})"));
+            return Err(RunError::NotDispatched(refusal(&reason, message)));
+        }
+        Answer::Failed(why) => return Err(RunError::MayHaveRun(why)),
+    };
+    let js = &resp["javascript"];
+    let bytes = |field: &str| -> Vec<u8> {
+        let mut b = base64::engine::general_purpose::STANDARD
+            .decode(js[field].as_str().unwrap_or(""))
+            .unwrap_or_default();
+        b.truncate(output_limit as usize);
+        b
+    };
+    let flag = |field: &str| js[field].as_bool().unwrap_or(false);
+    Ok(ProcessOutput {
+        stdout: bytes("stdout"),
+        stderr: bytes("stderr"),
+        exit_code: js["exitCode"]
+            .as_i64()
+            .and_then(|c| i32::try_from(c).ok())
+            .unwrap_or(0),
+        timed_out: flag("timedOut"),
+        stdout_truncated: flag("stdoutTruncated"),
+        stderr_truncated: flag("stderrTruncated"),
+    })
+}
+
+fn refusal(reason: &str, message: String) -> Refusal {
+    let message = format!("upstream: {message}");
+    match reason {
+        "request" => Refusal::Request(message),
+        "permission" => Refusal::Permission(message),
+        "unsupported" | "protocol" => Refusal::Unsupported(message),
+        "isolation" => Refusal::Isolation(message),
+        "capacity" => Refusal::Capacity(message),
+        _ => Refusal::Environment(message),
+    }
+}

@@ -1,0 +1,327 @@
+//! Provider plugins through the real daemon: the example adapter end to end
+//! against a real upstream plimsolld, pinning, capability scoping, and a
+//! deliberately hostile plugin whose every attempt must be refused.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use plimsoll_tests::{Daemon, call, js_run, plugin_dir, run_to_exit, test_plugin_dir, wasm_daemon};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+fn sha256_of(path: &std::path::Path) -> String {
+    hex::encode(Sha256::digest(
+        std::fs::read(path).expect("plugin built by make"),
+    ))
+}
+
+/// A real HTTP server on loopback that counts every request it receives, so
+/// a test can prove a refused request never left the host.
+async fn recording_server() -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let app = axum::Router::new().fallback(move || {
+        let counter = counter.clone();
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            "{}"
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), hits)
+}
+
+fn remote_daemon(upstream: &Daemon, extra: &[(&str, &str)]) -> Daemon {
+    let origin = format!("http://{}", upstream.addr);
+    let dir = plugin_dir().display().to_string();
+    let mut env = vec![
+        ("SANDBOX_PROVIDER", "remote-plimsoll"),
+        ("PLIMSOLL_PLUGIN_DIR", dir.as_str()),
+        ("SANDBOX_PLUGIN_HTTP_ORIGINS", origin.as_str()),
+    ];
+    env.extend_from_slice(extra);
+    Daemon::start(&env)
+}
+
+#[tokio::test]
+async fn the_example_plugin_runs_a_snippet_end_to_end() {
+    let upstream = wasm_daemon();
+    let front = remote_daemon(&upstream, &[("SANDBOX_PLUGIN_MAX_TIER", "vm")]);
+
+    let info = call(&front, "Describe", &json!({})).await;
+    assert_eq!(info.body["sandbox"], "remote-plimsoll");
+    // The plugin claims the upstream's tier; the operator allowed up to vm.
+    assert_eq!(info.body["isolation"], "process");
+    let sha = sha256_of(&plugin_dir().join("remote-plimsoll.wasm"));
+    assert_eq!(info.body["policy"], format!("plugin:sha256:{sha}").as_str());
+
+    let a = call(&front, "Run", &js_run("console.log('via plugin', 6 * 7)")).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(a.stdout(), "via plugin 42\n");
+    assert_eq!(a.body["sandbox"], "remote-plimsoll");
+    assert_eq!(
+        a.body["record"]["policy"],
+        format!("plugin:sha256:{sha}").as_str()
+    );
+    // It really ran upstream: the upstream audited it.
+    assert!(
+        upstream
+            .log_lines()
+            .iter()
+            .any(|l| l.contains("plimsoll::audit")),
+        "upstream never ran it"
+    );
+
+    // The host's floor check uses the host's evidence.
+    let mut req = js_run("console.log('no')");
+    req["minimumIsolation"] = json!("container");
+    let a = call(&front, "Run", &req).await;
+    assert_eq!(a.mark(), Some("isolation"));
+}
+
+#[tokio::test]
+async fn the_operator_caps_what_a_plugin_may_claim() {
+    let (origin, _hits) = recording_server().await;
+    let dir = test_plugin_dir().display().to_string();
+    // The hostile plugin claims vm; without the container engine the cap is
+    // the operator's, and the default is process.
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "hostile"),
+        ("PLIMSOLL_PLUGIN_DIR", dir.as_str()),
+        ("SANDBOX_PLUGIN_HTTP_ORIGINS", origin.as_str()),
+        ("SANDBOX_PLUGIN_CONTAINER_ENGINE", "1"),
+        ("SANDBOX_PLUGIN_MAX_TIER", "vm"),
+    ]);
+    let info = call(&d, "Describe", &json!({})).await;
+    assert_eq!(
+        info.body["isolation"], "container",
+        "a container-engine plugin is at most container"
+    );
+    assert_eq!(
+        info.body["javascriptEnvironment"]["languages"],
+        json!(["javascript"])
+    );
+}
+
+#[tokio::test]
+async fn a_pinned_plugin_must_match_its_digest() {
+    let upstream = wasm_daemon();
+    let sha = sha256_of(&plugin_dir().join("remote-plimsoll.wasm"));
+    let ok = remote_daemon(&upstream, &[("SANDBOX_PLUGIN_SHA256", sha.as_str())]);
+    assert_eq!(
+        call(&ok, "Run", &js_run("console.log(1)")).await.stdout(),
+        "1\n"
+    );
+
+    let wrong = "0".repeat(64);
+    let origin = format!("http://{}", upstream.addr);
+    let dir = plugin_dir().display().to_string();
+    let (code, text) = run_to_exit(
+        &[],
+        &[
+            ("SANDBOX_PROVIDER", "remote-plimsoll"),
+            ("PLIMSOLL_PLUGIN_DIR", dir.as_str()),
+            ("SANDBOX_PLUGIN_HTTP_ORIGINS", origin.as_str()),
+            ("SANDBOX_PLUGIN_SHA256", wrong.as_str()),
+        ],
+    );
+    assert_ne!(code, Some(0));
+    assert!(
+        text.contains("SANDBOX_PLUGIN_SHA256") && text.contains(&sha),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_missing_plugin_is_a_configuration_error_listing_what_exists() {
+    let dir = plugin_dir().display().to_string();
+    let (code, text) = run_to_exit(
+        &[],
+        &[
+            ("SANDBOX_PROVIDER", "no-such-plugin"),
+            ("PLIMSOLL_PLUGIN_DIR", dir.as_str()),
+        ],
+    );
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("remote-plimsoll") && text.contains("wasm") && text.contains("disabled"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_plugin_importing_an_ungranted_capability_is_refused_at_start() {
+    let dir = test_plugin_dir().display().to_string();
+    // The hostile plugin imports container-engine and http; grant neither.
+    let (code, text) = run_to_exit(
+        &[],
+        &[
+            ("SANDBOX_PROVIDER", "hostile"),
+            ("PLIMSOLL_PLUGIN_DIR", dir.as_str()),
+        ],
+    );
+    assert_ne!(code, Some(0));
+    assert!(text.contains("did not grant"), "{text}");
+}
+
+fn hostile(origin: &str) -> Daemon {
+    let dir = test_plugin_dir().display().to_string();
+    Daemon::start(&[
+        ("SANDBOX_PROVIDER", "hostile"),
+        ("PLIMSOLL_PLUGIN_DIR", dir.as_str()),
+        ("SANDBOX_PLUGIN_HTTP_ORIGINS", origin),
+        ("SANDBOX_PLUGIN_CONTAINER_ENGINE", "1"),
+        ("SANDBOX_MEMORY_MB", "64"),
+    ])
+}
+
+#[tokio::test]
+async fn every_forbidden_container_spec_is_refused() {
+    let (origin, _) = recording_server().await;
+    let d = hostile(&origin);
+    let a = call(&d, "Run", &js_run("engine-attacks")).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    let report = a.stdout();
+    let lines: Vec<&str> = report.lines().collect();
+    assert!(lines.len() >= 20, "{report}");
+    for line in &lines {
+        if line.starts_with("control:") {
+            assert!(
+                line.ends_with("passed-monitor"),
+                "a compliant spec was refused: {line}"
+            );
+        } else {
+            assert!(
+                line.ends_with(" forbidden"),
+                "the monitor let one through: {line}"
+            );
+        }
+    }
+    // Each refusal is in the operator's log, naming the rule, not the spec.
+    let refused = d
+        .log_lines()
+        .iter()
+        .filter(|l| l.contains("container spec refused"))
+        .count();
+    assert_eq!(refused, lines.len() - 1);
+}
+
+#[tokio::test]
+async fn every_off_list_request_is_refused_before_it_leaves() {
+    let (origin, hits) = recording_server().await;
+    let d = hostile(&origin);
+    let a = call(&d, "Run", &js_run("http-attacks")).await;
+    let report = a.stdout();
+    let lines: Vec<&str> = report.lines().collect();
+    assert!(lines.len() >= 19, "{report}");
+    for line in &lines {
+        assert!(
+            line.ends_with(" forbidden"),
+            "a request got through: {line}"
+        );
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "a refused request reached the server"
+    );
+    assert!(
+        d.log_lines()
+            .iter()
+            .filter(|l| l.contains("http request refused"))
+            .count()
+            >= lines.len()
+    );
+}
+
+#[tokio::test]
+async fn a_misbehaving_plugin_fails_one_call_and_nothing_else() {
+    let (origin, hits) = recording_server().await;
+    let mut d = hostile(&origin);
+
+    // Trapped before using any capability: a marked environment refusal.
+    let a = call(&d, "Run", &js_run("trap")).await;
+    assert_eq!(
+        (a.code(), a.mark()),
+        ("failed_precondition", Some("environment")),
+        "{:?}",
+        a.body
+    );
+    assert!(
+        a.body["message"].as_str().unwrap_or("").contains("trapped"),
+        "{:?}",
+        a.body
+    );
+
+    // Memory exhaustion: the same, and named.
+    let a = call(&d, "Run", &js_run("oom")).await;
+    assert_eq!(a.mark(), Some("environment"));
+    assert!(
+        a.body["message"].as_str().unwrap_or("").contains("memory"),
+        "{:?}",
+        a.body
+    );
+
+    // An endless loop ends at the call's deadline.
+    let mut req = js_run("loop");
+    req["timeoutMs"] = json!(300);
+    let t = std::time::Instant::now();
+    let a = call(&d, "Run", &req).await;
+    assert_eq!(a.mark(), Some("environment"), "{:?}", a.body);
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "the loop held the call for {:?}",
+        t.elapsed()
+    );
+
+    // A plugin's own clean refusal keeps its mark.
+    let a = call(&d, "Run", &js_run("refuse-clean")).await;
+    assert_eq!(
+        (a.code(), a.mark()),
+        ("resource_exhausted", Some("capacity"))
+    );
+
+    // A refusal claimed after sending a request is not repeated: unmarked.
+    let a = call(&d, "Run", &js_run("refuse-after-send")).await;
+    assert_eq!((a.status, a.mark()), (500, None), "{:?}", a.body);
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+
+    // A result of the wrong kind is a failure that may follow execution.
+    let a = call(&d, "Run", &js_run("wrong-kind")).await;
+    assert_eq!((a.status, a.mark()), (500, None));
+
+    // Output is capped by the host whatever the plugin returns.
+    let a = call(&d, "Run", &js_run("flood")).await;
+    assert_eq!(a.js_bytes("stdout").len(), 64 * 1024);
+    assert_eq!(a.body["javascript"]["stdoutTruncated"], true);
+    assert_eq!(a.body["javascript"]["stderrTruncated"], true);
+
+    // Its log lines are bounded per call and cannot forge lines of their own.
+    let before = d.log_lines().len();
+    let a = call(&d, "Run", &js_run("log-flood")).await;
+    assert_eq!(a.stdout(), "logged\n");
+    d.audit_after_sentinel().await;
+    let plugin_lines: Vec<String> = d.log_lines()[before..]
+        .iter()
+        .filter(|l| l.contains("plimsoll::plugin"))
+        .cloned()
+        .collect();
+    assert_eq!(plugin_lines.len(), 200, "per-call log budget");
+    assert!(
+        plugin_lines
+            .iter()
+            .all(|l| !l.contains('\u{1b}') && !l.contains("\\u001b")),
+        "control characters reached the log"
+    );
+
+    // After all of it, the daemon is healthy and serves.
+    assert!(d.is_running());
+    let a = call(&d, "Run", &js_run("engine-attacks")).await;
+    assert_eq!(a.status, 200);
+}
