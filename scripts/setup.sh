@@ -12,6 +12,9 @@ need_apt=()
 command -v clang >/dev/null || need_apt+=(clang)
 command -v llvm-ar >/dev/null || need_apt+=(llvm)
 [ -d /usr/include/wasm32-wasi ] || need_apt+=(wasi-libc)
+command -v dockerd >/dev/null || need_apt+=(docker.io)
+command -v runsc >/dev/null || need_apt+=(runsc)
+[ -x /bin/busybox ] && /bin/busybox --help 2>&1 | grep -q static || need_apt+=(busybox-static)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} from Debian"
   export DEBIAN_FRONTEND=noninteractive
@@ -29,4 +32,27 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import plimsoll_client, p
   echo "setup: creating .venv with plimsoll-client 0.23.0 and pytest"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check 'plimsoll-client==0.23.0' 'pytest>=8,<9'
+fi
+
+# dockerd with gVisor registered. --network=none: runsc refuses to start in
+# this VM without it; --host-uds=open: a bind-mounted Unix socket (the broker)
+# cannot be connected to from inside otherwise.
+if [ ! -f /etc/docker/daemon.json ]; then
+  mkdir -p /etc/docker
+  cat > /etc/docker/daemon.json <<'JSON'
+{
+  "runtimes": {
+    "runsc": {
+      "path": "/usr/bin/runsc",
+      "runtimeArgs": ["--network=none", "--host-uds=open"]
+    }
+  }
+}
+JSON
+fi
+if ! docker info >/dev/null 2>&1; then
+  echo "setup: starting dockerd"
+  nohup dockerd >/var/log/plimsoll-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start; see /var/log/plimsoll-dockerd.log" >&2; exit 1; }
 fi

@@ -51,6 +51,60 @@ pub fn test_plugin_dir() -> PathBuf {
     target_dir().join("test-plugins")
 }
 
+/// The content-addressed ID of a tiny test image (Debian's static busybox,
+/// imported locally: no registry is reachable here). Fails the test when no
+/// docker engine answers: a docker test never skips itself into a pass.
+pub fn busybox_image() -> String {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let docker = |args: &[&str]| {
+            Command::new("docker")
+                .args(args)
+                .output()
+                .expect("running the docker CLI")
+        };
+        let info = docker(&["info", "--format", "{{.ServerVersion}}"]);
+        assert!(
+            info.status.success(),
+            "no docker engine answers (scripts/setup.sh starts one): {}",
+            String::from_utf8_lossy(&info.stderr)
+        );
+        let tag = "plimsoll-test/busybox:1";
+        if !docker(&["image", "inspect", tag]).status.success() {
+            let dir = std::env::temp_dir().join(format!("plimsoll-busybox-{}", std::process::id()));
+            std::fs::create_dir_all(dir.join("bin")).expect("image dir");
+            std::fs::create_dir_all(dir.join("tmp")).expect("image dir");
+            std::fs::copy("/bin/busybox", dir.join("bin/busybox"))
+                .expect("busybox-static is installed by scripts/setup.sh");
+            let status = Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "tar -C {} -c . | docker import - {tag}",
+                    dir.display()
+                ))
+                .status()
+                .expect("docker import");
+            assert!(status.success(), "importing the test image failed");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let out = docker(&["image", "inspect", tag, "--format", "{{.Id}}"]);
+        String::from_utf8(out.stdout)
+            .expect("utf-8")
+            .trim()
+            .to_string()
+    })
+    .clone()
+}
+
+/// Containers the host created that still exist (by its label).
+pub fn leftover_containers() -> usize {
+    let out = Command::new("docker")
+        .args(["ps", "-aq", "--filter", "label=io.plimsoll.run"])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
 /// The guest component the daemon embeds, for checking reported identities.
 pub fn guest_wasm_path() -> PathBuf {
     if let Some(p) = std::env::var_os("PLIMSOLL_GUEST_JS_WASM") {

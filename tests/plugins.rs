@@ -325,3 +325,33 @@ async fn a_misbehaving_plugin_fails_one_call_and_nothing_else() {
     let a = call(&d, "Run", &js_run("engine-attacks")).await;
     assert_eq!(a.status, 200);
 }
+
+#[tokio::test]
+async fn a_compliant_container_runs_for_real_inside_the_envelope_and_is_removed() {
+    let image = plimsoll_tests::busybox_image();
+    let (origin, _) = recording_server().await;
+    let d = hostile(&origin);
+    let a = call(&d, "Run", &js_run(&format!("engine-run {image}"))).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    // stdin reached it; it ran as 61000 on a read-only root; streams and the
+    // exit code came back separately.
+    assert_eq!(a.stdout(), "out\nfrom stdin\n61000\nroot-ro\n");
+    assert_eq!(a.stderr(), "err\n");
+    assert_eq!(a.exit_code(), 3);
+
+    // A container past its deadline is killed, reported, and removed.
+    let t = std::time::Instant::now();
+    let a = call(&d, "Run", &js_run(&format!("engine-sleep {image}"))).await;
+    assert_eq!(a.body["javascript"]["timedOut"], true, "{:?}", a.body);
+    assert_eq!(a.exit_code(), 137);
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(15),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        plimsoll_tests::leftover_containers(),
+        0,
+        "a run container was left behind"
+    );
+}

@@ -19,6 +19,7 @@
 //! could influence, and a trap needs no recovery logic. Instantiation from a
 //! pre-linked component costs microseconds next to a provider call.
 
+pub mod engine;
 pub mod engine_policy;
 pub mod http;
 
@@ -138,11 +139,15 @@ pub struct PluginProvider {
 }
 
 /// The capabilities one plugin holds.
-#[derive(Debug)]
 struct Grants {
     http: Option<HttpGrant>,
-    container_engine: Option<EnginePolicy>,
+    container_engine: Option<(EnginePolicy, engine::ContainerEngine)>,
 }
+
+/// Longest a single container may run at a plugin's request.
+const MAX_CONTAINER_TIME: Duration = Duration::from_secs(120);
+/// Most output kept per stream of a container, whatever the plugin asks.
+const MAX_CONTAINER_OUTPUT: usize = 1 << 20;
 
 fn valid_name(name: &str) -> bool {
     (1..=32).contains(&name.len())
@@ -226,6 +231,24 @@ impl PluginProvider {
         let ticker = EpochTicker::start(&engine, TICK, TICKER_NAME);
         let client =
             http::client().map_err(|e| PluginError::Engine(format!("http client: {e}")))?;
+        // The engine is reached (and a configured runtime found registered
+        // there) before the plugin can ask for anything.
+        let container_engine = match &cfg.container_engine {
+            None => None,
+            Some(policy) => {
+                let envelope = engine::Envelope {
+                    runtime: policy.runtime.clone(),
+                    memory_mb: cfg.memory_mb,
+                    nano_cpus: 1_000_000_000,
+                    pids: 256,
+                    tmp_mb: 16,
+                };
+                let connected = engine::ContainerEngine::connect(envelope)
+                    .await
+                    .map_err(PluginError::Engine)?;
+                Some((policy.clone(), connected))
+            }
+        };
         let mut provider = PluginProvider {
             name: Arc::from(cfg.name.as_str()),
             engine,
@@ -241,7 +264,7 @@ impl PluginProvider {
             tier: Tier::None,
             grants: Arc::new(Grants {
                 http: cfg.http.clone(),
-                container_engine: cfg.container_engine.clone(),
+                container_engine,
             }),
             client,
             memory_limit: (cfg.memory_mb as usize) << 20,
@@ -626,11 +649,11 @@ impl engine_if::Host for PluginState {
     async fn run(
         &mut self,
         spec: engine_if::ContainerSpec,
-        _stdin: Vec<u8>,
-        _timeout_ms: u32,
-        _output_limit: u32,
+        stdin: Vec<u8>,
+        timeout_ms: u32,
+        output_limit: u32,
     ) -> Result<types::ProcessOutput, engine_if::EngineError> {
-        let Some(policy) = self.grants.container_engine.as_ref() else {
+        let Some((policy, container_engine)) = self.grants.container_engine.as_ref() else {
             tracing::warn!(target: "plimsoll::plugin", plugin = &*self.plugin, "container-engine call from a plugin without the grant");
             return Err(engine_if::EngineError::Forbidden(
                 "this plugin was not granted the container-engine capability".into(),
@@ -653,13 +676,32 @@ impl engine_if::Host for PluginState {
             tracing::warn!(target: "plimsoll::plugin", plugin = &*self.plugin, rule, "container spec refused");
             return Err(engine_if::EngineError::Forbidden(rule.into()));
         }
-        // The spec is one the host would run. Driving the engine itself
-        // (bollard, per-run directories, removal on every path) arrives with
-        // the docker provider; until then nothing is created, so nothing is
-        // marked as dispatched.
-        Err(engine_if::EngineError::Engine(
-            "no container engine is connected to this daemon yet".into(),
-        ))
+        let container_engine = container_engine.clone();
+        let approved = engine::Approved {
+            image: spec.image,
+            command: spec.command,
+            env: spec.env,
+            user: spec.user,
+        };
+        let timeout = Duration::from_millis(u64::from(timeout_ms)).min(MAX_CONTAINER_TIME);
+        let limit = (output_limit as usize).min(MAX_CONTAINER_OUTPUT);
+        // Marked before the engine is asked: if this call is abandoned at its
+        // deadline while the container runs, the host must not later claim
+        // that nothing ran.
+        self.dispatched = true;
+        match container_engine.run(approved, stdin, timeout, limit).await {
+            Ok(out) => Ok(types::ProcessOutput {
+                stdout: out.stdout,
+                stderr: out.stderr,
+                exit_code: out.exit_code,
+                timed_out: out.timed_out,
+                stdout_truncated: out.stdout_truncated,
+                stderr_truncated: out.stderr_truncated,
+            }),
+            Err(
+                engine::EngineFailure::BeforeStart(why) | engine::EngineFailure::AfterStart(why),
+            ) => Err(engine_if::EngineError::Engine(why)),
+        }
     }
 }
 
