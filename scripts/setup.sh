@@ -14,7 +14,7 @@ command -v llvm-ar >/dev/null || need_apt+=(llvm)
 [ -d /usr/include/wasm32-wasi ] || need_apt+=(wasi-libc)
 command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v runsc >/dev/null || need_apt+=(runsc)
-[ -x /bin/busybox ] && /bin/busybox --help 2>&1 | grep -q static || need_apt+=(busybox-static)
+dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} from Debian"
   export DEBIAN_FRONTEND=noninteractive

@@ -89,8 +89,8 @@ async fn the_example_plugin_runs_a_snippet_end_to_end() {
 async fn the_operator_caps_what_a_plugin_may_claim() {
     let (origin, _hits) = recording_server().await;
     let dir = test_plugin_dir().display().to_string();
-    // The hostile plugin claims vm; without the container engine the cap is
-    // the operator's, and the default is process.
+    // The hostile plugin claims vm and the operator allows vm, but a plugin
+    // holding the container engine is at most container.
     let d = Daemon::start(&[
         ("SANDBOX_PROVIDER", "hostile"),
         ("PLIMSOLL_PLUGIN_DIR", dir.as_str()),
@@ -312,7 +312,15 @@ async fn a_misbehaving_plugin_fails_one_call_and_nothing_else() {
         .filter(|l| l.contains("plimsoll::plugin"))
         .cloned()
         .collect();
-    assert_eq!(plugin_lines.len(), 200, "per-call log budget");
+    let flood = plugin_lines
+        .iter()
+        .filter(|l| l.contains("forged log line"))
+        .count();
+    assert_eq!(flood, 200, "per-call log budget");
+    assert!(
+        plugin_lines.iter().any(|l| l.contains("\"dropped\":9800")),
+        "the dropped lines were not reported"
+    );
     assert!(
         plugin_lines
             .iter()
@@ -339,13 +347,16 @@ async fn a_compliant_container_runs_for_real_inside_the_envelope_and_is_removed(
     assert_eq!(a.stderr(), "err\n");
     assert_eq!(a.exit_code(), 3);
 
-    // A container past its deadline is killed, reported, and removed.
+    // A container that asks for a minute is held to the run's own deadline
+    // (1 s plus the 2 s call margin): killed, reported, and removed.
     let t = std::time::Instant::now();
-    let a = call(&d, "Run", &js_run(&format!("engine-sleep {image}"))).await;
+    let mut req = js_run(&format!("engine-sleep {image}"));
+    req["timeoutMs"] = json!(1000);
+    let a = call(&d, "Run", &req).await;
     assert_eq!(a.body["javascript"]["timedOut"], true, "{:?}", a.body);
     assert_eq!(a.exit_code(), 137);
     assert!(
-        t.elapsed() < std::time::Duration::from_secs(15),
+        t.elapsed() < std::time::Duration::from_secs(8),
         "{:?}",
         t.elapsed()
     );
@@ -353,5 +364,62 @@ async fn a_compliant_container_runs_for_real_inside_the_envelope_and_is_removed(
         plimsoll_tests::leftover_containers(),
         0,
         "a run container was left behind"
+    );
+}
+
+#[tokio::test]
+async fn spinning_plugins_do_not_starve_the_daemon() {
+    let (origin, _) = recording_server().await;
+    let d = hostile(&origin);
+    let mut req = js_run("loop");
+    req["timeoutMs"] = json!(3000);
+    // More spinning runs than the runtime has worker threads (2 cores).
+    let spinners: Vec<_> = (0..3)
+        .map(|_| {
+            let url = d.url("/plimsoll.v1.SandboxService/Run");
+            let req = req.clone();
+            tokio::spawn(async move {
+                plimsoll_tests::client()
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .json(&req)
+                    .send()
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // The daemon still answers while they spin. Both cores are busy, so the
+    // bound is loose; a daemon whose workers were held would not answer
+    // until the spinners end, about 5 s in.
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        let r = plimsoll_tests::client()
+            .get(d.url("/healthz"))
+            .send()
+            .await
+            .expect("healthz");
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(1500),
+            "healthz took {:?}",
+            t.elapsed()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    for s in spinners {
+        let a = plimsoll_tests::answer(s.await.expect("join").expect("sent")).await;
+        assert_eq!(a.mark(), Some("environment"), "{:?}", a.body);
+    }
+}
+
+#[tokio::test]
+async fn a_plugin_finds_no_ambient_authority_in_wasi() {
+    let (origin, _) = recording_server().await;
+    let d = hostile(&origin);
+    let a = call(&d, "Run", &js_run("wasi-probe")).await;
+    assert_eq!(
+        a.stdout(),
+        "env 0\nfs-root false\npasswd false\ntcp false\n"
     );
 }

@@ -233,6 +233,16 @@ impl Config {
             });
         }
 
+        if matches!(provider, ProviderKind::Plugin(_)) {
+            // The container engine's per-run envelope is fixed for now (one
+            // CPU, 256 processes, a 16 MiB /tmp); a setting that would not
+            // take effect is refused rather than ignored.
+            for name in ["SANDBOX_CPUS", "SANDBOX_PIDS", "SANDBOX_DISK_MB"] {
+                if get(name).is_some() {
+                    return Err(ConfigError::Unenforceable(name, "plugin"));
+                }
+            }
+        }
         if provider == ProviderKind::Wasm {
             for name in ["SANDBOX_CPUS", "SANDBOX_PIDS", "SANDBOX_DISK_MB"] {
                 if get(name).is_some() {
@@ -306,10 +316,14 @@ fn plugin_settings<'a>(
                 .map(Origin::parse)
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|why| invalid("SANDBOX_PLUGIN_HTTP_ORIGINS", why))?;
-            Some(HttpGrant {
-                origins,
-                api_key: api_key(get, vars)?,
-            })
+            let api_key = api_key(get, vars)?;
+            if api_key.is_some() && origins.iter().any(|o| !o.is_https()) {
+                return Err(invalid(
+                    "SANDBOX_PLUGIN_API_KEY_ENV",
+                    "an API key is only ever sent over https; remove the plain-http origins".into(),
+                ));
+            }
+            Some(HttpGrant { origins, api_key })
         }
     };
     if http.is_none() && get("SANDBOX_PLUGIN_API_KEY_ENV").is_some() {
@@ -457,6 +471,62 @@ mod tests {
         let c = Config::from_map(&env(&[("SANDBOX_PROVDER", "wasm"), ("HOME", "/root")]))
             .expect("valid");
         assert_eq!(c.unknown, vec!["SANDBOX_PROVDER".to_string()]);
+    }
+
+    #[test]
+    fn plugin_settings_are_checked() {
+        let base = [
+            ("SANDBOX_PROVIDER", "remote-plimsoll"),
+            ("KEY", "secret-value"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            Config::from_map(&env(&v))
+        };
+        // A key is never sent over plain http.
+        assert!(
+            with(&[
+                ("SANDBOX_PLUGIN_HTTP_ORIGINS", "http://127.0.0.1:9"),
+                ("SANDBOX_PLUGIN_API_KEY_ENV", "KEY")
+            ])
+            .is_err()
+        );
+        let c = with(&[
+            ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://api.example.com"),
+            ("SANDBOX_PLUGIN_API_KEY_ENV", "KEY"),
+        ])
+        .expect("valid");
+        let (name, value) = c.plugin.http.expect("grant").api_key.expect("key");
+        assert_eq!(name, "authorization");
+        assert!(value.is_sensitive());
+        // A key with nowhere to go, an unset key variable, limits a plugin
+        // cannot enforce, and plugin settings without a plugin.
+        assert!(with(&[("SANDBOX_PLUGIN_API_KEY_ENV", "KEY")]).is_err());
+        assert!(
+            with(&[
+                ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),
+                ("SANDBOX_PLUGIN_API_KEY_ENV", "NOPE")
+            ])
+            .is_err()
+        );
+        assert!(with(&[("SANDBOX_PIDS", "10")]).is_err());
+        assert!(
+            Config::from_map(&env(&[
+                ("SANDBOX_PROVIDER", "wasm"),
+                ("SANDBOX_PLUGIN_MAX_TIER", "vm")
+            ]))
+            .is_err()
+        );
+        // The debug form of the whole configuration never shows the key.
+        let shown = format!(
+            "{:?}",
+            with(&[
+                ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),
+                ("SANDBOX_PLUGIN_API_KEY_ENV", "KEY")
+            ])
+        );
+        assert!(!shown.contains("secret-value"), "{shown}");
     }
 
     #[test]

@@ -18,8 +18,23 @@ pub fn truncate(s: &str, max: usize) -> &str {
 pub fn sanitize(s: &str, max: usize) -> String {
     truncate(s, max)
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| {
+            if c.is_control() || invisible(c) {
+                ' '
+            } else {
+                c
+            }
+        })
         .collect()
+}
+
+/// Characters that change how surrounding text reads without showing
+/// themselves: line and paragraph separators, zero-width and bidi controls.
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}'
+    )
 }
 
 #[cfg(test)]
@@ -31,5 +46,6 @@ mod tests {
         assert_eq!(truncate("héllo", 2), "h");
         assert_eq!(truncate("abc", 10), "abc");
         assert_eq!(sanitize("a\nb\u{1b}[31m", 100), "a b [31m");
+        assert_eq!(sanitize("x\u{2028}y\u{202E}z", 100), "x y z");
     }
 }

@@ -25,6 +25,8 @@ use tokio::io::AsyncWriteExt;
 
 use crate::providers::ProcessOutput;
 
+/// Where the local engine listens.
+const DOCKER_SOCKET: &str = "/var/run/docker.sock";
 /// Label every container the host creates carries.
 pub const LABEL: &str = "io.plimsoll.run";
 /// Unix time after which a reconciler may remove a container it finds.
@@ -70,7 +72,9 @@ impl ContainerEngine {
     /// Connects to the local engine over its Unix socket and agrees on an API
     /// version. With a runtime configured, the engine must register it.
     pub async fn connect(envelope: Envelope) -> Result<ContainerEngine, String> {
-        let docker = Docker::connect_with_unix_defaults()
+        // The engine's own socket, named here: DOCKER_HOST and other client
+        // settings from the environment are never consulted.
+        let docker = Docker::connect_with_unix(DOCKER_SOCKET, 120, bollard::API_DEFAULT_VERSION)
             .map_err(|e| format!("connecting to the docker engine: {e}"))?;
         let docker = docker
             .negotiate_version()
@@ -121,12 +125,16 @@ impl ContainerEngine {
         let name = format!("plimsoll-{}", hex::encode(id));
         let body = self.create_body(spec, timeout);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
-        self.docker
-            .create_container(Some(options), body)
-            .await
-            .map_err(|e| {
-                EngineFailure::BeforeStart(format!("creating the container: {}", short(&e)))
-            })?;
+        if let Err(e) = self.docker.create_container(Some(options), body).await {
+            // The engine may have created it even so (a timeout on the
+            // answer): remove by name, or it outlives every deadline.
+            let remove = RemoveContainerOptionsBuilder::default().force(true).build();
+            let _ = self.docker.remove_container(&name, Some(remove)).await;
+            return Err(EngineFailure::BeforeStart(format!(
+                "creating the container: {}",
+                short(&e)
+            )));
+        }
         let result = self
             .attach_start_collect(&name, stdin, timeout, output_limit)
             .await;
@@ -241,11 +249,14 @@ impl ContainerEngine {
 
         let deadline = tokio::time::Instant::now() + timeout;
         let mut out = ProcessOutput::default();
+        // Input is fed while output is read: a container that prints a lot
+        // before it reads its input must not stall until the deadline.
+        let mut input = io.input;
+        let feeder = tokio::spawn(async move {
+            let _ = input.write_all(&stdin).await;
+            let _ = input.shutdown().await;
+        });
         let collect = async {
-            // Input first, then end-of-input; a container that never reads
-            // it must not block the run (the write is bounded by the deadline).
-            let _ = io.input.write_all(&stdin).await;
-            let _ = io.input.shutdown().await;
             while let Some(frame) = io.output.next().await {
                 match frame {
                     Ok(LogOutput::StdOut { message }) => keep(
@@ -265,7 +276,9 @@ impl ContainerEngine {
                 }
             }
         };
-        if tokio::time::timeout_at(deadline, collect).await.is_err() {
+        let timed_out = tokio::time::timeout_at(deadline, collect).await.is_err();
+        feeder.abort();
+        if timed_out {
             out.timed_out = true;
             let kill = KillContainerOptionsBuilder::default()
                 .signal("SIGKILL")

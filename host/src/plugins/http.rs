@@ -56,6 +56,10 @@ impl Origin {
         })
     }
 
+    pub fn is_https(&self) -> bool {
+        self.scheme == "https"
+    }
+
     /// `scheme://host:port`, as a plugin is told it.
     pub fn display(&self) -> String {
         format!("{}://{}:{}", self.scheme, self.host, self.port)
@@ -100,6 +104,15 @@ const RESERVED: &[&str] = &[
     "te",
     "trailer",
     "x-api-key",
+    // Headers a proxy in front of an allowed origin may use to pick another
+    // backend or method: with the host's key attached, that would carry the
+    // key somewhere the operator never listed.
+    "forwarded",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-http-method-override",
+    "x-method-override",
+    "x-real-ip",
 ];
 
 pub const MAX_REQUEST_BODY: usize = 8 << 20;
@@ -170,6 +183,7 @@ pub fn check(
             .map_err(|_| HttpRefusal::Forbidden("a header name is not valid"))?;
         let reserved = RESERVED.contains(&name.as_str())
             || name.as_str().starts_with("proxy-")
+            || name.as_str().starts_with("x-forwarded-")
             || grant.api_key.as_ref().is_some_and(|(k, _)| *k == name);
         if reserved {
             return Err(HttpRefusal::Forbidden(

@@ -32,7 +32,7 @@ use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Config, Engine, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::limits::{EpochTicker, MemoryCap, ticks};
+use crate::limits::{EpochTicker, MemoryCap};
 use crate::providers::{ProcessOutput, RunFailure};
 use crate::refusal::{Code, Reason, Refusal};
 use crate::text::{sanitize, truncate};
@@ -148,6 +148,12 @@ struct Grants {
 const MAX_CONTAINER_TIME: Duration = Duration::from_secs(120);
 /// Most output kept per stream of a container, whatever the plugin asks.
 const MAX_CONTAINER_OUTPUT: usize = 1 << 20;
+/// Time a plugin keeps, after its container's deadline, to report on it.
+const REPORT_MARGIN: Duration = Duration::from_secs(1);
+/// Most input a plugin may feed a container.
+const MAX_CONTAINER_STDIN: usize = 8 << 20;
+/// WASI resources one plugin call may hold at once.
+const MAX_RESOURCES: usize = 4096;
 
 fn valid_name(name: &str) -> bool {
     (1..=32).contains(&name.len())
@@ -322,9 +328,15 @@ impl PluginProvider {
 
     /// A fresh store for one call, with the memory cap and a deadline.
     fn store(&self, deadline: Duration) -> Store<PluginState> {
+        let ends = std::time::Instant::now() + deadline;
+        let mut table = ResourceTable::new();
+        // WASI resources (streams, pollables) a plugin may hold at once; the
+        // default allows about a million, each costing host memory.
+        table.set_max_capacity(MAX_RESOURCES);
         let state = PluginState {
             wasi: WasiCtx::builder().build(),
-            table: ResourceTable::new(),
+            table,
+            ends,
             limits: MemoryCap::new(self.memory_limit),
             plugin: self.name.clone(),
             grants: self.grants.clone(),
@@ -334,8 +346,17 @@ impl PluginProvider {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(ticks(deadline, TICK));
-        store.epoch_deadline_trap();
+        // Every tick, hand the thread back to the executor: a plugin
+        // spinning in wasm must not hold one of the runtime's few worker
+        // threads. At the deadline, trap.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if std::time::Instant::now() >= ends {
+                Err(Trap::Interrupt.into())
+            } else {
+                Ok(wasmtime::UpdateDeadline::Yield(1))
+            }
+        });
         store
     }
 
@@ -410,6 +431,15 @@ impl PluginProvider {
         })
         .await;
         let dispatched = store.data().dispatched;
+        let logged = store.data().log_lines;
+        if logged > LOG_LINES_PER_CALL {
+            tracing::warn!(
+                target: "plimsoll::plugin",
+                plugin = &*self.name,
+                dropped = logged - LOG_LINES_PER_CALL,
+                "plugin log lines over the per-call budget were dropped"
+            );
+        }
         let failed = |what: String| -> RunFailure {
             if dispatched {
                 RunFailure::MayHaveRun(format!(
@@ -431,10 +461,12 @@ impl PluginProvider {
                 "plugin {} answered a snippet with a project result",
                 self.name
             ))),
+            // The plugin's own words are not logged: a plugin could write
+            // the caller's code or output into them. Only their size is.
             Ok(Ok(Err(types::RunError::MayHaveRun(why)))) => Err(RunFailure::MayHaveRun(format!(
-                "plugin {}: {}",
+                "plugin {} reported that the run may have happened ({} bytes of detail withheld)",
                 self.name,
-                sanitize(&why, MESSAGE_BYTES)
+                why.len()
             ))),
             Ok(Ok(Err(types::RunError::NotDispatched(r)))) => {
                 if dispatched {
@@ -565,6 +597,9 @@ struct PluginState {
     client: reqwest::Client,
     /// Set once the plugin used a capability that can start execution.
     dispatched: bool,
+    /// When this call's deadline passes; nothing a host function starts for
+    /// the plugin (a container) may outlive it.
+    ends: std::time::Instant,
     log_lines: u32,
 }
 
@@ -683,7 +718,20 @@ impl engine_if::Host for PluginState {
             env: spec.env,
             user: spec.user,
         };
-        let timeout = Duration::from_millis(u64::from(timeout_ms)).min(MAX_CONTAINER_TIME);
+        // The container gets what is left of the call, less a moment for the
+        // plugin to report what it did before the call itself ends.
+        let remaining = self
+            .ends
+            .saturating_duration_since(std::time::Instant::now())
+            .saturating_sub(REPORT_MARGIN);
+        let timeout = Duration::from_millis(u64::from(timeout_ms))
+            .min(MAX_CONTAINER_TIME)
+            .min(remaining);
+        if stdin.len() > MAX_CONTAINER_STDIN {
+            return Err(engine_if::EngineError::Forbidden(
+                "container stdin is limited to 8 MiB".into(),
+            ));
+        }
         let limit = (output_limit as usize).min(MAX_CONTAINER_OUTPUT);
         // Marked before the engine is asked: if this call is abandoned at its
         // deadline while the container runs, the host must not later claim
