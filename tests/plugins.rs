@@ -423,3 +423,18 @@ async fn a_plugin_finds_no_ambient_authority_in_wasi() {
         "env 0\nfs-root false\npasswd false\ntcp false\n"
     );
 }
+
+#[tokio::test]
+async fn oversized_plugin_values_are_refused_before_they_are_copied() {
+    let (origin, hits) = recording_server().await;
+    let d = hostile(&origin);
+    let a = call(&d, "Run", &js_run("many-values")).await;
+    assert_eq!(
+        a.stdout(),
+        "headers forbidden\nenv forbidden\n",
+        "{:?}",
+        a.body
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    assert_eq!(call(&d, "Run", &js_run("wasi-probe")).await.status, 200);
+}

@@ -22,13 +22,17 @@
 pub mod engine;
 pub mod engine_policy;
 pub mod http;
+mod lazy;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::component::{
+    Component, ComponentExportIndex, Linker, ResourceTable, WasmList, WasmStr,
+};
+use wasmtime::{AsContext, AsContextMut, StoreContextMut};
 use wasmtime::{Config, Engine, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
@@ -129,6 +133,7 @@ pub struct PluginProvider {
     name: Arc<str>,
     engine: Engine,
     pre: generated::PluginPre<PluginState>,
+    exports: AdapterExports,
     sha256: String,
     described: Described,
     tier: Tier,
@@ -136,6 +141,21 @@ pub struct PluginProvider {
     client: reqwest::Client,
     memory_limit: usize,
     _ticker: EpochTicker,
+}
+
+/// Where the adapter's exports are, found once per component.
+struct AdapterExports {
+    preflight: ComponentExportIndex,
+    run: ComponentExportIndex,
+}
+
+impl AdapterExports {
+    fn find(component: &Component) -> Option<AdapterExports> {
+        let (_, adapter) = component.get_export(None, "plimsoll:provider/adapter@0.1.0")?;
+        let (_, preflight) = component.get_export(Some(&adapter), "preflight")?;
+        let (_, run) = component.get_export(Some(&adapter), "run")?;
+        Some(AdapterExports { preflight, run })
+    }
 }
 
 /// The capabilities one plugin holds.
@@ -226,13 +246,18 @@ impl PluginProvider {
         let mut linker: Linker<PluginState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| PluginError::Engine(format!("{e:#}")))?;
-        generated::Plugin::add_to_linker::<PluginState, HasSelf<PluginState>>(&mut linker, |s| s)
-            .map_err(|e| PluginError::Engine(format!("{e:#}")))?;
+        link_capabilities(&mut linker).map_err(|e| PluginError::Engine(format!("{e:#}")))?;
         let pre = linker
             .instantiate_pre(&component)
             .map_err(|e| PluginError::Mismatch(cfg.name.clone(), format!("{e:#}")))?;
         let pre = generated::PluginPre::new(pre)
             .map_err(|e| PluginError::Mismatch(cfg.name.clone(), format!("{e:#}")))?;
+        let exports = AdapterExports::find(&component).ok_or_else(|| {
+            PluginError::Mismatch(
+                cfg.name.clone(),
+                "no plimsoll:provider/adapter export".into(),
+            )
+        })?;
 
         let ticker = EpochTicker::start(&engine, TICK, TICKER_NAME);
         let client =
@@ -259,6 +284,7 @@ impl PluginProvider {
             name: Arc::from(cfg.name.as_str()),
             engine,
             pre,
+            exports,
             sha256,
             described: Described {
                 claimed_tier: Tier::Process,
@@ -297,15 +323,13 @@ impl PluginProvider {
             provider.grants.container_engine.is_some(),
         );
 
-        let report = provider.preflight().await?;
-        provider.described.languages = report
-            .languages
-            .iter()
+        let (checks, languages) = provider.preflight().await?;
+        provider.described.languages = languages
+            .into_iter()
             .filter(|l| matches!(l.as_str(), "javascript" | "python"))
-            .cloned()
             .collect();
-        for check in report.checks.iter().take(64) {
-            tracing::info!(target: "plimsoll::plugin", plugin = %provider.name, check = %sanitize(check, LOG_LINE_BYTES), "preflight");
+        for check in &checks {
+            tracing::info!(target: "plimsoll::plugin", plugin = %provider.name, check = %check, "preflight");
         }
         Ok(provider)
     }
@@ -378,37 +402,54 @@ impl PluginProvider {
         }
     }
 
-    async fn preflight(&self) -> Result<types::PreflightReport, PluginError> {
+    /// An instance of the plugin and one of its adapter exports, typed with
+    /// lazy results (see `lazy`).
+    async fn instance(
+        &self,
+        store: &mut Store<PluginState>,
+    ) -> wasmtime::Result<wasmtime::component::Instance> {
+        self.pre.instance_pre().instantiate_async(store).await
+    }
+
+    async fn preflight(&self) -> Result<(Vec<String>, Vec<String>), PluginError> {
         let mut store = self.store(PREFLIGHT_TIMEOUT);
         let fail = |e: String| PluginError::Preflight(self.name.to_string(), e);
         let result = tokio::time::timeout(PREFLIGHT_TIMEOUT + Duration::from_secs(1), async {
-            let plugin = self.pre.instantiate_async(&mut store).await?;
-            plugin
-                .plimsoll_provider_adapter()
-                .call_preflight(&mut store)
-                .await
+            let instance = self.instance(&mut store).await?;
+            let f = instance.get_typed_func::<(), (Result<lazy::PreflightReport, WasmStr>,)>(
+                &mut store,
+                self.exports.preflight,
+            )?;
+            Ok::<_, wasmtime::Error>(f.call_async(&mut store, ()).await?.0)
         })
         .await;
-        match result {
-            Ok(Ok(Ok(report))) if report.passed => Ok(report),
-            Ok(Ok(Ok(report))) => {
-                let failed: Vec<String> = report
-                    .checks
-                    .iter()
-                    .take(8)
-                    .map(|c| sanitize(c, 200))
-                    .collect();
-                Err(fail(format!("it reported failure: {}", failed.join("; "))))
+        let report = match result {
+            Ok(Ok(Ok(report))) => report,
+            Ok(Ok(Err(why))) => {
+                return Err(fail(read_text(
+                    &mut store.as_context_mut(),
+                    &why,
+                    MESSAGE_BYTES,
+                )));
             }
-            Ok(Ok(Err(why))) => Err(fail(sanitize(&why, MESSAGE_BYTES))),
-            Ok(Err(e)) => Err(fail(classify(&e, &store))),
-            Err(_) => Err(fail("timed out".into())),
+            Ok(Err(e)) => return Err(fail(classify(&e, &store))),
+            Err(_) => return Err(fail("timed out".into())),
+        };
+        // At most 64 check lines of 200 bytes and 8 language names are read.
+        let mut ctx = store.as_context_mut();
+        let checks = read_texts(&mut ctx, &report.checks, 64, 200);
+        if !report.passed {
+            let failed: Vec<&str> = checks.iter().take(8).map(String::as_str).collect();
+            return Err(fail(format!("it reported failure: {}", failed.join("; "))));
         }
+        let languages = read_texts(&mut ctx, &report.languages, 8, 16);
+        Ok((checks, languages))
     }
 
     /// Runs one JavaScript snippet through the plugin. The output the plugin
-    /// returns is capped again here: the host never trusts a plugin to keep
-    /// to a limit it could enforce itself.
+    /// returns is read in place and capped here: the host never trusts a
+    /// plugin to keep to a limit it could enforce itself, and never copies
+    /// more than the cap out of the plugin's memory.
     pub async fn run_javascript(
         &self,
         code: String,
@@ -423,11 +464,13 @@ impl PluginProvider {
             payload: types::Payload::Javascript(code),
         };
         let outcome = tokio::time::timeout(deadline + Duration::from_secs(1), async {
-            let plugin = self.pre.instantiate_async(&mut store).await?;
-            plugin
-                .plimsoll_provider_adapter()
-                .call_run(&mut store, &request)
-                .await
+            let instance = self.instance(&mut store).await?;
+            let f = instance
+                .get_typed_func::<(types::RunRequest,), (Result<lazy::RunResult, lazy::RunError>,)>(
+                    &mut store,
+                    self.exports.run,
+                )?;
+            Ok::<_, wasmtime::Error>(f.call_async(&mut store, (request,)).await?.0)
         })
         .await;
         let dispatched = store.data().dispatched;
@@ -456,19 +499,40 @@ impl PluginProvider {
         match outcome {
             Err(_) => Err(failed("the call overran its deadline".into())),
             Ok(Err(e)) => Err(failed(classify(&e, &store))),
-            Ok(Ok(Ok(types::RunResult::Javascript(out)))) => Ok(cap_output(out, output_limit)),
-            Ok(Ok(Ok(types::RunResult::Project(_)))) => Err(RunFailure::MayHaveRun(format!(
+            Ok(Ok(Ok(lazy::RunResult::Javascript(out)))) => {
+                let mut ctx = store.as_context_mut();
+                let mut budget = lazy::Budget::new(2 * output_limit, 0);
+                let read = budget
+                    .bytes_capped(&mut ctx, &out.stdout, output_limit)
+                    .and_then(|o| {
+                        Ok((o, budget.bytes_capped(&mut ctx, &out.stderr, output_limit)?))
+                    });
+                match read {
+                    Ok(((stdout, cut_out), (stderr, cut_err))) => Ok(ProcessOutput {
+                        stdout,
+                        stderr,
+                        exit_code: out.exit_code,
+                        timed_out: out.timed_out,
+                        stdout_truncated: out.stdout_truncated || cut_out,
+                        stderr_truncated: out.stderr_truncated || cut_err,
+                    }),
+                    Err(_) => Err(RunFailure::MayHaveRun(format!(
+                        "plugin {} returned unreadable output",
+                        self.name
+                    ))),
+                }
+            }
+            Ok(Ok(Ok(lazy::RunResult::Project(_)))) => Err(RunFailure::MayHaveRun(format!(
                 "plugin {} answered a snippet with a project result",
                 self.name
             ))),
-            // The plugin's own words are not logged: a plugin could write
-            // the caller's code or output into them. Only their size is.
-            Ok(Ok(Err(types::RunError::MayHaveRun(why)))) => Err(RunFailure::MayHaveRun(format!(
-                "plugin {} reported that the run may have happened ({} bytes of detail withheld)",
-                self.name,
-                why.len()
+            // The plugin's own words are not logged: a plugin could write the
+            // caller's code or output into them.
+            Ok(Ok(Err(lazy::RunError::MayHaveRun(_)))) => Err(RunFailure::MayHaveRun(format!(
+                "plugin {} reported that the run may have happened (its detail is not logged)",
+                self.name
             ))),
-            Ok(Ok(Err(types::RunError::NotDispatched(r)))) => {
+            Ok(Ok(Err(lazy::RunError::NotDispatched(r)))) => {
                 if dispatched {
                     // The plugin says nothing ran, but the host saw it use a
                     // capability that can start execution: the host does not
@@ -478,7 +542,7 @@ impl PluginProvider {
                         self.name
                     )))
                 } else {
-                    Err(RunFailure::NotDispatched(refusal_of(r)))
+                    Err(RunFailure::NotDispatched(refusal_of(&mut store, r)))
                 }
             }
         }
@@ -507,37 +571,43 @@ fn tier_of(t: types::Tier) -> Tier {
     }
 }
 
-fn refusal_of(r: types::Refusal) -> Refusal {
+fn refusal_of(store: &mut Store<PluginState>, r: lazy::Refusal) -> Refusal {
     let (code, reason, msg) = match r {
-        types::Refusal::Request(m) => (Code::InvalidArgument, Reason::Request, m),
-        types::Refusal::Permission(m) => (Code::PermissionDenied, Reason::Permission, m),
-        types::Refusal::Unsupported(m) => (Code::Unimplemented, Reason::Unsupported, m),
-        types::Refusal::Isolation(m) => (Code::FailedPrecondition, Reason::Isolation, m),
-        types::Refusal::Environment(m) => (Code::FailedPrecondition, Reason::Environment, m),
-        types::Refusal::Capacity(m) => (Code::ResourceExhausted, Reason::Capacity, m),
+        lazy::Refusal::Request(m) => (Code::InvalidArgument, Reason::Request, m),
+        lazy::Refusal::Permission(m) => (Code::PermissionDenied, Reason::Permission, m),
+        lazy::Refusal::Unsupported(m) => (Code::Unimplemented, Reason::Unsupported, m),
+        lazy::Refusal::Isolation(m) => (Code::FailedPrecondition, Reason::Isolation, m),
+        lazy::Refusal::Environment(m) => (Code::FailedPrecondition, Reason::Environment, m),
+        lazy::Refusal::Capacity(m) => (Code::ResourceExhausted, Reason::Capacity, m),
     };
-    Refusal::new(code, reason, sanitize(&msg, MESSAGE_BYTES))
+    Refusal::new(
+        code,
+        reason,
+        read_text(&mut store.as_context_mut(), &msg, MESSAGE_BYTES),
+    )
 }
 
-fn cap_output(out: types::ProcessOutput, limit: usize) -> ProcessOutput {
-    let (stdout, cut_out) = cut(out.stdout, limit);
-    let (stderr, cut_err) = cut(out.stderr, limit);
-    ProcessOutput {
-        stdout,
-        stderr,
-        exit_code: out.exit_code,
-        timed_out: out.timed_out,
-        stdout_truncated: out.stdout_truncated || cut_out,
-        stderr_truncated: out.stderr_truncated || cut_err,
+/// At most `items` strings of a plugin's list, each read as `read_text`.
+fn read_texts(
+    store: &mut StoreContextMut<'_, PluginState>,
+    list: &WasmList<WasmStr>,
+    items: usize,
+    max: usize,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for i in 0..list.len().min(items) {
+        if let Some(Ok(s)) = list.get(store.as_context_mut(), i) {
+            out.push(read_text(store, &s, max));
+        }
     }
+    out
 }
 
-fn cut(mut v: Vec<u8>, limit: usize) -> (Vec<u8>, bool) {
-    if v.len() > limit {
-        v.truncate(limit);
-        (v, true)
-    } else {
-        (v, false)
+/// A plugin's string, read in place and cut to `max` before it is copied.
+fn read_text(store: &mut StoreContextMut<'_, PluginState>, s: &WasmStr, max: usize) -> String {
+    match s.to_str(store.as_context()) {
+        Ok(text) => sanitize(&text, max),
+        Err(_) => String::new(),
     }
 }
 
@@ -612,61 +682,232 @@ impl WasiView for PluginState {
     }
 }
 
-impl types::Host for PluginState {}
+/// Links the capability interfaces by hand rather than through the
+/// generated traits, so every value a plugin passes is lifted lazily and
+/// copied under a budget (see `lazy`). Each function also refuses a plugin
+/// the operator did not grant it to.
+fn link_capabilities(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
+    let mut log = linker.instance("plimsoll:provider/log@0.1.0")?;
+    log.func_wrap_async(
+        "write",
+        |mut store: StoreContextMut<'_, PluginState>,
+         (level, message): (log_if::Level, WasmStr)| {
+            plugin_log(&mut store, level, &message);
+            Box::new(async { Ok(()) })
+        },
+    )?;
 
-impl log_if::Host for PluginState {
-    async fn write(&mut self, level: log_if::Level, message: String) {
-        self.log_lines += 1;
-        if self.log_lines > LOG_LINES_PER_CALL {
-            return;
-        }
-        let message = sanitize(&message, LOG_LINE_BYTES);
-        let plugin = &*self.plugin;
-        match level {
-            log_if::Level::Debug => {
-                tracing::debug!(target: "plimsoll::plugin", plugin, "{message}")
-            }
-            log_if::Level::Info => tracing::info!(target: "plimsoll::plugin", plugin, "{message}"),
-            log_if::Level::Warn => tracing::warn!(target: "plimsoll::plugin", plugin, "{message}"),
-            log_if::Level::Error => {
-                tracing::error!(target: "plimsoll::plugin", plugin, "{message}")
-            }
-        }
+    let mut http_instance = linker.instance("plimsoll:provider/http@0.1.0")?;
+    http_instance.func_wrap_async(
+        "send",
+        |mut store: StoreContextMut<'_, PluginState>, (request,): (lazy::HttpRequest,)| {
+            Box::new(async move { Ok((http_send(&mut store, request).await,)) })
+        },
+    )?;
+    http_instance.func_wrap_async(
+        "allowed-origins",
+        |store: StoreContextMut<'_, PluginState>, (): ()| {
+            let origins = store.data().origins();
+            Box::new(async move { Ok((origins,)) })
+        },
+    )?;
+
+    let mut engine_instance = linker.instance("plimsoll:provider/container-engine@0.1.0")?;
+    engine_instance.func_wrap_async(
+        "run",
+        |mut store: StoreContextMut<'_, PluginState>,
+         (spec, stdin, timeout_ms, output_limit): (lazy::ContainerSpec, WasmList<u8>, u32, u32)| {
+            Box::new(async move { Ok((engine_run(&mut store, spec, stdin, timeout_ms, output_limit).await,)) })
+        },
+    )?;
+    Ok(())
+}
+
+fn plugin_log(
+    store: &mut StoreContextMut<'_, PluginState>,
+    level: log_if::Level,
+    message: &WasmStr,
+) {
+    let state = store.data_mut();
+    state.log_lines += 1;
+    if state.log_lines > LOG_LINES_PER_CALL {
+        return;
+    }
+    let plugin = state.plugin.clone();
+    // Read in place and cut to the line budget before copying anything.
+    let message = match message.to_str(store.as_context()) {
+        Ok(text) => sanitize(&text, LOG_LINE_BYTES),
+        Err(_) => return,
+    };
+    let plugin = &*plugin;
+    match level {
+        log_if::Level::Debug => tracing::debug!(target: "plimsoll::plugin", plugin, "{message}"),
+        log_if::Level::Info => tracing::info!(target: "plimsoll::plugin", plugin, "{message}"),
+        log_if::Level::Warn => tracing::warn!(target: "plimsoll::plugin", plugin, "{message}"),
+        log_if::Level::Error => tracing::error!(target: "plimsoll::plugin", plugin, "{message}"),
     }
 }
 
-impl http_if::Host for PluginState {
-    async fn send(
-        &mut self,
-        request: http_if::Request,
-    ) -> Result<http_if::Response, http_if::HttpError> {
-        let checked = http::check(
-            self.grants.http.as_ref(),
-            &request.method,
-            &request.url,
-            &request.headers,
-            request.body,
-        )
-        .map_err(|e| {
-            tracing::warn!(target: "plimsoll::plugin", plugin = &*self.plugin, rule = %e, "http request refused");
-            http_if::HttpError::Forbidden(e.to_string())
-        })?;
-        // From here on the request may reach the service: anything the
-        // plugin reports afterwards may follow execution.
-        self.dispatched = true;
-        match http::send(&self.client, checked).await {
-            Ok((status, headers, body)) => Ok(http_if::Response {
-                status,
-                headers,
-                body,
-            }),
-            Err(http::SendError::TooLarge) => Err(http_if::HttpError::TooLarge),
-            Err(http::SendError::Transport(why)) => Err(http_if::HttpError::Transport(why)),
-        }
-    }
+/// What one HTTP request's method, URL and headers may cost to copy.
+const HTTP_META_BYTES: usize = 64 << 10;
+const HTTP_MAX_HEADERS: usize = 64;
 
-    async fn allowed_origins(&mut self) -> Vec<String> {
-        self.origins()
+async fn http_send(
+    store: &mut StoreContextMut<'_, PluginState>,
+    request: lazy::HttpRequest,
+) -> Result<http_if::Response, http_if::HttpError> {
+    let plugin = store.data().plugin.clone();
+    let refuse = |rule: &str| {
+        tracing::warn!(target: "plimsoll::plugin", plugin = &*plugin, rule, "http request refused");
+        http_if::HttpError::Forbidden(rule.to_string())
+    };
+    let too_large = "the request's method, URL, headers or body are over the host's limits";
+    let mut budget = lazy::Budget::new(HTTP_META_BYTES, HTTP_MAX_HEADERS);
+    let method = budget
+        .string(store, &request.method)
+        .map_err(|_| refuse(too_large))?;
+    let url = budget
+        .string(store, &request.url)
+        .map_err(|_| refuse(too_large))?;
+    if request.headers.len() > HTTP_MAX_HEADERS {
+        return Err(refuse(too_large));
+    }
+    let mut headers = Vec::with_capacity(request.headers.len());
+    for i in 0..request.headers.len() {
+        let Some(Ok((name, value))) = request.headers.get(store.as_context_mut(), i) else {
+            return Err(refuse(too_large));
+        };
+        let name = budget.string(store, &name).map_err(|_| refuse(too_large))?;
+        let value = budget
+            .string(store, &value)
+            .map_err(|_| refuse(too_large))?;
+        headers.push((name, value));
+    }
+    let body = match &request.body {
+        None => None,
+        Some(b) => Some(
+            lazy::Budget::new(http::MAX_REQUEST_BODY, 0)
+                .bytes(store, b)
+                .map_err(|_| refuse(too_large))?,
+        ),
+    };
+    let grants = store.data().grants.clone();
+    let checked = http::check(grants.http.as_ref(), &method, &url, &headers, body)
+        .map_err(|e| refuse(&e.to_string()))?;
+    // From here on the request may reach the service: anything the plugin
+    // reports afterwards may follow execution.
+    store.data_mut().dispatched = true;
+    let client = store.data().client.clone();
+    match http::send(&client, checked).await {
+        Ok((status, headers, body)) => Ok(http_if::Response {
+            status,
+            headers,
+            body,
+        }),
+        Err(http::SendError::TooLarge) => Err(http_if::HttpError::TooLarge),
+        Err(http::SendError::Transport(why)) => Err(http_if::HttpError::Transport(why)),
+    }
+}
+
+/// What one container spec's strings may cost to copy, and how many.
+const SPEC_BYTES: usize = 256 << 10;
+const SPEC_ITEMS: usize = 512;
+
+async fn engine_run(
+    store: &mut StoreContextMut<'_, PluginState>,
+    spec: lazy::ContainerSpec,
+    stdin: WasmList<u8>,
+    timeout_ms: u32,
+    output_limit: u32,
+) -> Result<types::ProcessOutput, engine_if::EngineError> {
+    let plugin = store.data().plugin.clone();
+    let refuse = |rule: &str| {
+        tracing::warn!(target: "plimsoll::plugin", plugin = &*plugin, rule, "container spec refused");
+        engine_if::EngineError::Forbidden(rule.to_string())
+    };
+    let grants = store.data().grants.clone();
+    let Some((policy, container_engine)) = grants.container_engine.as_ref() else {
+        return Err(refuse(
+            "this plugin was not granted the container-engine capability",
+        ));
+    };
+    let too_large = "the container spec or its input is over the host's limits";
+    let mut b = lazy::Budget::new(SPEC_BYTES, SPEC_ITEMS);
+    let image = b
+        .string(store, &spec.image)
+        .map_err(|_| refuse(too_large))?;
+    let command = b
+        .strings(store, &spec.command)
+        .map_err(|_| refuse(too_large))?;
+    let env = b.strings(store, &spec.env).map_err(|_| refuse(too_large))?;
+    let user = b.string(store, &spec.user).map_err(|_| refuse(too_large))?;
+    let network = b
+        .string(store, &spec.network)
+        .map_err(|_| refuse(too_large))?;
+    let cap_add = b
+        .strings(store, &spec.cap_add)
+        .map_err(|_| refuse(too_large))?;
+    let runtime = b
+        .string(store, &spec.runtime)
+        .map_err(|_| refuse(too_large))?;
+    let host_namespaces = b
+        .strings(store, &spec.host_namespaces)
+        .map_err(|_| refuse(too_large))?;
+    let mounts = b
+        .strings(store, &spec.mounts)
+        .map_err(|_| refuse(too_large))?;
+    let view = engine_policy::Spec {
+        image: &image,
+        command: &command,
+        env: &env,
+        user: &user,
+        read_only_root: spec.read_only_root,
+        network: &network,
+        privileged: spec.privileged,
+        cap_add: &cap_add,
+        runtime: &runtime,
+        host_namespaces: &host_namespaces,
+        mounts: &mounts,
+    };
+    if let Err(rule) = engine_policy::check(&view, policy) {
+        return Err(refuse(rule));
+    }
+    let stdin = lazy::Budget::new(MAX_CONTAINER_STDIN, 0)
+        .bytes(store, &stdin)
+        .map_err(|_| refuse(too_large))?;
+    // The container gets what is left of the call, less a moment for the
+    // plugin to report what it did before the call itself ends.
+    let remaining = store
+        .data()
+        .ends
+        .saturating_duration_since(std::time::Instant::now())
+        .saturating_sub(REPORT_MARGIN);
+    let timeout = Duration::from_millis(u64::from(timeout_ms))
+        .min(MAX_CONTAINER_TIME)
+        .min(remaining);
+    let limit = (output_limit as usize).min(MAX_CONTAINER_OUTPUT);
+    // Marked before the engine is asked: if this call is abandoned at its
+    // deadline while the container runs, the host must not later claim that
+    // nothing ran.
+    store.data_mut().dispatched = true;
+    let approved = engine::Approved {
+        image,
+        command,
+        env,
+        user,
+    };
+    match container_engine.run(approved, stdin, timeout, limit).await {
+        Ok(out) => Ok(types::ProcessOutput {
+            stdout: out.stdout,
+            stderr: out.stderr,
+            exit_code: out.exit_code,
+            timed_out: out.timed_out,
+            stdout_truncated: out.stdout_truncated,
+            stderr_truncated: out.stderr_truncated,
+        }),
+        Err(engine::EngineFailure::BeforeStart(why) | engine::EngineFailure::AfterStart(why)) => {
+            Err(engine_if::EngineError::Engine(why))
+        }
     }
 }
 
@@ -677,79 +918,6 @@ impl PluginState {
             .as_ref()
             .map(|g| g.origins.iter().map(http::Origin::display).collect())
             .unwrap_or_default()
-    }
-}
-
-impl engine_if::Host for PluginState {
-    async fn run(
-        &mut self,
-        spec: engine_if::ContainerSpec,
-        stdin: Vec<u8>,
-        timeout_ms: u32,
-        output_limit: u32,
-    ) -> Result<types::ProcessOutput, engine_if::EngineError> {
-        let Some((policy, container_engine)) = self.grants.container_engine.as_ref() else {
-            tracing::warn!(target: "plimsoll::plugin", plugin = &*self.plugin, "container-engine call from a plugin without the grant");
-            return Err(engine_if::EngineError::Forbidden(
-                "this plugin was not granted the container-engine capability".into(),
-            ));
-        };
-        let view = engine_policy::Spec {
-            image: &spec.image,
-            command: &spec.command,
-            env: &spec.env,
-            user: &spec.user,
-            read_only_root: spec.read_only_root,
-            network: &spec.network,
-            privileged: spec.privileged,
-            cap_add: &spec.cap_add,
-            runtime: &spec.runtime,
-            host_namespaces: &spec.host_namespaces,
-            mounts: &spec.mounts,
-        };
-        if let Err(rule) = engine_policy::check(&view, policy) {
-            tracing::warn!(target: "plimsoll::plugin", plugin = &*self.plugin, rule, "container spec refused");
-            return Err(engine_if::EngineError::Forbidden(rule.into()));
-        }
-        let container_engine = container_engine.clone();
-        let approved = engine::Approved {
-            image: spec.image,
-            command: spec.command,
-            env: spec.env,
-            user: spec.user,
-        };
-        // The container gets what is left of the call, less a moment for the
-        // plugin to report what it did before the call itself ends.
-        let remaining = self
-            .ends
-            .saturating_duration_since(std::time::Instant::now())
-            .saturating_sub(REPORT_MARGIN);
-        let timeout = Duration::from_millis(u64::from(timeout_ms))
-            .min(MAX_CONTAINER_TIME)
-            .min(remaining);
-        if stdin.len() > MAX_CONTAINER_STDIN {
-            return Err(engine_if::EngineError::Forbidden(
-                "container stdin is limited to 8 MiB".into(),
-            ));
-        }
-        let limit = (output_limit as usize).min(MAX_CONTAINER_OUTPUT);
-        // Marked before the engine is asked: if this call is abandoned at its
-        // deadline while the container runs, the host must not later claim
-        // that nothing ran.
-        self.dispatched = true;
-        match container_engine.run(approved, stdin, timeout, limit).await {
-            Ok(out) => Ok(types::ProcessOutput {
-                stdout: out.stdout,
-                stderr: out.stderr,
-                exit_code: out.exit_code,
-                timed_out: out.timed_out,
-                stdout_truncated: out.stdout_truncated,
-                stderr_truncated: out.stderr_truncated,
-            }),
-            Err(
-                engine::EngineFailure::BeforeStart(why) | engine::EngineFailure::AfterStart(why),
-            ) => Err(engine_if::EngineError::Engine(why)),
-        }
     }
 }
 
@@ -791,27 +959,5 @@ mod tests {
         ] {
             assert!(!valid_name(bad), "{bad}");
         }
-    }
-
-    #[test]
-    fn output_is_recapped() {
-        let out = types::ProcessOutput {
-            stdout: vec![b'a'; 10],
-            stderr: vec![b'b'; 3],
-            exit_code: 0,
-            timed_out: false,
-            stdout_truncated: false,
-            stderr_truncated: false,
-        };
-        let c = cap_output(out, 5);
-        assert_eq!(
-            (
-                c.stdout.len(),
-                c.stdout_truncated,
-                c.stderr.len(),
-                c.stderr_truncated
-            ),
-            (5, true, 3, false)
-        );
     }
 }
