@@ -69,14 +69,20 @@ async fn the_example_plugin_runs_a_snippet_end_to_end() {
         a.body["record"]["policy"],
         format!("plugin:sha256:{sha}").as_str()
     );
-    // It really ran upstream: the upstream audited it.
-    assert!(
-        upstream
-            .log_lines()
-            .iter()
-            .any(|l| l.contains("plimsoll::audit")),
-        "upstream never ran it"
-    );
+    // It really ran upstream: the upstream audited it (its log arrives on
+    // its own thread, so wait for the line rather than race it).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !upstream
+        .log_lines()
+        .iter()
+        .any(|l| l.contains("plimsoll::audit"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "upstream never ran it"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 
     // The host's floor check uses the host's evidence.
     let mut req = js_run("console.log('no')");
@@ -204,6 +210,9 @@ async fn every_forbidden_container_spec_is_refused() {
         }
     }
     // Each refusal is in the operator's log, naming the rule, not the spec.
+    // (Log lines arrive on their own thread; the sentinel's line comes after
+    // every line logged before it.)
+    d.audit_after_sentinel().await;
     let refused = d
         .log_lines()
         .iter()
@@ -231,6 +240,7 @@ async fn every_off_list_request_is_refused_before_it_leaves() {
         0,
         "a refused request reached the server"
     );
+    d.audit_after_sentinel().await;
     assert!(
         d.log_lines()
             .iter()

@@ -51,6 +51,12 @@ impl MemoryCap {
     }
 }
 
+/// A store-wide total after one of its memories or tables goes from
+/// `current` to `desired`.
+fn regrown(total: usize, current: usize, desired: usize) -> usize {
+    total.saturating_sub(current).saturating_add(desired)
+}
+
 impl ResourceLimiter for MemoryCap {
     fn memory_growing(
         &mut self,
@@ -58,10 +64,7 @@ impl ResourceLimiter for MemoryCap {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let total = self
-            .memory_total
-            .saturating_sub(current)
-            .saturating_add(desired);
+        let total = regrown(self.memory_total, current, desired);
         if total > self.limit {
             self.denied = true;
             return Err(wasmtime::Error::msg("memory limit reached"));
@@ -76,10 +79,7 @@ impl ResourceLimiter for MemoryCap {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let total = self
-            .table_total
-            .saturating_sub(current)
-            .saturating_add(desired);
+        let total = regrown(self.table_total, current, desired);
         if total > MAX_TABLE_ELEMENTS {
             return Ok(false);
         }
