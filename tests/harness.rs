@@ -96,13 +96,63 @@ pub fn busybox_image() -> String {
     .clone()
 }
 
-/// Containers the host created that still exist (by its label).
+/// Containers the host created that still exist: its label, and the
+/// `plimsoll-` names it gives them (tests that plant labelled containers of
+/// their own name them otherwise).
 pub fn leftover_containers() -> usize {
     let out = Command::new("docker")
-        .args(["ps", "-aq", "--filter", "label=io.plimsoll.run"])
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            "label=io.plimsoll.run",
+            "--format",
+            "{{.Names}}",
+        ])
         .output()
         .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout).lines().count()
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|n| n.starts_with("plimsoll-"))
+        .count()
+}
+
+/// Whether a container of this name exists.
+pub fn container_exists(name: &str) -> bool {
+    Command::new("docker")
+        .args(["inspect", name])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Starts a long-running, labelled container the way a crashed daemon
+/// would have left one, expiring at `expires` (unix seconds).
+pub fn plant_container(name: &str, image: &str, expires: u64) {
+    let status = Command::new("docker")
+        .args([
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            "none",
+            "--label",
+            "io.plimsoll.run=1",
+            "--label",
+            &format!("io.plimsoll.expires={expires}"),
+            image,
+            "/bin/busybox",
+            "sleep",
+            "300",
+        ])
+        .output()
+        .expect("docker run");
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
 }
 
 /// The guest component the daemon embeds, for checking reported identities.

@@ -448,3 +448,36 @@ async fn oversized_plugin_values_are_refused_before_they_are_copied() {
     assert_eq!(hits.load(Ordering::SeqCst), 0);
     assert_eq!(call(&d, "Run", &js_run("wasi-probe")).await.status, 200);
 }
+
+#[tokio::test]
+async fn containers_left_past_their_expiry_are_swept_and_live_ones_kept() {
+    let image = plimsoll_tests::busybox_image();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let (expired, live) = (
+        format!("sweep-expired-{}", std::process::id()),
+        format!("sweep-live-{}", std::process::id()),
+    );
+    plimsoll_tests::plant_container(&expired, &image, now - 10);
+    plimsoll_tests::plant_container(&live, &image, now + 3600);
+    let (origin, _) = recording_server().await;
+    let _d = hostile(&origin);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while plimsoll_tests::container_exists(&expired) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the expired container was not swept"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // One another daemon may still be running is left alone.
+    assert!(
+        plimsoll_tests::container_exists(&live),
+        "a live container was swept"
+    );
+    let _ = std::process::Command::new("docker")
+        .args(["rm", "-f", &live])
+        .output();
+}

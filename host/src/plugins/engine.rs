@@ -18,7 +18,7 @@ use bollard::container::LogOutput;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, KillContainerOptionsBuilder,
-    RemoveContainerOptionsBuilder, WaitContainerOptions,
+    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, WaitContainerOptions,
 };
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
@@ -94,6 +94,70 @@ impl ContainerEngine {
             }
         }
         Ok(ContainerEngine { docker, envelope })
+    }
+
+    /// Removes every container this host's label marks whose expiry has
+    /// passed: the ones a daemon that crashed, or was killed mid-run, left
+    /// behind. Expiry, not mere presence, decides, so a second daemon on the
+    /// same engine never loses a container it is still running. Returns how
+    /// many were removed.
+    pub async fn sweep(&self) -> Result<usize, String> {
+        let filters = HashMap::from([("label", vec![format!("{LABEL}=1")])]);
+        let options = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let found = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| short(&e))?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut removed = 0;
+        for c in found {
+            let expires = c
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(EXPIRES_LABEL))
+                .and_then(|v| v.parse::<u64>().ok())
+                // A container with our run label but no readable expiry is
+                // not one this host made whole; it is old enough to go.
+                .unwrap_or(0);
+            let Some(id) = c.id else { continue };
+            if expires <= now {
+                let remove = RemoveContainerOptionsBuilder::default().force(true).build();
+                if self
+                    .docker
+                    .remove_container(&id, Some(remove))
+                    .await
+                    .is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Sweeps now and then every `every`, for the daemon's life.
+    pub fn spawn_sweeper(&self, every: Duration) {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            loop {
+                match engine.sweep().await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::warn!(removed = n, "removed run containers left past their expiry")
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "sweeping for leftover run containers failed")
+                    }
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
     }
 
     /// Runs one approved container to completion or its deadline.

@@ -168,6 +168,8 @@ struct Grants {
 const MAX_CONTAINER_TIME: Duration = Duration::from_secs(120);
 /// Most output kept per stream of a container, whatever the plugin asks.
 const MAX_CONTAINER_OUTPUT: usize = 1 << 20;
+/// How often the host looks for run containers left past their expiry.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// Time a plugin keeps, after its container's deadline, to report on it.
 const REPORT_MARGIN: Duration = Duration::from_secs(1);
 /// Most input a plugin may feed a container.
@@ -277,6 +279,9 @@ impl PluginProvider {
                 let connected = engine::ContainerEngine::connect(envelope)
                     .await
                     .map_err(PluginError::Engine)?;
+                // Leftovers of an earlier daemon are removed before the first
+                // run, and every minute after.
+                connected.spawn_sweeper(SWEEP_EVERY);
                 Some((policy.clone(), connected))
             }
         };
