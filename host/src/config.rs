@@ -80,17 +80,17 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "SANDBOX_CPUS",
         "(unset)",
-        "per-run CPUs; not enforceable by the wasm provider, which refuses it",
+        "per-run CPUs; not enforceable by the wasm or plugin providers, which refuse it",
     ),
     (
         "SANDBOX_PIDS",
         "(unset)",
-        "per-run process limit; not enforceable by the wasm provider, which refuses it",
+        "per-run process limit; not enforceable by the wasm or plugin providers, which refuse it",
     ),
     (
         "SANDBOX_DISK_MB",
         "(unset)",
-        "per-run disk budget; not enforceable by the wasm provider, which refuses it",
+        "per-run disk budget; not enforceable by the wasm or plugin providers, which refuse it",
     ),
 ];
 
@@ -251,10 +251,14 @@ impl Config {
             }
         }
 
+        // The variable an operator named to hold the API key is read, not
+        // unknown, whatever its name.
+        let key_var = get("SANDBOX_PLUGIN_API_KEY_ENV");
         let unknown = vars
             .keys()
             .filter(|k| k.starts_with("PLIMSOLL_") || k.starts_with("SANDBOX_"))
             .filter(|k| !VARIABLES.iter().any(|(name, _, _)| name == k))
+            .filter(|k| Some(k.as_str()) != key_var)
             .cloned()
             .collect();
 
@@ -518,6 +522,15 @@ mod tests {
             ]))
             .is_err()
         );
+        // A key variable with our prefix is read, so not reported as unknown.
+        let c = Config::from_map(&env(&[
+            ("SANDBOX_PROVIDER", "remote-plimsoll"),
+            ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),
+            ("SANDBOX_PLUGIN_API_KEY_ENV", "PLIMSOLL_UPSTREAM_KEY"),
+            ("PLIMSOLL_UPSTREAM_KEY", "k"),
+        ]))
+        .expect("valid");
+        assert!(c.unknown.is_empty(), "{:?}", c.unknown);
         // The debug form of the whole configuration never shows the key.
         let shown = format!(
             "{:?}",
