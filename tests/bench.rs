@@ -54,27 +54,13 @@ async fn http(d: &Daemon, n: usize) {
     let url = d.url("/plimsoll.v1.SandboxService/Run");
     let body = serde_json::to_vec(&js_run(SNIPPET)).expect("json");
     for _ in 0..200 {
-        c.post(&url)
-            .header("content-type", "application/json")
-            .body(body.clone())
-            .send()
-            .await
-            .ok();
+        timed_run(&c, &url, &body).await;
     }
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
-        let t = Instant::now();
-        let r = c
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body.clone())
-            .send()
-            .await
-            .expect("sent");
-        let status = r.status();
-        let _ = r.bytes().await.expect("body");
-        v.push(t.elapsed());
-        assert!(status.is_success());
+        let (elapsed, ok) = timed_run(&c, &url, &body).await;
+        assert!(ok, "a benchmark run was refused");
+        v.push(elapsed);
     }
     summary("HTTP Run, 1 client, keep-alive", v);
 }
@@ -94,20 +80,9 @@ async fn throughput(d: &Daemon, clients: usize, per_client: usize) {
             let mut v = Vec::with_capacity(per_client);
             let mut refused = 0usize;
             for _ in 0..per_client {
-                let t = Instant::now();
-                let r = c
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(body.clone())
-                    .send()
-                    .await
-                    .expect("sent");
-                let ok = r.status().is_success();
-                let _ = r.bytes().await;
-                if ok {
-                    v.push(t.elapsed())
-                } else {
-                    refused += 1
+                match timed_run(&c, &url, &body).await {
+                    (elapsed, true) => v.push(elapsed),
+                    (_, false) => refused += 1,
                 }
             }
             (v, refused)
@@ -127,6 +102,22 @@ async fn throughput(d: &Daemon, clients: usize, per_client: usize) {
         all.len() as f64 / secs
     );
     summary(&format!("  latency under {clients} clients"), all);
+}
+
+/// One Run over HTTP, answer read to the end: its latency and whether it
+/// succeeded.
+async fn timed_run(c: &reqwest::Client, url: &str, body: &[u8]) -> (Duration, bool) {
+    let t = Instant::now();
+    let r = c
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_vec())
+        .send()
+        .await
+        .expect("sent");
+    let ok = r.status().is_success();
+    let _ = r.bytes().await;
+    (t.elapsed(), ok)
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {

@@ -13,9 +13,6 @@ use plimsoll::providers::{Provider, wasm::WasmProvider};
 use plimsoll::tier::Tier;
 use plimsoll::{Daemon, api};
 
-/// Output cap per stream for a JavaScript run.
-const OUTPUT_LIMIT: usize = 64 << 10;
-
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
@@ -88,12 +85,11 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             tracing::warn!(
                 "the wasm provider is process-tier: an engine escape lands in this daemon; never use it for hostile code"
             );
-            let (memory_mb, max) = (cfg.memory_mb, cfg.max_concurrent);
-            let w = tokio::task::spawn_blocking(move || {
-                WasmProvider::new(memory_mb, max, OUTPUT_LIMIT)
-            })
-            .await??;
-            (Provider::Wasm(w), Limits::wasm(cfg.max_concurrent))
+            let limits = Limits::wasm(cfg.max_concurrent);
+            let (memory_mb, max, output) = (cfg.memory_mb, cfg.max_concurrent, limits.output_limit);
+            let w = tokio::task::spawn_blocking(move || WasmProvider::new(memory_mb, max, output))
+                .await??;
+            (Provider::Wasm(w), limits)
         }
         ProviderKind::Plugin(name) => {
             let settings = cfg.plugin.clone();

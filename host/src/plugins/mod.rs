@@ -125,7 +125,6 @@ pub struct Described {
     pub claimed_tier: Tier,
     pub environment: String,
     pub runs_javascript: bool,
-    pub runs_projects: bool,
     pub languages: Vec<String>,
 }
 
@@ -145,6 +144,7 @@ pub struct PluginProvider {
 
 /// Where the adapter's exports are, found once per component.
 struct AdapterExports {
+    describe: ComponentExportIndex,
     preflight: ComponentExportIndex,
     run: ComponentExportIndex,
 }
@@ -152,9 +152,14 @@ struct AdapterExports {
 impl AdapterExports {
     fn find(component: &Component) -> Option<AdapterExports> {
         let (_, adapter) = component.get_export(None, "plimsoll:provider/adapter@0.1.0")?;
+        let (_, describe) = component.get_export(Some(&adapter), "describe")?;
         let (_, preflight) = component.get_export(Some(&adapter), "preflight")?;
         let (_, run) = component.get_export(Some(&adapter), "run")?;
-        Some(AdapterExports { preflight, run })
+        Some(AdapterExports {
+            describe,
+            preflight,
+            run,
+        })
     }
 }
 
@@ -295,7 +300,6 @@ impl PluginProvider {
                 claimed_tier: Tier::Process,
                 environment: String::new(),
                 runs_javascript: false,
-                runs_projects: false,
                 languages: vec![],
             },
             tier: Tier::None,
@@ -319,7 +323,6 @@ impl PluginProvider {
             claimed_tier: tier_of(d.tier),
             environment: sanitize(&d.environment, 256),
             runs_javascript: d.payloads.contains(&types::PayloadKind::Javascript),
-            runs_projects: d.payloads.contains(&types::PayloadKind::Project),
             languages: vec![],
         };
         provider.tier = effective_tier(
@@ -392,45 +395,69 @@ impl PluginProvider {
     async fn describe(&self) -> Result<types::Description, PluginError> {
         let mut store = self.store(DESCRIBE_TIMEOUT);
         let fail = |e: String| PluginError::Describe(self.name.to_string(), e);
-        let result = tokio::time::timeout(DESCRIBE_TIMEOUT + Duration::from_secs(1), async {
-            let plugin = self.pre.instantiate_async(&mut store).await?;
-            plugin
-                .plimsoll_provider_adapter()
-                .call_describe(&mut store)
-                .await
-        })
-        .await;
+        let result = self
+            .call::<(), (types::Description,)>(
+                &mut store,
+                DESCRIBE_TIMEOUT,
+                self.exports.describe,
+                (),
+            )
+            .await;
         match result {
-            Ok(Ok(d)) => Ok(d),
+            Ok(Ok((d,))) => Ok(d),
             Ok(Err(e)) => Err(fail(classify(&e, &store))),
             Err(_) => Err(fail("timed out".into())),
         }
     }
 
-    /// An instance of the plugin and one of its adapter exports, typed with
-    /// lazy results (see `lazy`).
-    async fn instance(
+    /// One call into a fresh instance's adapter export. The store's epoch
+    /// deadline stops the plugin's own code; this wall-clock backstop, a
+    /// second past it, also bounds time spent inside host functions.
+    async fn call<P, R>(
         &self,
         store: &mut Store<PluginState>,
-    ) -> wasmtime::Result<wasmtime::component::Instance> {
-        self.pre.instance_pre().instantiate_async(store).await
+        limit: Duration,
+        export: ComponentExportIndex,
+        params: P,
+    ) -> Result<wasmtime::Result<R>, tokio::time::error::Elapsed>
+    where
+        P: wasmtime::component::ComponentNamedList
+            + wasmtime::component::Lower
+            + Send
+            + Sync
+            + 'static,
+        R: wasmtime::component::ComponentNamedList
+            + wasmtime::component::Lift
+            + Send
+            + Sync
+            + 'static,
+    {
+        tokio::time::timeout(limit + Duration::from_secs(1), async {
+            let instance = self
+                .pre
+                .instance_pre()
+                .instantiate_async(&mut *store)
+                .await?;
+            let f = instance.get_typed_func::<P, R>(&mut *store, export)?;
+            f.call_async(&mut *store, params).await
+        })
+        .await
     }
 
     async fn preflight(&self) -> Result<(Vec<String>, Vec<String>), PluginError> {
         let mut store = self.store(PREFLIGHT_TIMEOUT);
         let fail = |e: String| PluginError::Preflight(self.name.to_string(), e);
-        let result = tokio::time::timeout(PREFLIGHT_TIMEOUT + Duration::from_secs(1), async {
-            let instance = self.instance(&mut store).await?;
-            let f = instance.get_typed_func::<(), (Result<lazy::PreflightReport, WasmStr>,)>(
+        let result = self
+            .call::<(), (Result<lazy::PreflightReport, WasmStr>,)>(
                 &mut store,
+                PREFLIGHT_TIMEOUT,
                 self.exports.preflight,
-            )?;
-            Ok::<_, wasmtime::Error>(f.call_async(&mut store, ()).await?.0)
-        })
-        .await;
+                (),
+            )
+            .await;
         let report = match result {
-            Ok(Ok(Ok(report))) => report,
-            Ok(Ok(Err(why))) => {
+            Ok(Ok((Ok(report),))) => report,
+            Ok(Ok((Err(why),))) => {
                 return Err(fail(read_text(
                     &mut store.as_context_mut(),
                     &why,
@@ -468,16 +495,15 @@ impl PluginProvider {
             output_limit: u32::try_from(output_limit).unwrap_or(u32::MAX),
             payload: types::Payload::Javascript(code),
         };
-        let outcome = tokio::time::timeout(deadline + Duration::from_secs(1), async {
-            let instance = self.instance(&mut store).await?;
-            let f = instance
-                .get_typed_func::<(types::RunRequest,), (Result<lazy::RunResult, lazy::RunError>,)>(
-                    &mut store,
-                    self.exports.run,
-                )?;
-            Ok::<_, wasmtime::Error>(f.call_async(&mut store, (request,)).await?.0)
-        })
-        .await;
+        let outcome = self
+            .call::<(types::RunRequest,), (Result<lazy::RunResult, lazy::RunError>,)>(
+                &mut store,
+                deadline,
+                self.exports.run,
+                (request,),
+            )
+            .await
+            .map(|r| r.map(|(r,)| r));
         let dispatched = store.data().dispatched;
         let logged = store.data().log_lines;
         if logged > LOG_LINES_PER_CALL {
