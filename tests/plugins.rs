@@ -248,6 +248,19 @@ async fn every_off_list_request_is_refused_before_it_leaves() {
             .count()
             >= lines.len()
     );
+    // The log names the rule broken, never what the plugin sent: none of the
+    // URLs, hosts or header values it tried appears in it.
+    let log = d.log_lines().join("\n");
+    for canary in [
+        "evil.example",
+        "169.254.169.254",
+        "etc/passwd",
+        "stolen",
+        "X-Injected",
+        "user:pw",
+    ] {
+        assert!(!log.contains(canary), "{canary} reached the log");
+    }
 }
 
 #[tokio::test]
