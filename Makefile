@@ -14,10 +14,15 @@ PLIMSOLLD := $(CARGO_TARGET_DIR)/release/plimsolld
 export PLIMSOLLD_BIN := $(PLIMSOLLD)
 export PLIMSOLL_GUEST_JS_WASM := $(GUEST_WASM)
 
-.PHONY: setup guest build demo test audit bench clean
+.PHONY: setup image guest build demo test audit bench bench-docker clean
 
 setup:
 	@scripts/setup.sh
+
+# The guest image the docker provider runs (Debian with node and python3),
+# built locally: no registry is reachable. Kept if it exists.
+image: setup
+	images/build-sandbox-image.sh
 
 # Every component in one cargo call: the QuickJS guest (which the host
 # embeds, see host/build.rs), the shipped provider plugins, and the test
@@ -26,7 +31,7 @@ setup:
 # default.
 guest: setup
 	$(CARGO) build --target wasm32-wasip2 --profile guest \
-		-p plimsoll-guest-js -p plimsoll-plugin-remote-plimsoll -p plimsoll-fixture-hostile
+		-p plimsoll-guest-js -p plimsoll-plugin-docker -p plimsoll-plugin-remote-plimsoll -p plimsoll-fixture-hostile
 	mkdir -p $(CARGO_TARGET_DIR)/plugins $(CARGO_TARGET_DIR)/test-plugins
 	cp $(WASM_OUT)/plimsoll_plugin_remote_plimsoll.wasm $(CARGO_TARGET_DIR)/plugins/remote-plimsoll.wasm
 	cp $(WASM_OUT)/plimsoll_fixture_hostile.wasm $(CARGO_TARGET_DIR)/test-plugins/hostile.wasm
@@ -37,19 +42,26 @@ build: guest
 demo: build
 	@scripts/demo.sh examples/hello.js
 
-test: build
+test: build image
 	$(CARGO) test --release -p plimsoll-host -p plimsoll-tests
 	.venv/bin/python -m pytest -q tests/compat
+	@left=$$(docker ps -aq --filter label=io.plimsoll.run | wc -l); \
+	if [ "$$left" -ne 0 ]; then echo "test: $$left run containers were left behind" >&2; exit 1; fi
 
 audit: guest
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release -p plimsoll-host -p plimsoll-tests --all-targets -- -D warnings
 	$(CARGO) clippy --target wasm32-wasip2 --profile guest \
-		-p plimsoll-guest-js -p plimsoll-plugin-remote-plimsoll -p plimsoll-fixture-hostile -- -D warnings
+		-p plimsoll-guest-js -p plimsoll-plugin-docker -p plimsoll-plugin-remote-plimsoll -p plimsoll-fixture-hostile -- -D warnings
 	$(MAKE) test
 
 bench: build
 	$(CARGO_TARGET_DIR)/release/plimsoll-bench
+
+# The docker provider beside plain `docker run --rm` of the same image and
+# snippet, under runc and runsc (docs/benchmarks.md).
+bench-docker: build image
+	.venv/bin/python scripts/bench_docker.py
 
 clean:
 	$(CARGO) clean

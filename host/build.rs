@@ -1,12 +1,26 @@
-//! Locates the QuickJS guest component that `make guest` built, so the
-//! daemon can embed it: the wasm provider then runs exactly the bytes whose
-//! digest it reports, with no file that could be swapped at run time.
+//! Locates the components that `make guest` built, so the daemon can embed
+//! them: the QuickJS guest (the wasm provider) and the docker adapter (the
+//! docker provider). The daemon then runs exactly the bytes whose digests it
+//! reports, with no file that could be swapped at run time.
 
 use std::path::PathBuf;
 
 fn main() {
-    println!("cargo:rerun-if-env-changed=PLIMSOLL_GUEST_JS_WASM");
-    let path = match std::env::var_os("PLIMSOLL_GUEST_JS_WASM") {
+    embed(
+        "PLIMSOLL_GUEST_JS_WASM",
+        "plimsoll_guest_js.wasm",
+        "the QuickJS guest component",
+    );
+    embed(
+        "PLIMSOLL_DOCKER_PLUGIN_WASM",
+        "plimsoll_plugin_docker.wasm",
+        "the docker adapter component",
+    );
+}
+
+fn embed(var: &str, file: &str, what: &str) {
+    println!("cargo:rerun-if-env-changed={var}");
+    let path = match std::env::var_os(var) {
         Some(p) => PathBuf::from(p),
         None => {
             // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
@@ -16,19 +30,16 @@ fn main() {
                 .nth(4)
                 .expect("OUT_DIR is inside the target directory")
                 .to_path_buf();
-            target
-                .join("wasm32-wasip2")
-                .join("guest")
-                .join("plimsoll_guest_js.wasm")
+            target.join("wasm32-wasip2").join("guest").join(file)
         }
     };
     if !path.is_file() {
         panic!(
-            "the QuickJS guest component is missing at {}.\n\
+            "{what} is missing at {}.\n\
              Build it first with `make guest` (the Makefile builds it before the host).",
             path.display()
         );
     }
     println!("cargo:rerun-if-changed={}", path.display());
-    println!("cargo:rustc-env=PLIMSOLL_GUEST_JS_WASM={}", path.display());
+    println!("cargo:rustc-env={var}={}", path.display());
 }

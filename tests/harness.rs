@@ -96,6 +96,47 @@ pub fn busybox_image() -> String {
     .clone()
 }
 
+/// The content-addressed ID of the guest image (Debian with node and
+/// python3), built by `make image` (images/build-sandbox-image.sh). Fails the
+/// test when it is missing or no docker engine answers: docker tests never
+/// skip themselves into a pass.
+pub fn sandbox_image() -> String {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let out = Command::new("docker")
+            .args(["image", "inspect", SANDBOX_TAG, "--format", "{{.Id}}"])
+            .output()
+            .expect("running the docker CLI");
+        assert!(
+            out.status.success(),
+            "the guest image {SANDBOX_TAG} is missing or docker is down (make image builds it): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .expect("utf-8")
+            .trim()
+            .to_string()
+    })
+    .clone()
+}
+
+/// Containers a given daemon (by process ID) created that still exist.
+pub fn containers_of(pid: u32) -> usize {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=io.plimsoll.owner={pid}"),
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// The tag `make image` gives the guest image.
+pub const SANDBOX_TAG: &str = "plimsoll/sandbox:bookworm";
+
 /// Containers the host created that still exist: its label, and the
 /// `plimsoll-` names it gives them (tests that plant labelled containers of
 /// their own name them otherwise).
@@ -278,7 +319,19 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// SIGTERM first, as an operator stops it, so the daemon removes what it
+    /// holds (warm containers); SIGKILL if it has not exited in 20 s.
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

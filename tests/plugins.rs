@@ -102,6 +102,10 @@ async fn the_operator_caps_what_a_plugin_may_claim() {
         ("PLIMSOLL_PLUGIN_DIR", dir.as_str()),
         ("SANDBOX_PLUGIN_HTTP_ORIGINS", origin.as_str()),
         ("SANDBOX_PLUGIN_CONTAINER_ENGINE", "1"),
+        (
+            "SANDBOX_DOCKER_IMAGE",
+            plimsoll_tests::sandbox_image().as_str(),
+        ),
         ("SANDBOX_PLUGIN_MAX_TIER", "vm"),
     ]);
     let info = call(&d, "Describe", &json!({})).await;
@@ -178,11 +182,14 @@ fn a_plugin_importing_an_ungranted_capability_is_refused_at_start() {
 
 fn hostile(origin: &str) -> Daemon {
     let dir = test_plugin_dir().display().to_string();
+    let image = plimsoll_tests::sandbox_image();
     Daemon::start(&[
         ("SANDBOX_PROVIDER", "hostile"),
         ("PLIMSOLL_PLUGIN_DIR", dir.as_str()),
         ("SANDBOX_PLUGIN_HTTP_ORIGINS", origin),
         ("SANDBOX_PLUGIN_CONTAINER_ENGINE", "1"),
+        ("SANDBOX_DOCKER_IMAGE", image.as_str()),
+        ("SANDBOX_DOCKER_POOL", "0"),
         ("SANDBOX_MEMORY_MB", "64"),
     ])
 }
@@ -359,10 +366,9 @@ async fn a_misbehaving_plugin_fails_one_call_and_nothing_else() {
 
 #[tokio::test]
 async fn a_compliant_container_runs_for_real_inside_the_envelope_and_is_removed() {
-    let image = plimsoll_tests::busybox_image();
     let (origin, _) = recording_server().await;
     let d = hostile(&origin);
-    let a = call(&d, "Run", &js_run(&format!("engine-run {image}"))).await;
+    let a = call(&d, "Run", &js_run("engine-run")).await;
     assert_eq!(a.status, 200, "{:?}", a.body);
     // stdin reached it; it ran as 61000 on a read-only root; streams and the
     // exit code came back separately.
@@ -373,7 +379,7 @@ async fn a_compliant_container_runs_for_real_inside_the_envelope_and_is_removed(
     // A container that asks for a minute is held to the run's own deadline
     // (1 s plus the 2 s call margin): killed, reported, and removed.
     let t = std::time::Instant::now();
-    let mut req = js_run(&format!("engine-sleep {image}"));
+    let mut req = js_run("engine-sleep");
     req["timeoutMs"] = json!(1000);
     let a = call(&d, "Run", &req).await;
     assert_eq!(a.body["javascript"]["timedOut"], true, "{:?}", a.body);
@@ -383,8 +389,10 @@ async fn a_compliant_container_runs_for_real_inside_the_envelope_and_is_removed(
         "{:?}",
         t.elapsed()
     );
+    // This daemon's containers only: other tests run containers meanwhile.
+    let pid = d.pid().expect("pid");
     assert_eq!(
-        plimsoll_tests::leftover_containers(),
+        plimsoll_tests::containers_of(pid),
         0,
         "a run container was left behind"
     );

@@ -27,6 +27,9 @@ const MAX_TRACE_ID: usize = 64;
 pub struct Limits {
     pub default_timeout: Duration,
     pub max_timeout: Duration,
+    /// Projects run several steps and get a larger budget.
+    pub project_default_timeout: Duration,
+    pub project_max_timeout: Duration,
     pub max_concurrent: u32,
     /// Bytes kept per output stream.
     pub output_limit: usize,
@@ -38,9 +41,17 @@ impl Limits {
         Limits {
             default_timeout: Duration::from_secs(5),
             max_timeout: Duration::from_secs(30),
+            project_default_timeout: Duration::from_secs(30),
+            project_max_timeout: Duration::from_secs(120),
             max_concurrent,
             output_limit: 64 << 10,
         }
+    }
+
+    /// Providers that run containers: snippets as for wasm (5 s, at most
+    /// 30 s), projects 30 s by default and at most 120 s.
+    pub fn containers(max_concurrent: u32) -> Self {
+        Limits::wasm(max_concurrent)
     }
 }
 
@@ -48,7 +59,7 @@ impl Limits {
 #[derive(Debug, Clone)]
 pub enum Payload {
     JavaScript { code: String, grant_profile: String },
-    Project,
+    Project(ProjectRun),
     Module,
 }
 
@@ -56,7 +67,7 @@ impl Payload {
     pub fn kind(&self) -> &'static str {
         match self {
             Payload::JavaScript { .. } => "javascript",
-            Payload::Project => "project",
+            Payload::Project(_) => "project",
             Payload::Module => "module",
         }
     }
@@ -103,7 +114,15 @@ pub fn validate(req: &RunRequest, limits: &Limits) -> Result<Checked, Refusal> {
     if let Some(rule) = &req.software_rule {
         validate_rule(rule)?;
     }
-    let timeout = clamp_timeout(req.timeout_ms, limits);
+    let timeout = if req.project.is_some() {
+        clamp_timeout(
+            req.timeout_ms,
+            limits.project_default_timeout,
+            limits.project_max_timeout,
+        )
+    } else {
+        clamp_timeout(req.timeout_ms, limits.default_timeout, limits.max_timeout)
+    };
     let (trace_id, trace_id_rejected) = match req.trace_id.as_str() {
         "" => (None, false),
         t if valid_trace_id(t) => (Some(t.to_string()), false),
@@ -119,7 +138,7 @@ pub fn validate(req: &RunRequest, limits: &Limits) -> Result<Checked, Refusal> {
         }
     } else if let Some(p) = &req.project {
         validate_project(p)?;
-        Payload::Project
+        Payload::Project(p.clone())
     } else if let Some(m) = &req.module {
         validate_module(m)?;
         Payload::Module
@@ -137,11 +156,11 @@ pub fn validate(req: &RunRequest, limits: &Limits) -> Result<Checked, Refusal> {
 
 /// `timeout_ms` of 0 or less asks for the default; anything above the maximum
 /// is clamped to it, never refused (the client may not know our maximum).
-pub fn clamp_timeout(timeout_ms: i32, limits: &Limits) -> Duration {
+pub fn clamp_timeout(timeout_ms: i32, default: Duration, max: Duration) -> Duration {
     if timeout_ms <= 0 {
-        return limits.default_timeout;
+        return default;
     }
-    Duration::from_millis(timeout_ms as u64).min(limits.max_timeout)
+    Duration::from_millis(timeout_ms as u64).min(max)
 }
 
 fn validate_code(code: &str) -> Result<(), Refusal> {
@@ -310,11 +329,16 @@ mod tests {
 
     #[test]
     fn timeouts_default_and_clamp() {
-        let l = Limits::wasm(8);
-        assert_eq!(clamp_timeout(0, &l), Duration::from_secs(5));
-        assert_eq!(clamp_timeout(-5, &l), Duration::from_secs(5));
-        assert_eq!(clamp_timeout(250, &l), Duration::from_millis(250));
-        assert_eq!(clamp_timeout(i32::MAX, &l), Duration::from_secs(30));
+        let l = Limits::containers(8);
+        let snippet = |ms| clamp_timeout(ms, l.default_timeout, l.max_timeout);
+        assert_eq!(snippet(0), Duration::from_secs(5));
+        assert_eq!(snippet(-5), Duration::from_secs(5));
+        assert_eq!(snippet(250), Duration::from_millis(250));
+        assert_eq!(snippet(i32::MAX), Duration::from_secs(30));
+        let project = |ms| clamp_timeout(ms, l.project_default_timeout, l.project_max_timeout);
+        assert_eq!(project(0), Duration::from_secs(30));
+        assert_eq!(project(60_000), Duration::from_secs(60));
+        assert_eq!(project(i32::MAX), Duration::from_secs(120));
     }
 
     #[test]

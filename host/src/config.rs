@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::plugins::engine_policy::EnginePolicy;
+use crate::plugins::engine::{MIN_WORK_MB, SHM_MB, Settings as EngineSettings, TMP_MB};
 use crate::plugins::http::{HttpGrant, Origin};
 use crate::tier::Tier;
 
@@ -25,7 +25,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "SANDBOX_PROVIDER",
         "(unset: disabled)",
-        "provider: disabled, wasm, or the name of a plugin in PLIMSOLL_PLUGIN_DIR; unset runs nothing, ever",
+        "provider: disabled, wasm, docker, or the name of a plugin in PLIMSOLL_PLUGIN_DIR; unset runs nothing, ever",
     ),
     (
         "PLIMSOLL_PLUGIN_DIR",
@@ -65,7 +65,32 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "SANDBOX_DOCKER_RUNTIME",
         "(unset: runc)",
-        "the only OCI runtime containers may use (runsc for gVisor)",
+        "the only OCI runtime containers may use: unset (runc, container tier) or runsc (gVisor, kernel tier once verified)",
+    ),
+    (
+        "SANDBOX_DOCKER_IMAGE",
+        "plimsoll/sandbox:bookworm",
+        "guest image (tag or ID), resolved to its ID at start; runs use that ID, and a tag re-pointed later makes runs refused",
+    ),
+    (
+        "SANDBOX_DOCKER_SECCOMP",
+        "(unset: the shipped profile)",
+        "seccomp profile applied under runc: a JSON file's path, or engine-default for the engine's own",
+    ),
+    (
+        "SANDBOX_DOCKER_POOL",
+        "2",
+        "warm containers kept started for single JavaScript runs, 0-32; each serves one run",
+    ),
+    (
+        "SANDBOX_DOCKER_SOCKET",
+        "/var/run/docker.sock",
+        "the docker engine's Unix socket (DOCKER_HOST is never read)",
+    ),
+    (
+        "SANDBOX_GUEST_UID",
+        "61000",
+        "uid and gid of every container's processes; refused if uid or uid+1 is in this host's /etc/passwd or /etc/group",
     ),
     (
         "SANDBOX_MEMORY_MB",
@@ -79,18 +104,18 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ),
     (
         "SANDBOX_CPUS",
-        "(unset)",
-        "per-run CPUs; not enforceable by the wasm or plugin providers, which refuse it",
+        "1",
+        "per-container CPUs (docker); the wasm provider refuses it",
     ),
     (
         "SANDBOX_PIDS",
-        "(unset)",
-        "per-run process limit; not enforceable by the wasm or plugin providers, which refuse it",
+        "256",
+        "per-container process limit (docker; under runsc it counts gVisor's own ~40 tasks); the wasm provider refuses it",
     ),
     (
         "SANDBOX_DISK_MB",
-        "(unset)",
-        "per-run disk budget; not enforceable by the wasm or plugin providers, which refuse it",
+        "160",
+        "per-container writable budget in MiB (docker): /tmp 16 + /dev/shm 16 + the rest for /work; the wasm provider refuses it",
     ),
 ];
 
@@ -101,6 +126,9 @@ pub enum ProviderKind {
     Disabled,
     /// QuickJS as a Wasm component in this process (process tier).
     Wasm,
+    /// The docker adapter shipped inside the daemon, driving the local
+    /// engine (container tier under runc, kernel under verified runsc).
+    Docker,
     /// A provider plugin of this name, from the plugin directory.
     Plugin(String),
 }
@@ -112,11 +140,12 @@ pub struct PluginSettings {
     pub sha256: Option<String>,
     pub max_tier: Option<Tier>,
     pub http: Option<HttpGrant>,
-    pub container_engine: Option<EnginePolicy>,
+    /// Whether the operator granted the plugin the container engine.
+    pub container_engine: bool,
 }
 
 impl ProviderKind {
-    pub const KNOWN: &'static [&'static str] = &["disabled", "wasm"];
+    pub const KNOWN: &'static [&'static str] = &["disabled", "wasm", "docker"];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,6 +162,8 @@ pub struct Config {
     pub memory_mb: u32,
     pub max_concurrent: u32,
     pub plugin: PluginSettings,
+    /// The container engine's settings, when the provider uses one.
+    pub engine: Option<EngineSettings>,
     /// Variables with our prefixes that are not on the list.
     pub unknown: Vec<String>,
 }
@@ -203,6 +234,7 @@ impl Config {
         {
             None | Some("disabled") => ProviderKind::Disabled,
             Some("wasm") => ProviderKind::Wasm,
+            Some("docker") => ProviderKind::Docker,
             Some(name) if valid_plugin_name(name) => ProviderKind::Plugin(name.to_string()),
             Some(other) => return Err(ConfigError::UnknownProvider(other.to_string())),
         };
@@ -225,7 +257,7 @@ impl Config {
         let plugin_vars_set = plugin.sha256.is_some()
             || plugin.max_tier.is_some()
             || plugin.http.is_some()
-            || plugin.container_engine.is_some();
+            || plugin.container_engine;
         if plugin_vars_set && !matches!(provider, ProviderKind::Plugin(_)) {
             return Err(ConfigError::Invalid {
                 name: "SANDBOX_PLUGIN_*",
@@ -233,23 +265,36 @@ impl Config {
             });
         }
 
-        if matches!(provider, ProviderKind::Plugin(_)) {
-            // The container engine's per-run envelope is fixed for now (one
-            // CPU, 256 processes, a 16 MiB /tmp); a setting that would not
-            // take effect is refused rather than ignored.
-            for name in ["SANDBOX_CPUS", "SANDBOX_PIDS", "SANDBOX_DISK_MB"] {
+        let uses_engine = provider == ProviderKind::Docker
+            || (matches!(provider, ProviderKind::Plugin(_)) && plugin.container_engine);
+        // A container setting that would not take effect is refused rather
+        // than ignored: an operator who sets a limit must get it.
+        let engine_vars = [
+            "SANDBOX_CPUS",
+            "SANDBOX_PIDS",
+            "SANDBOX_DISK_MB",
+            "SANDBOX_DOCKER_RUNTIME",
+            "SANDBOX_DOCKER_IMAGE",
+            "SANDBOX_DOCKER_SECCOMP",
+            "SANDBOX_DOCKER_POOL",
+            "SANDBOX_DOCKER_SOCKET",
+            "SANDBOX_GUEST_UID",
+        ];
+        let engine = if uses_engine {
+            Some(engine_settings(&get, memory_mb)?)
+        } else {
+            let label = match &provider {
+                ProviderKind::Wasm => "wasm",
+                ProviderKind::Disabled => "disabled",
+                _ => "plugin",
+            };
+            for name in engine_vars {
                 if get(name).is_some() {
-                    return Err(ConfigError::Unenforceable(name, "plugin"));
+                    return Err(ConfigError::Unenforceable(name, label));
                 }
             }
-        }
-        if provider == ProviderKind::Wasm {
-            for name in ["SANDBOX_CPUS", "SANDBOX_PIDS", "SANDBOX_DISK_MB"] {
-                if get(name).is_some() {
-                    return Err(ConfigError::Unenforceable(name, "wasm"));
-                }
-            }
-        }
+            None
+        };
 
         // The variable an operator named to hold the API key is read, not
         // unknown, whatever its name.
@@ -269,6 +314,7 @@ impl Config {
             memory_mb,
             max_concurrent,
             plugin,
+            engine,
             unknown,
         })
     }
@@ -337,11 +383,8 @@ fn plugin_settings<'a>(
         ));
     }
     let container_engine = match get("SANDBOX_PLUGIN_CONTAINER_ENGINE") {
-        None | Some("0") => None,
-        Some("1") => Some(EnginePolicy {
-            runtime: get("SANDBOX_DOCKER_RUNTIME").unwrap_or("").to_string(),
-            run_dirs: Vec::new(),
-        }),
+        None | Some("0") => false,
+        Some("1") => true,
         Some(_) => {
             return Err(invalid(
                 "SANDBOX_PLUGIN_CONTAINER_ENGINE",
@@ -548,4 +591,125 @@ mod tests {
         assert!(Config::from_map(&env(&[("SANDBOX_MAX_CONCURRENT", "5000")])).is_err());
         assert!(Config::from_map(&env(&[("SANDBOX_MEMORY_MB", "-1")])).is_err());
     }
+}
+
+/// The shipped seccomp profile, applied under runc unless the operator names
+/// another (see docs/isolation-tiers.md).
+pub const SHIPPED_SECCOMP: &str = include_str!("../../plugins/docker/seccomp.json");
+
+fn engine_settings<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    memory_mb: u32,
+) -> Result<EngineSettings, ConfigError> {
+    let invalid = |name: &'static str, why: String| ConfigError::Invalid { name, why };
+    let runtime = match get("SANDBOX_DOCKER_RUNTIME") {
+        None | Some("runc") => String::new(),
+        Some("runsc") => "runsc".to_string(),
+        Some(_) => {
+            return Err(invalid(
+                "SANDBOX_DOCKER_RUNTIME",
+                "must be unset (runc) or runsc: those are the runtimes plimsoll verifies".into(),
+            ));
+        }
+    };
+    let image = get("SANDBOX_DOCKER_IMAGE")
+        .unwrap_or("plimsoll/sandbox:bookworm")
+        .to_string();
+    if image.len() > 256 || !image.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid(
+            "SANDBOX_DOCKER_IMAGE",
+            "must be an image tag or ID".into(),
+        ));
+    }
+    let seccomp = match get("SANDBOX_DOCKER_SECCOMP") {
+        None => Some(SHIPPED_SECCOMP.to_string()),
+        Some("engine-default") => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| invalid("SANDBOX_DOCKER_SECCOMP", format!("reading {path}: {e}")))?;
+            Some(text)
+        }
+    };
+    if let Some(text) = &seccomp {
+        let v: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| invalid("SANDBOX_DOCKER_SECCOMP", format!("not a JSON profile: {e}")))?;
+        if v.get("defaultAction").and_then(|a| a.as_str()).is_none() {
+            return Err(invalid(
+                "SANDBOX_DOCKER_SECCOMP",
+                "the profile has no defaultAction".into(),
+            ));
+        }
+    }
+    let pool = parse_u32(get("SANDBOX_DOCKER_POOL"), "SANDBOX_DOCKER_POOL", 0, 32)?.unwrap_or(2);
+    let socket = PathBuf::from(get("SANDBOX_DOCKER_SOCKET").unwrap_or("/var/run/docker.sock"));
+    if !socket.is_absolute() {
+        return Err(invalid(
+            "SANDBOX_DOCKER_SOCKET",
+            "must be an absolute path to a Unix socket".into(),
+        ));
+    }
+    let guest_uid = parse_u32(
+        get("SANDBOX_GUEST_UID"),
+        "SANDBOX_GUEST_UID",
+        1000,
+        (1 << 31) - 2,
+    )?
+    .unwrap_or(61000);
+    let nano_cpus = match get("SANDBOX_CPUS") {
+        None => 1_000_000_000,
+        Some(s) => match s.parse::<f64>() {
+            Ok(c) if c.is_finite() && (0.01..=64.0).contains(&c) => (c * 1e9) as i64,
+            _ => {
+                return Err(invalid(
+                    "SANDBOX_CPUS",
+                    "must be a number of CPUs from 0.01 to 64".into(),
+                ));
+            }
+        },
+    };
+    // gVisor's own tasks count against the limit under runsc.
+    let pids = parse_u32(get("SANDBOX_PIDS"), "SANDBOX_PIDS", 64, 65536)?.unwrap_or(256);
+    let min_disk = TMP_MB + SHM_MB + MIN_WORK_MB;
+    let disk_mb = parse_u32(get("SANDBOX_DISK_MB"), "SANDBOX_DISK_MB", min_disk, 1 << 20)?
+        .unwrap_or(TMP_MB + SHM_MB + 128);
+    Ok(EngineSettings {
+        socket,
+        image,
+        runtime,
+        guest_uid,
+        memory_mb,
+        nano_cpus,
+        pids: i64::from(pids),
+        disk_mb,
+        seccomp,
+        pool,
+    })
+}
+
+/// The guest uid must belong to nobody on this host: a container process
+/// with a host account's uid could use that account's files through any
+/// mount or leak, and uid+1 is refused too so an off-by-one elsewhere cannot
+/// land on a real account.
+pub fn check_guest_uid(uid: u32, passwd: &str, group: &str) -> Result<(), String> {
+    let taken = |table: &str, id: u32| {
+        table.lines().any(|l| {
+            l.split(':')
+                .nth(2)
+                .and_then(|f| f.parse::<u32>().ok())
+                .is_some_and(|n| n == id)
+        })
+    };
+    for id in [uid, uid + 1] {
+        if taken(passwd, id) {
+            return Err(format!(
+                "SANDBOX_GUEST_UID={uid}: {id} is a user in this host's /etc/passwd"
+            ));
+        }
+        if taken(group, id) {
+            return Err(format!(
+                "SANDBOX_GUEST_UID={uid}: {id} is a group in this host's /etc/group"
+            ));
+        }
+    }
+    Ok(())
 }

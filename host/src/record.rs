@@ -10,7 +10,9 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::wire::{I64, JavaScriptResult, RECORD_VERSION, RunRecord, RunRequest, SoftwareRule};
+use crate::wire::{
+    I64, JavaScriptResult, ProjectResult, RECORD_VERSION, RunRecord, RunRequest, SoftwareRule,
+};
 
 struct Encoder(Sha256);
 
@@ -133,6 +135,31 @@ pub fn javascript_result_digest(r: &JavaScriptResult) -> String {
     e.bytes("stderr", &r.stderr.0);
     e.bool("stdout_truncated", r.stdout_truncated);
     e.bool("stderr_truncated", r.stderr_truncated);
+    e.finish()
+}
+
+/// The result digest of a project, field for field as clients compute it.
+pub fn project_result_digest(r: &ProjectResult) -> String {
+    let mut e = Encoder::new("plimsoll.run-result.v1");
+    e.str("kind", "project");
+    e.int("outcome", r.outcome as i128);
+    e.str("outcome_detail", &r.outcome_detail);
+    e.bool("artifacts_truncated", r.artifacts_truncated);
+    e.int("steps", r.steps.len() as i128);
+    for s in &r.steps {
+        e.str("step_command", &s.command);
+        e.int("step_exit_code", s.exit_code.into());
+        e.bool("step_timed_out", s.timed_out);
+        e.bytes("step_stdout", &s.stdout.0);
+        e.bytes("step_stderr", &s.stderr.0);
+        e.bool("step_stdout_truncated", s.stdout_truncated);
+        e.bool("step_stderr_truncated", s.stderr_truncated);
+    }
+    e.int("artifacts", r.artifacts.len() as i128);
+    for a in &r.artifacts {
+        e.str("artifact_path", &a.path);
+        e.bytes("artifact_content", &a.content.0);
+    }
     e.finish()
 }
 

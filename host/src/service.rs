@@ -13,13 +13,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Semaphore;
 
 use crate::admission::{self, Limits};
+use crate::plugins::{self, ProjectOutput};
 use crate::providers::{Evidence, ProcessOutput, Provider, RunFailure};
 use crate::record;
 use crate::refusal::{Code, Reason, Refusal};
 use crate::tier::Tier;
 use crate::wire::{
-    B64, DescribeResponse, I64, JavaScriptResult, PROTOCOL, PayloadEnvironment, RunRequest,
-    RunResources, RunResponse,
+    Artifact, B64, DescribeResponse, I64, JavaScriptResult, PROTOCOL, PayloadEnvironment,
+    ProjectOutcome, ProjectResult, ProjectRun, RunRequest, RunResources, RunResponse, StepResult,
 };
 
 /// A run that produced no result.
@@ -54,6 +55,24 @@ impl Daemon {
         self.provider.evidence()
     }
 
+    /// Releases what the provider holds that would outlive the process
+    /// (warm containers), before a clean exit.
+    pub async fn shutdown(&self) {
+        if let Provider::Plugin(p) = &*self.provider
+            && let Some(e) = p.engine()
+        {
+            e.shutdown().await;
+        }
+    }
+
+    /// Whether runs can be dispatched now (for /readyz): checked afresh.
+    pub async fn check_ready(&self) -> Result<(), String> {
+        match &*self.provider {
+            Provider::Plugin(p) => p.check_ready().await,
+            Provider::Disabled | Provider::Wasm(_) => Ok(()),
+        }
+    }
+
     pub fn describe(&self) -> DescribeResponse {
         let ev = self.provider.evidence();
         let mut d = DescribeResponse {
@@ -70,11 +89,38 @@ impl Daemon {
                 languages: vec!["javascript".to_string()],
             });
         }
-        if let Provider::Wasm(w) = &*self.provider {
-            d.resources = Some(RunResources {
-                memory_mb: (w.memory_limit() >> 20) as u32,
-                ..Default::default()
+        if self.provider.runs_project() {
+            d.supports_project = true;
+            let languages = match &*self.provider {
+                Provider::Plugin(p) => p.described().languages.clone(),
+                _ => vec![],
+            };
+            d.project_environment = Some(PayloadEnvironment {
+                identity: ev.environment.clone(),
+                max_timeout_ms: self.limits.project_max_timeout.as_millis() as u32,
+                software_identity: ev.software_identity.clone(),
+                languages,
             });
+        }
+        match &*self.provider {
+            Provider::Wasm(w) => {
+                d.resources = Some(RunResources {
+                    memory_mb: (w.memory_limit() >> 20) as u32,
+                    ..Default::default()
+                });
+            }
+            Provider::Plugin(p) => {
+                if let Some(e) = p.engine() {
+                    let s = e.settings();
+                    d.resources = Some(RunResources {
+                        memory_mb: s.memory_mb,
+                        cpus: s.nano_cpus as f64 / 1e9,
+                        pids: u32::try_from(s.pids).unwrap_or(0),
+                        disk_mb: s.disk_mb,
+                    });
+                }
+            }
+            Provider::Disabled => {}
         }
         d.policy = ev.policy;
         d
@@ -92,7 +138,7 @@ impl Daemon {
         let checked = admission::validate(&req, &self.limits)?;
 
         // 2. What this daemon can do at all.
-        let code = match (&*self.provider, &checked.payload) {
+        let work = match (&*self.provider, &checked.payload) {
             (Provider::Disabled, _) => {
                 return Err(Refusal::new(
                     Code::FailedPrecondition,
@@ -116,7 +162,16 @@ impl Daemon {
                     )
                     .into());
                 }
-                code.clone()
+                Work::JavaScript(code.clone())
+            }
+            (_, admission::Payload::Project(p)) if self.provider.runs_project() => {
+                if !p.grant_profile.is_empty() {
+                    return Err(Refusal::permission(
+                        "grant profile is unknown or not permitted for this caller",
+                    )
+                    .into());
+                }
+                Work::Project(p.clone())
             }
             (provider, payload) => {
                 return Err(Refusal::unsupported(format!(
@@ -136,7 +191,7 @@ impl Daemon {
         let daemon = self.clone();
         let task = tokio::spawn(async move {
             let _slot = slot;
-            daemon.admitted(req, checked, code).await
+            daemon.admitted(req, checked, work).await
         });
         match task.await {
             Ok(answer) => answer,
@@ -149,7 +204,7 @@ impl Daemon {
         &self,
         req: RunRequest,
         checked: admission::Checked,
-        code: String,
+        work: Work,
     ) -> Result<RunResponse, RunError> {
         // 4. The wall: current evidence against the floor and the software
         //    rule, immediately before dispatch.
@@ -167,7 +222,17 @@ impl Daemon {
         // 5. Dispatch.
         let started_wall = unix_ms();
         let started = Instant::now();
-        let dispatched = self.dispatch_javascript(code, checked.timeout).await;
+        let op = work.kind();
+        let dispatched = match work {
+            Work::JavaScript(code) => self
+                .dispatch_javascript(code, checked.timeout)
+                .await
+                .map(Answer::JavaScript),
+            Work::Project(p) => self
+                .dispatch_project(p, checked.timeout)
+                .await
+                .map(Answer::Project),
+        };
         let elapsed_ms = started.elapsed().as_millis() as i64;
         let code_bytes = req.javascript.as_ref().map_or(0, |j| j.code.len());
         let trace_id = checked.trace_id.as_deref().unwrap_or("");
@@ -176,7 +241,7 @@ impl Daemon {
         let audit = |exit_code: Option<i32>, timed_out: Option<bool>, error_id: Option<&str>| {
             tracing::info!(
                 target: "plimsoll::audit",
-                op = "javascript",
+                op,
                 sandbox = ev.sandbox.as_str(),
                 isolation = ev.tier.as_str(),
                 duration_ms = elapsed_ms,
@@ -200,17 +265,33 @@ impl Daemon {
         };
 
         // 6. The answer and its record.
-        let result = JavaScriptResult {
-            stdout: B64(output.stdout),
-            stderr: B64(output.stderr),
-            exit_code: output.exit_code,
-            timed_out: output.timed_out,
-            stdout_truncated: output.stdout_truncated,
-            stderr_truncated: output.stderr_truncated,
+        let (javascript, project, result_digest, exit_code, timed_out) = match output {
+            Answer::JavaScript(output) => {
+                let result = JavaScriptResult {
+                    stdout: B64(output.stdout),
+                    stderr: B64(output.stderr),
+                    exit_code: output.exit_code,
+                    timed_out: output.timed_out,
+                    stdout_truncated: output.stdout_truncated,
+                    stderr_truncated: output.stderr_truncated,
+                };
+                let digest = record::javascript_result_digest(&result);
+                let (code, t) = (result.exit_code, result.timed_out);
+                (Some(result), None, digest, code, t)
+            }
+            Answer::Project(p) => {
+                let result = project_result(p);
+                let digest = record::project_result_digest(&result);
+                // The audit line's exit code for a project is its last
+                // step's; timed out is the outcome's.
+                let code = result.steps.last().map_or(0, |s| s.exit_code);
+                let t = result.outcome == ProjectOutcome::TimedOut;
+                (None, Some(result), digest, code, t)
+            }
         };
         let rec = record::seal(
             record::request_digest(&req),
-            record::javascript_result_digest(&result),
+            result_digest,
             req.software_rule.as_ref(),
             &record::Evidence {
                 provider: &ev.sandbox,
@@ -223,7 +304,7 @@ impl Daemon {
             started_wall,
             started_wall + elapsed_ms,
         );
-        audit(Some(result.exit_code), Some(result.timed_out), None);
+        audit(Some(exit_code), Some(timed_out), None);
         Ok(RunResponse {
             sandbox: ev.sandbox.clone(),
             isolation: ev.tier.as_str().to_string(),
@@ -232,8 +313,33 @@ impl Daemon {
             software_identity: ev.software_identity.clone(),
             environment: ev.environment.clone(),
             instance: String::new(),
-            javascript: Some(result),
+            javascript,
+            project,
         })
+    }
+
+    async fn dispatch_project(
+        &self,
+        p: ProjectRun,
+        timeout: Duration,
+    ) -> Result<ProjectOutput, RunError> {
+        let Provider::Plugin(plugin) = &*self.provider else {
+            // Unreachable by construction (checked in `run`).
+            return Err(Refusal::unsupported("no provider for this dispatch path").into());
+        };
+        let payload = plugins::ProjectPayloadIn {
+            files: p.files.into_iter().map(|f| (f.path, f.content)).collect(),
+            steps: p.steps,
+            artifacts: p.artifacts,
+        };
+        match plugin
+            .run_project(payload, timeout, self.limits.output_limit)
+            .await
+        {
+            Ok(out) => Ok(out),
+            Err(RunFailure::NotDispatched(r)) => Err(r.into()),
+            Err(RunFailure::MayHaveRun(detail)) => Err(internal(detail)),
+        }
     }
 
     async fn dispatch_javascript(
@@ -268,6 +374,61 @@ impl Daemon {
             Ok(Err(RunFailure::MayHaveRun(detail))) => Err(internal(detail)),
             Err(join) => Err(internal(format!("run task failed: {join}"))),
         }
+    }
+}
+
+/// What a run will do, once step 2 accepted it.
+enum Work {
+    JavaScript(String),
+    Project(ProjectRun),
+}
+
+impl Work {
+    fn kind(&self) -> &'static str {
+        match self {
+            Work::JavaScript(_) => "javascript",
+            Work::Project(_) => "project",
+        }
+    }
+}
+
+enum Answer {
+    JavaScript(ProcessOutput),
+    Project(ProjectOutput),
+}
+
+fn project_result(p: ProjectOutput) -> ProjectResult {
+    ProjectResult {
+        steps: p
+            .steps
+            .into_iter()
+            .map(|s| StepResult {
+                command: s.command,
+                stdout: B64(s.output.stdout),
+                stderr: B64(s.output.stderr),
+                exit_code: s.output.exit_code,
+                timed_out: s.output.timed_out,
+                duration_ms: I64(i64::try_from(s.duration_ms).unwrap_or(i64::MAX)),
+                stdout_truncated: s.output.stdout_truncated,
+                stderr_truncated: s.output.stderr_truncated,
+            })
+            .collect(),
+        outcome: match p.outcome {
+            plugins::ProjectOutcome::Completed => ProjectOutcome::Completed,
+            plugins::ProjectOutcome::SetupFailed => ProjectOutcome::SetupFailed,
+            plugins::ProjectOutcome::TimedOut => ProjectOutcome::TimedOut,
+            plugins::ProjectOutcome::ProtocolError => ProjectOutcome::ProtocolError,
+        },
+        outcome_detail: p.outcome_detail,
+        artifacts: p
+            .artifacts
+            .into_iter()
+            .map(|(path, content)| Artifact {
+                path,
+                content: B64(content),
+            })
+            .collect(),
+        artifacts_truncated: p.artifacts_truncated,
     }
 }
 

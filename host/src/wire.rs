@@ -263,6 +263,78 @@ pub struct RunResponse {
     pub instance: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub javascript: Option<JavaScriptResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub project: Option<ProjectResult>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepResult {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub command: String,
+    #[serde(skip_serializing_if = "is_empty_bytes")]
+    pub stdout: B64,
+    #[serde(skip_serializing_if = "is_empty_bytes")]
+    pub stderr: B64,
+    #[serde(skip_serializing_if = "is_zero_i32")]
+    pub exit_code: i32,
+    #[serde(skip_serializing_if = "is_false")]
+    pub timed_out: bool,
+    #[serde(skip_serializing_if = "is_zero_i64")]
+    pub duration_ms: I64,
+    #[serde(skip_serializing_if = "is_false")]
+    pub stdout_truncated: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    pub stderr_truncated: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Artifact {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub path: String,
+    #[serde(skip_serializing_if = "is_empty_bytes")]
+    pub content: B64,
+}
+
+/// `ProjectOutcome`, by its proto enum name and number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProjectOutcome {
+    Completed = 1,
+    SetupFailed = 2,
+    TimedOut = 3,
+    ProtocolError = 4,
+}
+
+impl ProjectOutcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProjectOutcome::Completed => "PROJECT_OUTCOME_COMPLETED",
+            ProjectOutcome::SetupFailed => "PROJECT_OUTCOME_SETUP_FAILED",
+            ProjectOutcome::TimedOut => "PROJECT_OUTCOME_TIMED_OUT",
+            ProjectOutcome::ProtocolError => "PROJECT_OUTCOME_PROTOCOL_ERROR",
+        }
+    }
+}
+
+impl Serialize for ProjectOutcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProjectResult {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepResult>,
+    pub outcome: ProjectOutcome,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub outcome_detail: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<Artifact>,
+    #[serde(skip_serializing_if = "is_false")]
+    pub artifacts_truncated: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

@@ -84,10 +84,18 @@ async fn bind_answer(req: Request, next: Next) -> Response {
     resp
 }
 
-async fn readyz(State(_api): State<Api>) -> Response {
-    // The providers that exist so far have no external dependency that can
-    // fail after start; a provider that has one answers 503 here.
-    (StatusCode::OK, "ok").into_response()
+/// 200 while runs can be dispatched; 503 with the reason otherwise (the
+/// docker engine unreachable, or its image re-pointed). Checked afresh on
+/// every call, so an orchestrator sees recovery as soon as it happens.
+async fn readyz(State(api): State<Api>) -> Response {
+    match api.daemon.check_ready().await {
+        Ok(()) => (StatusCode::OK, "ok").into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", crate::text::sanitize(&why, 300)),
+        )
+            .into_response(),
+    }
 }
 
 async fn not_found() -> Response {

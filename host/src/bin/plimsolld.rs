@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use plimsoll::admission::Limits;
 use plimsoll::config::{self, Config, LogFormat, ProviderKind};
-use plimsoll::plugins::{self, PluginConfig, PluginProvider};
+use plimsoll::plugins::{self, PluginConfig, PluginProvider, PluginSource};
 use plimsoll::providers::{Provider, wasm::WasmProvider};
 use plimsoll::tier::Tier;
 use plimsoll::{Daemon, api};
@@ -91,15 +91,48 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
                 .await??;
             (Provider::Wasm(w), limits)
         }
+        ProviderKind::Docker => {
+            let engine = cfg
+                .engine
+                .clone()
+                .ok_or_else(|| anyhow::anyhow!("the docker provider has no engine settings"))?;
+            check_guest_uid(engine.guest_uid)?;
+            let plugin = PluginProvider::load(PluginConfig {
+                name: "docker".into(),
+                source: PluginSource::Embedded(plugins::DOCKER_ADAPTER),
+                sha256_pin: None,
+                // The adapter ships with the daemon; its tier is what the
+                // engine's evidence stands behind.
+                max_tier: Tier::Vm,
+                http: None,
+                container_engine: Some(engine),
+                memory_mb: cfg.memory_mb,
+            })
+            .await?;
+            tracing::info!(
+                sha256 = plugin.sha256(),
+                isolation = plugin.tier().as_str(),
+                environment = %plugin.described().environment,
+                languages = ?plugin.described().languages,
+                "docker provider ready"
+            );
+            (
+                Provider::Plugin(plugin),
+                Limits::containers(cfg.max_concurrent),
+            )
+        }
         ProviderKind::Plugin(name) => {
             let settings = cfg.plugin.clone();
+            if let Some(engine) = &cfg.engine {
+                check_guest_uid(engine.guest_uid)?;
+            }
             let plugin = PluginProvider::load(PluginConfig {
                 name,
-                dir: plugin_dir(&cfg),
+                source: PluginSource::Dir(plugin_dir(&cfg)),
                 sha256_pin: settings.sha256,
                 max_tier: settings.max_tier.unwrap_or(Tier::Process),
                 http: settings.http,
-                container_engine: settings.container_engine,
+                container_engine: cfg.engine.clone(),
                 memory_mb: cfg.memory_mb,
             })
             .await?;
@@ -110,7 +143,12 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
                 isolation = plugin.tier().as_str(),
                 "provider plugin loaded"
             );
-            (Provider::Plugin(plugin), Limits::wasm(cfg.max_concurrent))
+            let limits = if plugin.engine().is_some() {
+                Limits::containers(cfg.max_concurrent)
+            } else {
+                Limits::wasm(cfg.max_concurrent)
+            };
+            (Provider::Plugin(plugin), limits)
         }
     };
     release_startup_memory();
@@ -135,7 +173,13 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     // Two bodies may be in reading per run slot, as a client can send its
     // next request while the previous one runs.
     let body_slots = 2 * cfg.max_concurrent as usize;
-    api::serve::serve(listener, api::router(daemon, body_slots), shutdown_signal()).await;
+    api::serve::serve(
+        listener,
+        api::router(daemon.clone(), body_slots),
+        shutdown_signal(),
+    )
+    .await;
+    daemon.shutdown().await;
     Ok(())
 }
 
@@ -201,4 +245,12 @@ fn release_startup_memory() {
             malloc_trim(0);
         }
     }
+}
+
+/// Refuses a guest uid that is an account or group on this host (see
+/// `config::check_guest_uid`).
+fn check_guest_uid(uid: u32) -> anyhow::Result<()> {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    plimsoll::config::check_guest_uid(uid, &read("/etc/passwd"), &read("/etc/group"))
+        .map_err(anyhow::Error::msg)
 }

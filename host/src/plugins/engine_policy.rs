@@ -15,6 +15,9 @@ pub struct EnginePolicy {
     /// The only OCI runtime containers may use ("" is the engine's default,
     /// runc; "runsc" for gVisor).
     pub runtime: String,
+    /// The image ID the host verified at start; the only image a spec may
+    /// name.
+    pub image: String,
     /// Directories the host created for the current call; the only sources a
     /// mount may name. Empty until the host creates per-run directories.
     pub run_dirs: Vec<String>,
@@ -35,16 +38,6 @@ pub struct Spec<'a> {
     pub host_namespaces: &'a [String],
     pub mounts: &'a [String],
 }
-
-/// Environment variables that change how the dynamic loader or libc behave:
-/// an image or a plugin setting them could load code the image never had.
-const LOADER_VARS: &[&str] = &[
-    "GLIBC_TUNABLES",
-    "LOCPATH",
-    "NLSPATH",
-    "GCONV_PATH",
-    "MALLOC_CONF",
-];
 
 /// Checks `spec` against `policy`. `Err` names the first rule broken, in words
 /// fit for the plugin's error and the operator's log (no spec contents).
@@ -69,6 +62,9 @@ pub fn check(spec: &Spec<'_>, policy: &EnginePolicy) -> Result<(), &'static str>
     }
     check_user(spec.user)?;
     check_image(spec.image)?;
+    if spec.image != policy.image {
+        return Err("the image must be exactly the one the host verified at start");
+    }
     if spec.command.is_empty() || spec.command.iter().any(|a| a.contains('\0')) {
         return Err("the command must be a non-empty argument vector without NUL bytes");
     }
@@ -80,7 +76,7 @@ pub fn check(spec: &Spec<'_>, policy: &EnginePolicy) -> Result<(), &'static str>
         if !key_ok || e.contains('\0') {
             return Err("environment keys must be [A-Za-z0-9_]+ and values free of NUL");
         }
-        if key.starts_with("LD_") || LOADER_VARS.contains(&key) {
+        if super::engine::loader_var(key) {
             return Err(
                 "loader-affecting environment variables (LD_*, GLIBC_TUNABLES, ...) are not allowed",
             );
@@ -147,6 +143,7 @@ mod tests {
     fn policy() -> EnginePolicy {
         EnginePolicy {
             runtime: "runsc".into(),
+            image: IMAGE.into(),
             run_dirs: vec!["/var/lib/plimsoll/runs/abc".into()],
         }
     }
@@ -223,6 +220,9 @@ mod tests {
             ("tag image", |o| o.image = "node:22".into()),
             ("short digest", |o| o.image = "sha256:abc".into()),
             ("uppercase digest", |o| o.image = IMAGE.to_uppercase()),
+            ("another image", |o| {
+                o.image = format!("sha256:{}", "f".repeat(64))
+            }),
             ("empty command", |o| o.command = vec![]),
             ("LD_PRELOAD", |o| {
                 o.env = vec!["LD_PRELOAD=/tmp/x.so".into()]
@@ -259,6 +259,7 @@ mod tests {
     fn no_mount_is_allowed_before_the_host_creates_run_dirs() {
         let p = EnginePolicy {
             runtime: "runsc".into(),
+            image: IMAGE.into(),
             run_dirs: vec![],
         };
         assert!(check(&Owned::good().spec(), &p).is_err());

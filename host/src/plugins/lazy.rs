@@ -7,6 +7,14 @@
 //! before any check ran. These mirrors of the WIT types hold `WasmList` and
 //! `WasmStr` instead, which only point into the plugin's memory; the host
 //! reads them through a `Budget` that refuses before it copies.
+//!
+//! Only arguments of host functions (imports) are read this way: the
+//! plugin's memory holds them until the host function returns. A value an
+//! export *returns* is freed by the plugin's post-return function as soon as
+//! the call ends, so it cannot be read in place afterwards; the WIT keeps
+//! returned values flat (no list of strings or records), which bounds their
+//! whole copy by the plugin's memory cap, and routes many-valued results
+//! through imports (`project-report`).
 
 use wasmtime::component::{ComponentType, Lift, WasmList, WasmStr};
 use wasmtime::{AsContext, AsContextMut, StoreContextMut};
@@ -119,7 +127,7 @@ pub struct ContainerSpec {
     pub mounts: WasmList<WasmStr>,
 }
 
-// --- export results: what a plugin returns -------------------------------------
+// --- project reports: a run's steps and artifacts, passed one per call --------
 
 #[derive(ComponentType, Lift)]
 #[component(record)]
@@ -136,10 +144,6 @@ pub struct ProcessOutput {
     pub stderr_truncated: bool,
 }
 
-#[expect(
-    dead_code,
-    reason = "mirrors the WIT so the typed call type-checks; projects through plugins are not read yet"
-)]
 #[derive(ComponentType, Lift)]
 #[component(record)]
 pub struct StepResult {
@@ -149,99 +153,9 @@ pub struct StepResult {
     pub duration_ms: u64,
 }
 
-#[expect(
-    dead_code,
-    reason = "mirrors the WIT so the typed call type-checks; projects through plugins are not read yet"
-)]
 #[derive(ComponentType, Lift)]
 #[component(record)]
 pub struct Artifact {
     pub path: WasmStr,
     pub content: WasmList<u8>,
-}
-
-#[expect(
-    dead_code,
-    reason = "mirrors the WIT so the typed call type-checks; projects through plugins are not read yet"
-)]
-#[derive(ComponentType, Lift, Clone, Copy)]
-#[component(enum)]
-#[repr(u8)]
-pub enum ProjectOutcome {
-    #[component(name = "completed")]
-    Completed,
-    #[component(name = "setup-failed")]
-    SetupFailed,
-    #[component(name = "timed-out")]
-    TimedOut,
-    #[component(name = "protocol-error")]
-    ProtocolError,
-}
-
-#[expect(
-    dead_code,
-    reason = "mirrors the WIT so the typed call type-checks; projects through plugins are not read yet"
-)]
-#[derive(ComponentType, Lift)]
-#[component(record)]
-pub struct ProjectResult {
-    pub steps: WasmList<StepResult>,
-    pub outcome: ProjectOutcome,
-    #[component(name = "outcome-detail")]
-    pub outcome_detail: WasmStr,
-    pub artifacts: WasmList<Artifact>,
-    #[component(name = "artifacts-truncated")]
-    pub artifacts_truncated: bool,
-}
-
-#[derive(ComponentType, Lift)]
-#[component(variant)]
-pub enum RunResult {
-    #[component(name = "javascript")]
-    Javascript(ProcessOutput),
-    #[component(name = "project")]
-    Project(
-        #[expect(dead_code, reason = "a project result to a snippet is refused unread")]
-        ProjectResult,
-    ),
-}
-
-#[derive(ComponentType, Lift)]
-#[component(variant)]
-pub enum Refusal {
-    #[component(name = "request")]
-    Request(WasmStr),
-    #[component(name = "permission")]
-    Permission(WasmStr),
-    #[component(name = "unsupported")]
-    Unsupported(WasmStr),
-    #[component(name = "isolation")]
-    Isolation(WasmStr),
-    #[component(name = "environment")]
-    Environment(WasmStr),
-    #[component(name = "capacity")]
-    Capacity(WasmStr),
-}
-
-#[derive(ComponentType, Lift)]
-#[component(variant)]
-pub enum RunError {
-    #[component(name = "not-dispatched")]
-    NotDispatched(Refusal),
-    #[component(name = "may-have-run")]
-    MayHaveRun(
-        #[expect(
-            dead_code,
-            reason = "the plugin's own words are never logged or returned"
-        )]
-        WasmStr,
-    ),
-}
-
-#[derive(ComponentType, Lift)]
-#[component(record)]
-pub struct PreflightReport {
-    pub passed: bool,
-    pub checks: WasmList<WasmStr>,
-    pub languages: WasmList<WasmStr>,
 }

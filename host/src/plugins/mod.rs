@@ -59,7 +59,12 @@ use generated::plimsoll::provider::log as log_if;
 use generated::plimsoll::provider::types;
 
 /// Names the daemon's built-in providers use; a plugin may not take them.
-pub const BUILT_IN: &[&str] = &["disabled", "wasm"];
+pub const BUILT_IN: &[&str] = &["disabled", "wasm", "docker"];
+
+/// The docker adapter, embedded at build time (see host/build.rs): the
+/// docker provider runs exactly these bytes, whose digest the run records
+/// name as the policy.
+pub static DOCKER_ADAPTER: &[u8] = include_bytes!(env!("PLIMSOLL_DOCKER_PLUGIN_WASM"));
 
 /// Time a plugin gets to describe itself.
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -76,16 +81,26 @@ const LOG_LINE_BYTES: usize = 512;
 /// Longest plugin-supplied message passed on to a caller.
 const MESSAGE_BYTES: usize = 512;
 
+/// Where a plugin's component comes from.
+#[derive(Debug, Clone)]
+pub enum PluginSource {
+    /// `<name>.wasm` in the operator's plugin directory.
+    Dir(PathBuf),
+    /// Shipped inside the daemon.
+    Embedded(&'static [u8]),
+}
+
 /// What the operator configured for the selected plugin.
 #[derive(Debug, Clone)]
 pub struct PluginConfig {
     pub name: String,
-    pub dir: PathBuf,
+    pub source: PluginSource,
     pub sha256_pin: Option<String>,
     /// The strongest tier the operator lets this plugin report.
     pub max_tier: Tier,
     pub http: Option<HttpGrant>,
-    pub container_engine: Option<EnginePolicy>,
+    /// The container engine's settings, when the plugin is granted it.
+    pub container_engine: Option<engine::Settings>,
     pub memory_mb: u32,
 }
 
@@ -125,6 +140,7 @@ pub struct Described {
     pub claimed_tier: Tier,
     pub environment: String,
     pub runs_javascript: bool,
+    pub runs_project: bool,
     pub languages: Vec<String>,
 }
 
@@ -172,7 +188,7 @@ struct Grants {
 /// Longest a single container may run at a plugin's request.
 const MAX_CONTAINER_TIME: Duration = Duration::from_secs(120);
 /// Most output kept per stream of a container, whatever the plugin asks.
-const MAX_CONTAINER_OUTPUT: usize = 1 << 20;
+const MAX_CONTAINER_OUTPUT: usize = 32 << 20;
 /// How often the host looks for run containers left past their expiry.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// Time a plugin keeps, after its container's deadline, to report on it.
@@ -227,9 +243,14 @@ pub fn locate(dir: &Path, name: &str) -> Result<PathBuf, PluginError> {
 impl PluginProvider {
     /// Loads, checks, describes and smoke-tests the configured plugin.
     pub async fn load(cfg: PluginConfig) -> Result<PluginProvider, PluginError> {
-        let path = locate(&cfg.dir, &cfg.name)?;
-        let bytes =
-            std::fs::read(&path).map_err(|e| PluginError::Read(path.display().to_string(), e))?;
+        let bytes = match &cfg.source {
+            PluginSource::Embedded(bytes) => bytes.to_vec(),
+            PluginSource::Dir(dir) => {
+                let path = locate(dir, &cfg.name)?;
+                std::fs::read(&path)
+                    .map_err(|e| PluginError::Read(path.display().to_string(), e))?
+            }
+        };
         let sha256 = hex::encode(Sha256::digest(&bytes));
         if let Some(pin) = &cfg.sha256_pin
             && !pin.eq_ignore_ascii_case(&sha256)
@@ -273,21 +294,22 @@ impl PluginProvider {
         // there) before the plugin can ask for anything.
         let container_engine = match &cfg.container_engine {
             None => None,
-            Some(policy) => {
-                let envelope = engine::Envelope {
-                    runtime: policy.runtime.clone(),
-                    memory_mb: cfg.memory_mb,
-                    nano_cpus: 1_000_000_000,
-                    pids: 256,
-                    tmp_mb: 16,
-                };
-                let connected = engine::ContainerEngine::connect(envelope)
+            Some(settings) => {
+                let connected = engine::ContainerEngine::connect(settings.clone())
                     .await
                     .map_err(PluginError::Engine)?;
-                // Leftovers of an earlier daemon are removed before the first
-                // run, and every minute after.
-                connected.spawn_sweeper(SWEEP_EVERY);
-                Some((policy.clone(), connected))
+                for check in &connected.verified().checks {
+                    tracing::info!(target: "plimsoll::engine", check = %check, "smoke test");
+                }
+                // Readiness, the warm pool, and leftovers of an earlier
+                // daemon (removed before the first run, and every minute).
+                connected.spawn_maintenance(SWEEP_EVERY);
+                let policy = EnginePolicy {
+                    runtime: settings.runtime.clone(),
+                    image: connected.verified().image_id.clone(),
+                    run_dirs: Vec::new(),
+                };
+                Some((policy, connected))
             }
         };
         let mut provider = PluginProvider {
@@ -300,6 +322,7 @@ impl PluginProvider {
                 claimed_tier: Tier::Process,
                 environment: String::new(),
                 runs_javascript: false,
+                runs_project: false,
                 languages: vec![],
             },
             tier: Tier::None,
@@ -323,12 +346,17 @@ impl PluginProvider {
             claimed_tier: tier_of(d.tier),
             environment: sanitize(&d.environment, 256),
             runs_javascript: d.payloads.contains(&types::PayloadKind::Javascript),
+            runs_project: d.payloads.contains(&types::PayloadKind::Project),
             languages: vec![],
         };
         provider.tier = effective_tier(
             provider.described.claimed_tier,
             cfg.max_tier,
-            provider.grants.container_engine.is_some(),
+            provider
+                .grants
+                .container_engine
+                .as_ref()
+                .map(|(_, e)| e.verified().tier),
         );
 
         let (checks, languages) = provider.preflight().await?;
@@ -358,6 +386,26 @@ impl PluginProvider {
         &self.described
     }
 
+    /// The container engine, when this plugin drives one.
+    pub fn engine(&self) -> Option<&engine::ContainerEngine> {
+        self.grants.container_engine.as_ref().map(|(_, e)| e)
+    }
+
+    /// Whether runs can be dispatched now: a plugin that drives a container
+    /// engine is ready only while the engine answers and its image is the
+    /// one verified at start. Checked afresh.
+    pub async fn check_ready(&self) -> Result<(), String> {
+        match self.engine() {
+            Some(e) => e.check_ready().await,
+            None => Ok(()),
+        }
+    }
+
+    /// The last readiness verdict, without asking the engine.
+    pub fn ready(&self) -> Result<(), String> {
+        self.engine().map_or(Ok(()), engine::ContainerEngine::ready)
+    }
+
     /// A fresh store for one call, with the memory cap and a deadline.
     fn store(&self, deadline: Duration) -> Store<PluginState> {
         let ends = std::time::Instant::now() + deadline;
@@ -375,6 +423,7 @@ impl PluginProvider {
             client: self.client.clone(),
             dispatched: false,
             log_lines: 0,
+            report: ProjectReport::default(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -447,8 +496,11 @@ impl PluginProvider {
     async fn preflight(&self) -> Result<(Vec<String>, Vec<String>), PluginError> {
         let mut store = self.store(PREFLIGHT_TIMEOUT);
         let fail = |e: String| PluginError::Preflight(self.name.to_string(), e);
+        // Returned values are copied whole (the plugin frees them right
+        // after the call); the WIT keeps them flat so the copy is bounded by
+        // the plugin's memory.
         let result = self
-            .call::<(), (Result<lazy::PreflightReport, WasmStr>,)>(
+            .call::<(), (Result<types::PreflightReport, String>,)>(
                 &mut store,
                 PREFLIGHT_TIMEOUT,
                 self.exports.preflight,
@@ -457,24 +509,31 @@ impl PluginProvider {
             .await;
         let report = match result {
             Ok(Ok((Ok(report),))) => report,
-            Ok(Ok((Err(why),))) => {
-                return Err(fail(read_text(
-                    &mut store.as_context_mut(),
-                    &why,
-                    MESSAGE_BYTES,
-                )));
-            }
+            Ok(Ok((Err(why),))) => return Err(fail(sanitize(&why, MESSAGE_BYTES))),
             Ok(Err(e)) => return Err(fail(classify(&e, &store))),
             Err(_) => return Err(fail("timed out".into())),
         };
-        // At most 64 check lines of 200 bytes and 8 language names are read.
-        let mut ctx = store.as_context_mut();
-        let checks = read_texts(&mut ctx, &report.checks, 64, 200);
+        // At most 64 check lines of 200 bytes are kept.
+        let checks: Vec<String> = report
+            .checks
+            .lines()
+            .take(64)
+            .map(|l| sanitize(l, 200))
+            .collect();
         if !report.passed {
             let failed: Vec<&str> = checks.iter().take(8).map(String::as_str).collect();
             return Err(fail(format!("it reported failure: {}", failed.join("; "))));
         }
-        let languages = read_texts(&mut ctx, &report.languages, 8, 16);
+        let mut languages: Vec<String> = Vec::new();
+        for l in &report.languages {
+            let name = match l {
+                types::Language::Javascript => "javascript",
+                types::Language::Python => "python",
+            };
+            if !languages.iter().any(|x| x == name) {
+                languages.push(name.to_string());
+            }
+        }
         Ok((checks, languages))
     }
 
@@ -488,15 +547,66 @@ impl PluginProvider {
         timeout: Duration,
         output_limit: usize,
     ) -> Result<ProcessOutput, RunFailure> {
+        match self
+            .run(types::Payload::Javascript(code), timeout, output_limit)
+            .await?
+        {
+            PluginResult::Javascript(out) => Ok(out),
+            PluginResult::Project(_) => Err(RunFailure::MayHaveRun(format!(
+                "plugin {} answered a snippet with a project result",
+                self.name
+            ))),
+        }
+    }
+
+    pub async fn run_project(
+        &self,
+        project: ProjectPayloadIn,
+        timeout: Duration,
+        output_limit: usize,
+    ) -> Result<ProjectOutput, RunFailure> {
+        let project = types::ProjectPayload {
+            files: project
+                .files
+                .into_iter()
+                .map(|(path, content)| types::ProjectFile { path, content })
+                .collect(),
+            steps: project.steps,
+            artifacts: project.artifacts,
+        };
+        match self
+            .run(types::Payload::Project(project), timeout, output_limit)
+            .await?
+        {
+            PluginResult::Project(out) => Ok(out),
+            PluginResult::Javascript(_) => Err(RunFailure::MayHaveRun(format!(
+                "plugin {} answered a project with a snippet result",
+                self.name
+            ))),
+        }
+    }
+
+    async fn run(
+        &self,
+        payload: types::Payload,
+        timeout: Duration,
+        output_limit: usize,
+    ) -> Result<PluginResult, RunFailure> {
+        // A plugin whose engine is not ready never gets the run: nothing is
+        // dispatched, and the refusal says why.
+        if let Err(why) = self.ready() {
+            return Err(RunFailure::NotDispatched(Refusal::environment(why)));
+        }
         let deadline = timeout + CALL_MARGIN;
         let mut store = self.store(deadline);
         let request = types::RunRequest {
             timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
             output_limit: u32::try_from(output_limit).unwrap_or(u32::MAX),
-            payload: types::Payload::Javascript(code),
+            payload,
         };
+        store.data_mut().report.output_limit = output_limit;
         let outcome = self
-            .call::<(types::RunRequest,), (Result<lazy::RunResult, lazy::RunError>,)>(
+            .call::<(types::RunRequest,), (Result<types::RunResult, types::RunError>,)>(
                 &mut store,
                 deadline,
                 self.exports.run,
@@ -530,40 +640,29 @@ impl PluginProvider {
         match outcome {
             Err(_) => Err(failed("the call overran its deadline".into())),
             Ok(Err(e)) => Err(failed(classify(&e, &store))),
-            Ok(Ok(Ok(lazy::RunResult::Javascript(out)))) => {
-                let mut ctx = store.as_context_mut();
-                let mut budget = lazy::Budget::new(2 * output_limit, 0);
-                let read = budget
-                    .bytes_capped(&mut ctx, &out.stdout, output_limit)
-                    .and_then(|o| {
-                        Ok((o, budget.bytes_capped(&mut ctx, &out.stderr, output_limit)?))
-                    });
-                match read {
-                    Ok(((stdout, cut_out), (stderr, cut_err))) => Ok(ProcessOutput {
-                        stdout,
-                        stderr,
-                        exit_code: out.exit_code,
-                        timed_out: out.timed_out,
-                        stdout_truncated: out.stdout_truncated || cut_out,
-                        stderr_truncated: out.stderr_truncated || cut_err,
-                    }),
-                    Err(_) => Err(RunFailure::MayHaveRun(format!(
-                        "plugin {} returned unreadable output",
-                        self.name
-                    ))),
-                }
+            Ok(Ok(Ok(types::RunResult::Javascript(out)))) => {
+                Ok(PluginResult::Javascript(cap_output(out, output_limit)))
             }
-            Ok(Ok(Ok(lazy::RunResult::Project(_)))) => Err(RunFailure::MayHaveRun(format!(
-                "plugin {} answered a snippet with a project result",
-                self.name
-            ))),
-            // The plugin's own words are not logged: a plugin could write the
-            // caller's code or output into them.
-            Ok(Ok(Err(lazy::RunError::MayHaveRun(_)))) => Err(RunFailure::MayHaveRun(format!(
+            Ok(Ok(Ok(types::RunResult::Project(summary)))) => {
+                let report = std::mem::take(&mut store.data_mut().report);
+                Ok(PluginResult::Project(ProjectOutput {
+                    steps: report.steps,
+                    outcome: match summary.outcome {
+                        types::ProjectOutcome::Completed => ProjectOutcome::Completed,
+                        types::ProjectOutcome::SetupFailed => ProjectOutcome::SetupFailed,
+                        types::ProjectOutcome::TimedOut => ProjectOutcome::TimedOut,
+                        types::ProjectOutcome::ProtocolError => ProjectOutcome::ProtocolError,
+                    },
+                    outcome_detail: sanitize(&summary.outcome_detail, MESSAGE_BYTES),
+                    artifacts: report.artifacts,
+                    artifacts_truncated: summary.artifacts_truncated || report.refused_artifacts,
+                }))
+            }
+            Ok(Ok(Err(types::RunError::MayHaveRun(_)))) => Err(RunFailure::MayHaveRun(format!(
                 "plugin {} reported that the run may have happened (its detail is not logged)",
                 self.name
             ))),
-            Ok(Ok(Err(lazy::RunError::NotDispatched(r)))) => {
+            Ok(Ok(Err(types::RunError::NotDispatched(r)))) => {
                 if dispatched {
                     // The plugin says nothing ran, but the host saw it use a
                     // capability that can start execution: the host does not
@@ -573,24 +672,147 @@ impl PluginProvider {
                         self.name
                     )))
                 } else {
-                    Err(RunFailure::NotDispatched(refusal_of(&mut store, r)))
+                    Err(RunFailure::NotDispatched(refusal_of(r)))
                 }
             }
         }
     }
 }
 
-/// The strongest tier the host will report for a plugin: the plugin's own
-/// claim, capped by the operator and by what its capabilities can give. A
-/// plugin that runs containers through the host's engine is at most
-/// `container` until the host verifies a stronger runtime itself.
-pub fn effective_tier(claimed: Tier, operator_max: Tier, uses_container_engine: bool) -> Tier {
-    let capability_max = if uses_container_engine {
-        Tier::Container
-    } else {
-        Tier::Vm
+/// A validated project, as the host hands it to a plugin.
+pub struct ProjectPayloadIn {
+    pub files: Vec<(String, String)>,
+    pub steps: Vec<String>,
+    pub artifacts: Vec<String>,
+}
+
+/// What a plugin's run produced, copied out of its memory under budget.
+enum PluginResult {
+    Javascript(ProcessOutput),
+    Project(ProjectOutput),
+}
+
+/// A project's result, as the API reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProjectOutput {
+    pub steps: Vec<StepOutput>,
+    pub outcome: ProjectOutcome,
+    pub outcome_detail: String,
+    pub artifacts: Vec<(String, Vec<u8>)>,
+    pub artifacts_truncated: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepOutput {
+    pub command: String,
+    pub output: ProcessOutput,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ProjectOutcome {
+    #[default]
+    Completed,
+    SetupFailed,
+    TimedOut,
+    ProtocolError,
+}
+
+/// A plugin's output, held to the run's per-stream limit.
+fn cap_output(mut out: types::ProcessOutput, limit: usize) -> ProcessOutput {
+    let cut = |v: &mut Vec<u8>| {
+        let over = v.len() > limit;
+        v.truncate(limit);
+        over
     };
-    claimed.min(operator_max).min(capability_max)
+    let cut_out = cut(&mut out.stdout);
+    let cut_err = cut(&mut out.stderr);
+    ProcessOutput {
+        stdout: out.stdout,
+        stderr: out.stderr,
+        exit_code: out.exit_code,
+        timed_out: out.timed_out,
+        stdout_truncated: out.stdout_truncated || cut_out,
+        stderr_truncated: out.stderr_truncated || cut_err,
+    }
+}
+
+/// Total artifact bytes one project may bring back.
+const ARTIFACT_BYTES: usize = 8 << 20;
+/// Longest step command (the API's own bound) and artifact path.
+const REPORT_TEXT_BYTES: usize = 16 << 10;
+
+/// Steps and artifacts a plugin reported during one project run.
+#[derive(Default)]
+struct ProjectReport {
+    output_limit: usize,
+    steps: Vec<StepOutput>,
+    artifacts: Vec<(String, Vec<u8>)>,
+    artifact_bytes: usize,
+    refused_artifacts: bool,
+}
+
+fn report_step(store: &mut StoreContextMut<'_, PluginState>, step: &lazy::StepResult) -> bool {
+    let limit = store.data().report.output_limit;
+    if store.data().report.steps.len() >= crate::admission::MAX_PROJECT_STEPS {
+        return false;
+    }
+    let mut budget = lazy::Budget::new(REPORT_TEXT_BYTES + 2 * limit, 0);
+    let Ok(command) = budget.string(store, &step.command) else {
+        return false;
+    };
+    let out = &step.output;
+    let (Ok((stdout, cut_out)), Ok((stderr, cut_err))) = (
+        budget.bytes_capped(store, &out.stdout, limit),
+        budget.bytes_capped(store, &out.stderr, limit),
+    ) else {
+        return false;
+    };
+    let output = ProcessOutput {
+        stdout,
+        stderr,
+        exit_code: out.exit_code,
+        timed_out: out.timed_out,
+        stdout_truncated: out.stdout_truncated || cut_out,
+        stderr_truncated: out.stderr_truncated || cut_err,
+    };
+    store.data_mut().report.steps.push(StepOutput {
+        command,
+        output,
+        duration_ms: step.duration_ms,
+    });
+    true
+}
+
+fn report_artifact(store: &mut StoreContextMut<'_, PluginState>, a: &lazy::Artifact) -> bool {
+    let r = &store.data().report;
+    let room = ARTIFACT_BYTES.saturating_sub(r.artifact_bytes);
+    if r.artifacts.len() >= crate::admission::MAX_ARTIFACTS || a.content.len() > room {
+        store.data_mut().report.refused_artifacts = true;
+        return false;
+    }
+    let mut budget = lazy::Budget::new(REPORT_TEXT_BYTES + room, 0);
+    let (Ok(path), Ok(content)) = (
+        budget.string(store, &a.path),
+        budget.bytes(store, &a.content),
+    ) else {
+        store.data_mut().report.refused_artifacts = true;
+        return false;
+    };
+    let r = &mut store.data_mut().report;
+    r.artifact_bytes += content.len();
+    r.artifacts.push((path, content));
+    true
+}
+
+/// The tier a plugin provider reports: its claim, capped by what the
+/// operator allows and, for a plugin that drives a container engine, by the
+/// tier the engine's own evidence stands behind (container under runc,
+/// kernel under a verified runsc).
+pub fn effective_tier(claimed: Tier, operator_max: Tier, engine_tier: Option<Tier>) -> Tier {
+    claimed
+        .min(operator_max)
+        .min(engine_tier.unwrap_or(Tier::Vm))
 }
 
 fn tier_of(t: types::Tier) -> Tier {
@@ -602,44 +824,16 @@ fn tier_of(t: types::Tier) -> Tier {
     }
 }
 
-fn refusal_of(store: &mut Store<PluginState>, r: lazy::Refusal) -> Refusal {
+fn refusal_of(r: types::Refusal) -> Refusal {
     let (code, reason, msg) = match r {
-        lazy::Refusal::Request(m) => (Code::InvalidArgument, Reason::Request, m),
-        lazy::Refusal::Permission(m) => (Code::PermissionDenied, Reason::Permission, m),
-        lazy::Refusal::Unsupported(m) => (Code::Unimplemented, Reason::Unsupported, m),
-        lazy::Refusal::Isolation(m) => (Code::FailedPrecondition, Reason::Isolation, m),
-        lazy::Refusal::Environment(m) => (Code::FailedPrecondition, Reason::Environment, m),
-        lazy::Refusal::Capacity(m) => (Code::ResourceExhausted, Reason::Capacity, m),
+        types::Refusal::Request(m) => (Code::InvalidArgument, Reason::Request, m),
+        types::Refusal::Permission(m) => (Code::PermissionDenied, Reason::Permission, m),
+        types::Refusal::Unsupported(m) => (Code::Unimplemented, Reason::Unsupported, m),
+        types::Refusal::Isolation(m) => (Code::FailedPrecondition, Reason::Isolation, m),
+        types::Refusal::Environment(m) => (Code::FailedPrecondition, Reason::Environment, m),
+        types::Refusal::Capacity(m) => (Code::ResourceExhausted, Reason::Capacity, m),
     };
-    Refusal::new(
-        code,
-        reason,
-        read_text(&mut store.as_context_mut(), &msg, MESSAGE_BYTES),
-    )
-}
-
-/// At most `items` strings of a plugin's list, each read as `read_text`.
-fn read_texts(
-    store: &mut StoreContextMut<'_, PluginState>,
-    list: &WasmList<WasmStr>,
-    items: usize,
-    max: usize,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    for i in 0..list.len().min(items) {
-        if let Some(Ok(s)) = list.get(store.as_context_mut(), i) {
-            out.push(read_text(store, &s, max));
-        }
-    }
-    out
-}
-
-/// A plugin's string, read in place and cut to `max` before it is copied.
-fn read_text(store: &mut StoreContextMut<'_, PluginState>, s: &WasmStr, max: usize) -> String {
-    match s.to_str(store.as_context()) {
-        Ok(text) => sanitize(&text, max),
-        Err(_) => String::new(),
-    }
+    Refusal::new(code, reason, sanitize(&msg, MESSAGE_BYTES))
 }
 
 /// What went wrong in a call, as a class: the plugin's own error text may
@@ -668,7 +862,9 @@ fn check_imports(
         let interface = name.split('@').next().unwrap_or(name);
         let granted = match interface {
             _ if interface.starts_with("wasi:") => true,
-            "plimsoll:provider/types" | "plimsoll:provider/log" => true,
+            "plimsoll:provider/types"
+            | "plimsoll:provider/log"
+            | "plimsoll:provider/project-report" => true,
             "plimsoll:provider/http" => cfg.http.is_some(),
             "plimsoll:provider/container-engine" => cfg.container_engine.is_some(),
             _ => {
@@ -702,6 +898,8 @@ struct PluginState {
     /// the plugin (a container) may outlive it.
     ends: std::time::Instant,
     log_lines: u32,
+    /// A project run's steps and artifacts, as the plugin reports them.
+    report: ProjectReport,
 }
 
 impl WasiView for PluginState {
@@ -728,6 +926,22 @@ fn link_capabilities(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
         },
     )?;
 
+    let mut report = linker.instance("plimsoll:provider/project-report@0.1.0")?;
+    report.func_wrap_async(
+        "add-step",
+        |mut store: StoreContextMut<'_, PluginState>, (step,): (lazy::StepResult,)| {
+            let kept = report_step(&mut store, &step);
+            Box::new(async move { Ok((kept,)) })
+        },
+    )?;
+    report.func_wrap_async(
+        "add-artifact",
+        |mut store: StoreContextMut<'_, PluginState>, (a,): (lazy::Artifact,)| {
+            let kept = report_artifact(&mut store, &a);
+            Box::new(async move { Ok((kept,)) })
+        },
+    )?;
+
     let mut http_instance = linker.instance("plimsoll:provider/http@0.1.0")?;
     http_instance.func_wrap_async(
         "send",
@@ -749,6 +963,21 @@ fn link_capabilities(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
         |mut store: StoreContextMut<'_, PluginState>,
          (spec, stdin, timeout_ms, output_limit): (lazy::ContainerSpec, WasmList<u8>, u32, u32)| {
             Box::new(async move { Ok((engine_run(&mut store, spec, stdin, timeout_ms, output_limit).await,)) })
+        },
+    )?;
+    engine_instance.func_wrap_async(
+        "environment",
+        |store: StoreContextMut<'_, PluginState>, (): ()| {
+            let env = store.data().engine_environment();
+            Box::new(async move { Ok((env,)) })
+        },
+    )?;
+    engine_instance.func_wrap_async(
+        "prewarm",
+        |mut store: StoreContextMut<'_, PluginState>, (spec,): (lazy::ContainerSpec,)| {
+            let answer =
+                approve(&mut store, &spec).map(|(engine, approved)| engine.prewarm(approved));
+            Box::new(async move { Ok((answer,)) })
         },
     )?;
     Ok(())
@@ -844,13 +1073,12 @@ async fn http_send(
 const SPEC_BYTES: usize = 256 << 10;
 const SPEC_ITEMS: usize = 512;
 
-async fn engine_run(
+/// Copies a container spec out of the plugin under budget and puts it to
+/// the reference monitor. On approval, the engine and what it will run.
+fn approve(
     store: &mut StoreContextMut<'_, PluginState>,
-    spec: lazy::ContainerSpec,
-    stdin: WasmList<u8>,
-    timeout_ms: u32,
-    output_limit: u32,
-) -> Result<types::ProcessOutput, engine_if::EngineError> {
+    spec: &lazy::ContainerSpec,
+) -> Result<(engine::ContainerEngine, engine::Approved), engine_if::EngineError> {
     let plugin = store.data().plugin.clone();
     let refuse = |rule: &str| {
         tracing::warn!(target: "plimsoll::plugin", plugin = &*plugin, rule, "container spec refused");
@@ -903,9 +1131,30 @@ async fn engine_run(
     if let Err(rule) = engine_policy::check(&view, policy) {
         return Err(refuse(rule));
     }
+    // The user the host configured, not merely a non-root one.
+    if user != container_engine.settings().user() {
+        return Err(refuse(
+            "the user must be the guest uid:gid the operator configured",
+        ));
+    }
+    Ok((container_engine.clone(), engine::Approved { command, env }))
+}
+
+async fn engine_run(
+    store: &mut StoreContextMut<'_, PluginState>,
+    spec: lazy::ContainerSpec,
+    stdin: WasmList<u8>,
+    timeout_ms: u32,
+    output_limit: u32,
+) -> Result<types::ProcessOutput, engine_if::EngineError> {
+    let (container_engine, approved) = approve(store, &spec)?;
     let stdin = lazy::Budget::new(MAX_CONTAINER_STDIN, 0)
         .bytes(store, &stdin)
-        .map_err(|_| refuse(too_large))?;
+        .map_err(|_| {
+            engine_if::EngineError::Forbidden(
+                "the container's input is over the host's limits".into(),
+            )
+        })?;
     // The container gets what is left of the call, less a moment for the
     // plugin to report what it did before the call itself ends.
     let remaining = store
@@ -919,14 +1168,9 @@ async fn engine_run(
     let limit = (output_limit as usize).min(MAX_CONTAINER_OUTPUT);
     // Marked before the engine is asked: if this call is abandoned at its
     // deadline while the container runs, the host must not later claim that
-    // nothing ran.
+    // nothing ran. Put back only when the engine proves nothing started.
+    let was_dispatched = store.data().dispatched;
     store.data_mut().dispatched = true;
-    let approved = engine::Approved {
-        image,
-        command,
-        env,
-        user,
-    };
     match container_engine.run(approved, stdin, timeout, limit).await {
         Ok(out) => Ok(types::ProcessOutput {
             stdout: out.stdout,
@@ -936,13 +1180,42 @@ async fn engine_run(
             stdout_truncated: out.stdout_truncated,
             stderr_truncated: out.stderr_truncated,
         }),
-        Err(engine::EngineFailure::BeforeStart(why) | engine::EngineFailure::AfterStart(why)) => {
-            Err(engine_if::EngineError::Engine(why))
+        Err(engine::EngineFailure::BeforeStart(why)) => {
+            store.data_mut().dispatched = was_dispatched;
+            Err(engine_if::EngineError::NotStarted(why))
         }
+        Err(engine::EngineFailure::AfterStart(why)) => Err(engine_if::EngineError::Engine(why)),
     }
 }
 
 impl PluginState {
+    /// What the host verified, for a plugin granted the engine; an empty
+    /// environment (no image) for one that is not, whose runs the monitor
+    /// refuses anyway.
+    fn engine_environment(&self) -> engine_if::EngineEnvironment {
+        match &self.grants.container_engine {
+            Some((_, e)) => {
+                let v = e.verified();
+                engine_if::EngineEnvironment {
+                    image: v.image_id.clone(),
+                    configured: e.settings().image.clone(),
+                    image_env: v.image_env.clone(),
+                    user: e.settings().user(),
+                    runtime: e.settings().runtime.clone(),
+                    languages: v.languages.clone(),
+                }
+            }
+            None => engine_if::EngineEnvironment {
+                image: String::new(),
+                configured: String::new(),
+                image_env: vec![],
+                user: String::new(),
+                runtime: String::new(),
+                languages: vec![],
+            },
+        }
+    }
+
     fn origins(&self) -> Vec<String> {
         self.grants
             .http
@@ -958,18 +1231,21 @@ mod tests {
 
     #[test]
     fn tiers_are_capped_never_raised() {
-        assert_eq!(effective_tier(Tier::Vm, Tier::Vm, false), Tier::Vm);
+        assert_eq!(effective_tier(Tier::Vm, Tier::Vm, None), Tier::Vm);
+        assert_eq!(effective_tier(Tier::Vm, Tier::Process, None), Tier::Process);
+        assert_eq!(effective_tier(Tier::Process, Tier::Vm, None), Tier::Process);
+        // The engine's evidence caps the claim: runc is container...
         assert_eq!(
-            effective_tier(Tier::Vm, Tier::Process, false),
-            Tier::Process
+            effective_tier(Tier::Vm, Tier::Vm, Some(Tier::Container)),
+            Tier::Container
+        );
+        // ...and a verified runsc is kernel, never vm.
+        assert_eq!(
+            effective_tier(Tier::Vm, Tier::Vm, Some(Tier::Kernel)),
+            Tier::Kernel
         );
         assert_eq!(
-            effective_tier(Tier::Process, Tier::Vm, false),
-            Tier::Process
-        );
-        assert_eq!(effective_tier(Tier::Vm, Tier::Vm, true), Tier::Container);
-        assert_eq!(
-            effective_tier(Tier::Kernel, Tier::Kernel, true),
+            effective_tier(Tier::Kernel, Tier::Container, Some(Tier::Kernel)),
             Tier::Container
         );
     }

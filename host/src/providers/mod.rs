@@ -66,6 +66,14 @@ impl Provider {
         }
     }
 
+    /// Whether the provider runs projects.
+    pub fn runs_project(&self) -> bool {
+        match self {
+            Provider::Plugin(p) => p.described().runs_project,
+            Provider::Disabled | Provider::Wasm(_) => false,
+        }
+    }
+
     pub fn evidence(&self) -> Evidence {
         match self {
             Provider::Disabled => disabled::evidence(),

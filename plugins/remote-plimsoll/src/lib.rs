@@ -32,8 +32,8 @@ use bindings::exports::plimsoll::provider::adapter::Guest;
 use bindings::plimsoll::provider::http;
 use bindings::plimsoll::provider::log::{self, Level};
 use bindings::plimsoll::provider::types::{
-    Description, PayloadKind, PreflightReport, ProcessOutput, Refusal, RunError, RunRequest,
-    RunResult, Tier,
+    Description, Language, PayloadKind, PreflightReport, ProcessOutput, Refusal, RunError,
+    RunRequest, RunResult, Tier,
 };
 
 const NAME: &str = "remote-plimsoll";
@@ -80,8 +80,8 @@ impl Guest for RemotePlimsoll {
         ));
         Ok(PreflightReport {
             passed,
-            checks,
-            languages: vec!["javascript".to_string()],
+            checks: checks.join("\n"),
+            languages: vec![Language::Javascript],
         })
     }
 

@@ -1,0 +1,481 @@
+//! The docker provider against the real engine, under runc and under runsc
+//! (gVisor). Nothing here is faked: each test starts plimsolld with
+//! `SANDBOX_PROVIDER=docker`, which verifies the runtime and the image and
+//! runs its smoke test before it listens. A machine without a docker engine,
+//! the guest image (`make image`) or runsc fails these tests.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use plimsoll_tests::{Answer, Daemon, call, js_run};
+use serde_json::{Value, json};
+
+fn docker(runtime: &str, extra: &[(&str, &str)]) -> Daemon {
+    let image = plimsoll_tests::sandbox_image();
+    let mut env: Vec<(&str, &str)> = vec![
+        ("SANDBOX_PROVIDER", "docker"),
+        ("SANDBOX_DOCKER_IMAGE", image.as_str()),
+        ("SANDBOX_DOCKER_POOL", "1"),
+    ];
+    if !runtime.is_empty() {
+        env.push(("SANDBOX_DOCKER_RUNTIME", runtime));
+    }
+    env.extend_from_slice(extra);
+    Daemon::start(&env)
+}
+
+fn project(files: &[(&str, &str)], steps: &[&str], artifacts: &[&str]) -> Value {
+    json!({
+        "protocol": 4,
+        "project": {
+            "files": files.iter().map(|(p, c)| json!({"path": p, "content": c})).collect::<Vec<_>>(),
+            "steps": steps,
+            "artifacts": artifacts,
+        }
+    })
+}
+
+fn b64(v: &Value) -> String {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().unwrap_or(""))
+        .expect("base64");
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn step_out(a: &Answer, i: usize) -> String {
+    b64(&a.body["project"]["steps"][i]["stdout"])
+}
+
+/// Runs a snippet and returns its stdout, asserting it was answered.
+async fn js(d: &Daemon, code: &str) -> Answer {
+    let a = call(d, "Run", &js_run(code)).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    a
+}
+
+/// After the daemon stops, nothing it created is left.
+fn assert_no_leftovers(d: Daemon) {
+    let pid = d.pid().expect("pid");
+    drop(d);
+    assert_eq!(
+        plimsoll_tests::containers_of(pid),
+        0,
+        "containers were left behind"
+    );
+}
+
+#[tokio::test]
+async fn runc_is_the_container_tier_and_runs_snippets_and_projects() {
+    let d = docker("", &[]);
+    let info = call(&d, "Describe", &json!({})).await;
+    assert_eq!(info.body["sandbox"], "docker");
+    assert_eq!(info.body["isolation"], "container");
+    assert_eq!(info.body["supportsProject"], true);
+    assert_eq!(
+        info.body["projectEnvironment"]["languages"],
+        json!(["javascript", "python"])
+    );
+    let env = info.body["javascriptEnvironment"]["identity"]
+        .as_str()
+        .expect("identity");
+    assert_eq!(
+        env,
+        format!("docker-image:{}", plimsoll_tests::sandbox_image())
+    );
+    assert_eq!(info.body["resources"]["pids"], 256);
+
+    let a = js(
+        &d,
+        "console.log(process.getuid(), process.cwd()); console.error('e'); process.exitCode = 3",
+    )
+    .await;
+    assert_eq!(a.stdout(), "61000 /work\n");
+    assert_eq!(a.stderr(), "e\n");
+    assert_eq!(a.exit_code(), 3);
+    assert_eq!(a.body["isolation"], "container");
+    assert_eq!(a.body["record"]["isolation"], "container");
+
+    // A floor above the evidence: refused, nothing ran.
+    let mut req = js_run("console.log('ran')");
+    req["minimumIsolation"] = json!("kernel");
+    let a = call(&d, "Run", &req).await;
+    assert_eq!(a.mark(), Some("isolation"), "{:?}", a.body);
+
+    // The deadline kills the whole container.
+    let mut req = js_run("for(;;){}");
+    req["timeoutMs"] = json!(1000);
+    let t = Instant::now();
+    let a = call(&d, "Run", &req).await;
+    assert_eq!(a.body["javascript"]["timedOut"], true, "{:?}", a.body);
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+
+    // Output is capped per stream, with the flag set.
+    let a = js(&d, "process.stdout.write('x'.repeat(200000))").await;
+    assert_eq!(a.stdout().len(), 64 << 10);
+    assert_eq!(a.body["javascript"]["stdoutTruncated"], true);
+
+    projects(&d).await;
+    assert_no_leftovers(d);
+}
+
+/// Files, steps in order stopping at the first failure, artifacts, python,
+/// and the outcomes a runner can report.
+async fn projects(d: &Daemon) {
+    let a = call(
+        d,
+        "Run",
+        &project(
+            &[(
+                "src/main.py",
+                "import sys\nprint(sum(range(10)))\nopen('out.txt','w').write('art')\n",
+            )],
+            &[
+                "python3 src/main.py",
+                "cat out.txt",
+                "echo bad >&2; exit 7",
+                "echo never",
+            ],
+            &["out.txt", "missing.txt"],
+        ),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    let p = &a.body["project"];
+    assert_eq!(p["outcome"], "PROJECT_OUTCOME_COMPLETED", "{p:?}");
+    assert_eq!(p["steps"].as_array().map(Vec::len), Some(3), "{p:?}");
+    assert_eq!(step_out(&a, 0), "45\n");
+    assert_eq!(step_out(&a, 1), "art");
+    assert_eq!(p["steps"][2]["exitCode"], 7);
+    assert_eq!(b64(&p["steps"][2]["stderr"]), "bad\n");
+    assert_eq!(p["artifacts"].as_array().map(Vec::len), Some(1));
+    assert_eq!(p["artifacts"][0]["path"], "out.txt");
+    assert_eq!(b64(&p["artifacts"][0]["content"]), "art");
+
+    // A file path that collides with a directory: refused by the runner
+    // before any step.
+    let a = call(
+        d,
+        "Run",
+        &project(&[("a", "x"), ("a/b", "y")], &["echo never"], &[]),
+    )
+    .await;
+    assert_eq!(
+        a.body["project"]["outcome"], "PROJECT_OUTCOME_SETUP_FAILED",
+        "{:?}",
+        a.body
+    );
+    assert!(a.body["project"]["steps"].as_array().is_none());
+
+    // The budget runs out inside a step: the earlier step stands.
+    let mut req = project(&[], &["echo first", "sleep 30"], &[]);
+    req["timeoutMs"] = json!(2000);
+    let a = call(d, "Run", &req).await;
+    let p = &a.body["project"];
+    assert_eq!(p["outcome"], "PROJECT_OUTCOME_TIMED_OUT", "{:?}", a.body);
+    assert_eq!(step_out(&a, 0), "first\n");
+    assert_eq!(p["steps"][1]["timedOut"], true);
+}
+
+#[tokio::test]
+async fn runsc_is_verified_as_the_kernel_tier() {
+    let d = docker("runsc", &[]);
+    let info = call(&d, "Describe", &json!({})).await;
+    assert_eq!(info.body["isolation"], "kernel", "{:?}", info.body);
+    let mut req = js_run("console.log(require('os').release())");
+    req["minimumIsolation"] = json!("kernel");
+    let a = call(&d, "Run", &req).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(a.body["record"]["isolation"], "kernel");
+    // gVisor's own kernel answers, not the host's.
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    assert_ne!(a.stdout().trim(), host.trim(), "the host kernel answered");
+    projects(&d).await;
+    assert_no_leftovers(d);
+}
+
+#[tokio::test]
+async fn hostile_code_is_contained_under_runc() {
+    let d = docker("", &[]);
+    hostile_corpus(&d, false).await;
+    assert_no_leftovers(d);
+}
+
+#[tokio::test]
+async fn hostile_code_is_contained_under_runsc() {
+    let d = docker("runsc", &[]);
+    hostile_corpus(&d, true).await;
+    assert_no_leftovers(d);
+}
+
+/// Each attack runs for real and its containment is asserted from the
+/// result; the daemon must serve normally afterwards.
+async fn hostile_corpus(d: &Daemon, gvisor: bool) {
+    // Write to the root filesystem: read-only.
+    let a = js(
+        d,
+        "for (const p of ['/x', '/etc/passwd', '/usr/bin/node']) { try { require('fs').writeFileSync(p, 'y'); console.log('WROTE', p) } catch (e) { console.log(e.code) } }",
+    )
+    .await;
+    assert!(!a.stdout().contains("WROTE"), "{}", a.stdout());
+    assert_eq!(a.stdout().lines().count(), 3, "{}", a.stdout());
+
+    // Reach the network: only loopback exists.
+    let a = js(
+        d,
+        "const net = require('net'); const s = net.connect({host: '1.1.1.1', port: 53, timeout: 2000}); s.on('connect', () => { console.log('CONNECTED'); process.exit(0) }); s.on('error', e => console.log('blocked', e.code)); s.on('timeout', () => { console.log('blocked timeout'); process.exit(0) }); console.log(Object.keys(require('os').networkInterfaces()).join(','))",
+    )
+    .await;
+    assert!(!a.stdout().contains("CONNECTED"), "{}", a.stdout());
+    assert!(a.stdout().contains("blocked"), "{}", a.stdout());
+
+    // Fork bomb: the process limit holds. Under runc the forks fail (the
+    // shell reports it, or dies of it); under gVisor the sandbox is killed at
+    // its host cgroup's limit. Either way the step ends and nothing more
+    // than the limit ever ran.
+    let mut req = project(
+        &[],
+        &[
+            "i=0; while [ $i -lt 2000 ]; do sleep 20 & i=$((i+1)); done; echo spawned; ls /proc | grep -c '^[0-9]'",
+        ],
+        &[],
+    );
+    req["timeoutMs"] = json!(15000);
+    let a = call(d, "Run", &req).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    let step = &a.body["project"]["steps"][0];
+    let out = step_out(&a, 0);
+    if let Some(n) = out
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse::<u32>().ok())
+    {
+        assert!(n <= 260, "{n} processes ran under a limit of 256");
+    } else {
+        assert_ne!(step["exitCode"], 0, "{:?}", a.body);
+        if !gvisor {
+            assert!(b64(&step["stderr"]).contains("fork"), "{:?}", a.body);
+        }
+    }
+
+    // Fill /tmp past its size: ENOSPC at 16 MiB.
+    let a = call(
+        d,
+        "Run",
+        &project(
+            &[],
+            &["dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>/dev/null; wc -c < /tmp/fill"],
+            &[],
+        ),
+    )
+    .await;
+    let size: u64 = step_out(&a, 0).trim().parse().expect("a size");
+    assert!(size <= 16 << 20, "/tmp took {size} bytes");
+
+    // Other processes' /proc: the host's are not there, nor the daemon's.
+    let a = js(
+        d,
+        "const ps = require('fs').readdirSync('/proc').filter(n => /^[0-9]+$/.test(n)); console.log(ps.length)",
+    )
+    .await;
+    let n: u32 = a.stdout().trim().parse().expect("a count");
+    assert!(n < 10, "{n} processes visible in /proc");
+
+    // Setuid binaries and privileges: none to gain.
+    let a = call(
+        d,
+        "Run",
+        &project(
+            &[],
+            &["find / -xdev -perm /6000 -type f 2>/dev/null | wc -l; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status"],
+            &[],
+        ),
+    )
+    .await;
+    let out = step_out(&a, 0);
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("0"), "setuid binaries: {out}");
+    assert!(out.contains("0000000000000000"), "capabilities: {out}");
+    if !gvisor {
+        assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    }
+
+    // The docker socket: not there to open.
+    let a = js(
+        d,
+        "for (const p of ['/var/run/docker.sock', '/run/docker.sock']) { const s = require('net').connect(p); s.on('connect', () => console.log('OPENED', p)); s.on('error', e => console.log('no', e.code)); }",
+    )
+    .await;
+    assert!(!a.stdout().contains("OPENED"), "{}", a.stdout());
+
+    // And after all of it, the daemon serves.
+    let a = js(d, "console.log('still here')").await;
+    assert_eq!(a.stdout(), "still here\n");
+    let r = plimsoll_tests::client()
+        .get(d.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(r.status().as_u16(), 200);
+}
+
+async fn readyz(d: &Daemon) -> u16 {
+    plimsoll_tests::client()
+        .get(d.url("/readyz"))
+        .send()
+        .await
+        .map_or(0, |r| r.status().as_u16())
+}
+
+async fn wait_ready(d: &Daemon, want: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while readyz(d).await != want {
+        assert!(Instant::now() < deadline, "readyz never became {want}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_repointed_tag_refuses_runs_until_it_points_back() {
+    let tag = format!("plimsoll-test/repoint:{}", std::process::id());
+    let retag = |image: &str| {
+        let ok = std::process::Command::new("docker")
+            .args(["tag", image, &tag])
+            .status()
+            .expect("docker tag")
+            .success();
+        assert!(ok, "docker tag");
+    };
+    retag(&plimsoll_tests::sandbox_image());
+    let d = docker("", &[("SANDBOX_DOCKER_IMAGE", tag.as_str())]);
+    assert_eq!(js(&d, "console.log(1)").await.stdout(), "1\n");
+
+    retag(&plimsoll_tests::busybox_image());
+    wait_ready(&d, 503).await;
+    let a = call(&d, "Run", &js_run("console.log('ran')")).await;
+    assert_eq!(a.mark(), Some("environment"), "{:?}", a.body);
+
+    retag(&plimsoll_tests::sandbox_image());
+    wait_ready(&d, 200).await;
+    assert_eq!(js(&d, "console.log(2)").await.stdout(), "2\n");
+    assert_no_leftovers(d);
+    let _ = std::process::Command::new("docker")
+        .args(["rmi", &tag])
+        .output();
+}
+
+/// A Unix-socket relay to the real engine that the test can cut and
+/// restore, standing in for an engine that goes away and comes back.
+struct Relay {
+    path: std::path::PathBuf,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Relay {
+    fn start(path: &std::path::Path) -> Relay {
+        let _ = std::fs::remove_file(path);
+        let listener = tokio::net::UnixListener::bind(path).expect("bind relay");
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    break;
+                };
+                conns.spawn(async move {
+                    if let Ok(mut engine) =
+                        tokio::net::UnixStream::connect("/var/run/docker.sock").await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut engine).await;
+                    }
+                });
+            }
+        });
+        Relay {
+            path: path.to_path_buf(),
+            task: Some(task),
+        }
+    }
+
+    /// Drops every connection and the socket: the engine is gone.
+    fn cut(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+// Multi-threaded: the relay must serve the engine while this thread waits
+// for the daemon to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_engine_refuses_runs_and_recovers_on_its_own() {
+    let path = std::env::temp_dir().join(format!("plimsoll-relay-{}.sock", std::process::id()));
+    let mut relay = Relay::start(&path);
+    let socket = path.display().to_string();
+    let mut d = docker("", &[("SANDBOX_DOCKER_SOCKET", socket.as_str())]);
+    assert_eq!(js(&d, "console.log(1)").await.stdout(), "1\n");
+
+    relay.cut();
+    wait_ready(&d, 503).await;
+    let a = call(&d, "Run", &js_run("console.log('ran')")).await;
+    assert_eq!(a.mark(), Some("environment"), "{:?}", a.body);
+    assert!(d.is_running());
+
+    let _relay = Relay::start(&path);
+    wait_ready(&d, 200).await;
+    // The first run after recovery may find the pool still refilling; it
+    // runs either way.
+    assert_eq!(js(&d, "console.log(2)").await.stdout(), "2\n");
+    assert_no_leftovers(d);
+}
+
+#[test]
+fn startup_refuses_what_it_cannot_verify() {
+    // An image that is not there.
+    let (code, text) = plimsoll_tests::run_to_exit(
+        &[],
+        &[
+            ("SANDBOX_PROVIDER", "docker"),
+            ("SANDBOX_DOCKER_IMAGE", "plimsoll-test/no-such-image:1"),
+        ],
+    );
+    assert_ne!(code, Some(0));
+    assert!(text.contains("not in the engine"), "{text}");
+
+    // An image without node or python: the smoke test fails, naming why.
+    let busybox = plimsoll_tests::busybox_image();
+    let (code, text) = plimsoll_tests::run_to_exit(
+        &[],
+        &[
+            ("SANDBOX_PROVIDER", "docker"),
+            ("SANDBOX_DOCKER_IMAGE", busybox.as_str()),
+        ],
+    );
+    assert_ne!(code, Some(0));
+    assert!(text.contains("smoke test"), "{text}");
+
+    // A guest uid that is an account on this host (root's group 0 aside,
+    // uid 1000+ is refused when present; 65534 is nobody on Debian).
+    let (code, text) = plimsoll_tests::run_to_exit(
+        &[],
+        &[
+            ("SANDBOX_PROVIDER", "docker"),
+            ("SANDBOX_GUEST_UID", "65533"),
+        ],
+    );
+    assert_ne!(code, Some(0));
+    assert!(
+        text.contains("/etc/passwd") || text.contains("/etc/group"),
+        "{text}"
+    );
+
+    // A runtime plimsoll does not verify.
+    let (code, text) = plimsoll_tests::run_to_exit(
+        &[],
+        &[
+            ("SANDBOX_PROVIDER", "docker"),
+            ("SANDBOX_DOCKER_RUNTIME", "kata"),
+        ],
+    );
+    assert_ne!(code, Some(0));
+    assert!(text.contains("SANDBOX_DOCKER_RUNTIME"), "{text}");
+}
