@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the guest image runs use, locally: no image registry is reachable
 # from this machine, and a locally built image is one whose contents we can
-# name. Debian bookworm, minbase, with node and python3; nothing else.
+# name. Debian bookworm, minbase, with node and python3 (its standard
+# library, json and http.client included: the grant client needs them);
+# nothing else.
 #
 #   images/build-sandbox-image.sh [tag]     (default plimsoll/sandbox:bookworm)
 #
@@ -32,7 +34,7 @@ fi
 
 root="$(mktemp -d /var/tmp/plimsoll-image.XXXXXX)"
 trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase --include=nodejs,python3-minimal bookworm "$root" "$mirror" >"$root.log" 2>&1 || {
+debootstrap --variant=minbase --include=nodejs,python3 bookworm "$root" "$mirror" >"$root.log" 2>&1 || {
   tail -20 "$root.log" >&2; rm -f "$root.log"; exit 1
 }
 rm -f "$root.log"

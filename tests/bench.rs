@@ -5,6 +5,9 @@
 //! 2. http: the same snippet end to end through the real daemon on loopback,
 //!    sequentially (latency) and from several concurrent clients (throughput).
 //! 3. idle RSS of a freshly started daemon.
+//! 4. the broker: a Run making one granted call, against the same Run
+//!    making none and against the same call made directly to the API; the
+//!    broker's overhead is the first minus the other two (medians).
 //!
 //! Everything is bounded in count and time and only talks to 127.0.0.1.
 
@@ -120,6 +123,78 @@ async fn timed_run(c: &reqwest::Client, url: &str, body: &[u8]) -> (Duration, bo
     (t.elapsed(), ok)
 }
 
+/// The broker's cost for one call, on a loopback API.
+async fn broker(n: usize) {
+    let app = axum::Router::new().fallback(|| async { "{\"id\":1}" });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let origin = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let grants = serde_json::json!({"profiles": {"bench": {
+        "base_url": origin,
+        "allow": ["GET /items/*"],
+        "allowed_callers": ["anonymous"],
+        "token": {"type": "static", "env": "BENCH_TOKEN"},
+    }}});
+    let file =
+        std::env::temp_dir().join(format!("plimsoll-bench-grants-{}.json", std::process::id()));
+    std::fs::write(&file, grants.to_string()).expect("grants file");
+    let path = file.display().to_string();
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_GRANTS_FILE", path.as_str()),
+        ("BENCH_TOKEN", "bench-token"),
+    ]);
+    let c = reqwest::Client::new();
+    let url = d.url("/plimsoll.v1.SandboxService/Run");
+    let mut with = js_run("await host.get('/items/1')");
+    with["javascript"]["grantProfile"] = "bench".into();
+    let mut without = js_run("await Promise.resolve(1)");
+    without["javascript"]["grantProfile"] = "bench".into();
+    let (with, without) = (
+        with.to_string().into_bytes(),
+        without.to_string().into_bytes(),
+    );
+    let direct_url = format!("{origin}/items/1");
+    let (mut a, mut b, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..200 {
+        timed_run(&c, &url, &with).await;
+    }
+    // Interleaved, so drift on this noisy machine hits all three alike.
+    for _ in 0..n {
+        let (t, ok) = timed_run(&c, &url, &with).await;
+        assert!(ok);
+        a.push(t);
+        let (t, ok) = timed_run(&c, &url, &without).await;
+        assert!(ok);
+        b.push(t);
+        let t0 = Instant::now();
+        let r = c
+            .get(&direct_url)
+            .header("authorization", "Bearer bench-token")
+            .send()
+            .await
+            .expect("direct");
+        let _ = r.bytes().await;
+        direct.push(t0.elapsed());
+    }
+    for v in [&mut a, &mut b, &mut direct] {
+        v.sort();
+    }
+    let med = |v: &Vec<Duration>| percentile(v, 0.5).as_secs_f64() * 1e3;
+    summary("HTTP Run with one granted call", a.clone());
+    summary("HTTP Run with the grant, no call", b.clone());
+    summary("the same call made directly", direct.clone());
+    println!(
+        "| broker overhead per call (p50: with − without − direct) | | {:.3} ms | | |",
+        med(&a) - med(&b) - med(&direct)
+    );
+    let _ = std::fs::remove_file(&file);
+}
+
 fn rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines()
@@ -148,6 +223,7 @@ async fn main() {
     http(&d, n).await;
     throughput(&d, 4, n / 2).await;
     throughput(&d, 8, n / 4).await;
+    broker(n / 2).await;
     println!();
     match idle {
         Some(kib) => println!(

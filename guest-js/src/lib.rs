@@ -49,12 +49,12 @@ impl bindings::Guest for Guest {
         }
     }
 
-    fn run(code: String) -> i32 {
+    fn run(code: String, grant_global: Option<String>) -> i32 {
         let engine = match ENGINE.with(|e| e.borrow_mut().take()) {
             Some(engine) => Ok(engine),
             None => Engine::new(),
         };
-        match engine.and_then(|engine| run_snippet(engine, code)) {
+        match engine.and_then(|engine| run_snippet(engine, code, grant_global)) {
             Ok(code) => code,
             Err(msg) => {
                 // Only engine set-up failures land here (out of memory while
@@ -120,7 +120,7 @@ impl Engine {
     }
 }
 
-fn run_snippet(engine: Engine, code: String) -> Result<i32, String> {
+fn run_snippet(engine: Engine, code: String, grant_global: Option<String>) -> Result<i32, String> {
     let Engine { rt, ctx, unhandled } = engine;
     let seed = entropy::seed();
 
@@ -129,6 +129,11 @@ fn run_snippet(engine: Engine, code: String) -> Result<i32, String> {
     let main = ctx.with(
         |ctx| -> Result<Result<Persistent<Value<'static>>, i32>, String> {
             reseed_math_random(&ctx, seed).map_err(|e| format!("engine set-up failed: {e}"))?;
+            // The grant client exists only in a granted run, under the
+            // profile's name: a run without a grant has no transport at all.
+            if let Some(name) = &grant_global {
+                install_client(&ctx, name).map_err(|e| format!("engine set-up failed: {e}"))?;
+            }
             let mut options = EvalOptions::default();
             options.global = true;
             // Snippets are classic scripts, as `node -e` runs them: sloppy mode.
@@ -388,9 +393,13 @@ fn install_globals<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<()> {
     console.set("warn", console_writer(ctx, Channel::Stderr)?)?;
     console.set("error", console_writer(ctx, Channel::Stderr)?)?;
     globals.set("console", console)?;
+    Ok(())
+}
 
-    // The grant client. It exists on every run so that code written against a
-    // grant fails clearly, not with "host is not defined", when none is given.
+/// The grant client, `<name>.call/get/put/post/patch/del`, installed for a
+/// granted run only.
+fn install_client<'js>(ctx: &Ctx<'js>, name: &str) -> rquickjs::Result<()> {
+    let globals = ctx.globals();
     let host = Object::new(ctx.clone())?;
     host.set("call", host_fn(ctx, None)?)?;
     for (name, method) in [
@@ -402,7 +411,7 @@ fn install_globals<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<()> {
     ] {
         host.set(name, host_fn(ctx, Some(method))?)?;
     }
-    globals.set("host", host)?;
+    globals.set(name, host)?;
     Ok(())
 }
 

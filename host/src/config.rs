@@ -23,6 +23,11 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ),
     ("PLIMSOLL_LOG_FORMAT", "json", "log format: json or text"),
     (
+        "PLIMSOLL_GRANTS_FILE",
+        "(unset: no grants)",
+        "grant profiles (JSON, see docs/grants.md): the operator APIs runs may call through the broker",
+    ),
+    (
         "SANDBOX_PROVIDER",
         "(unset: disabled)",
         "provider: disabled, wasm, docker, or the name of a plugin in PLIMSOLL_PLUGIN_DIR; unset runs nothing, ever",
@@ -164,6 +169,8 @@ pub struct Config {
     pub plugin: PluginSettings,
     /// The container engine's settings, when the provider uses one.
     pub engine: Option<EngineSettings>,
+    /// Grant profiles, frozen.
+    pub grants: std::sync::Arc<crate::grants::Grants>,
     /// Variables with our prefixes that are not on the list.
     pub unknown: Vec<String>,
 }
@@ -307,7 +314,31 @@ impl Config {
             .cloned()
             .collect();
 
+        let grants = match get("PLIMSOLL_GRANTS_FILE") {
+            None => crate::grants::Grants::default(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+                    name: "PLIMSOLL_GRANTS_FILE",
+                    why: format!("reading {path}: {e}"),
+                })?;
+                let lookup = |name: &str| vars.get(name).cloned();
+                crate::grants::Grants::parse(&text, &lookup).map_err(|why| {
+                    ConfigError::Invalid {
+                        name: "PLIMSOLL_GRANTS_FILE",
+                        why,
+                    }
+                })?
+            }
+        };
+        if !grants.is_empty() && !matches!(provider, ProviderKind::Wasm | ProviderKind::Docker) {
+            return Err(ConfigError::Invalid {
+                name: "PLIMSOLL_GRANTS_FILE",
+                why: "grant profiles are configured, but this provider has no way to carry a grant (wasm and docker do)".into(),
+            });
+        }
+
         Ok(Config {
+            grants: std::sync::Arc::new(grants),
             addr,
             log_format,
             provider,

@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod api;
 pub mod config;
+pub mod grants;
 pub mod limits;
 pub mod plugins;
 pub mod providers;

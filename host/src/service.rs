@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Semaphore;
 
 use crate::admission::{self, Limits};
+use crate::grants::{self, Grants, Profile, broker};
 use crate::plugins::{self, ProjectOutput};
 use crate::providers::{Evidence, ProcessOutput, Provider, RunFailure};
 use crate::record;
@@ -39,15 +40,47 @@ pub struct Daemon {
     provider: Arc<Provider>,
     limits: Limits,
     in_flight: Arc<Semaphore>,
+    grants: Arc<Grants>,
+    /// The broker's upstream client: no redirects, no proxy.
+    broker_client: reqwest::Client,
 }
 
 impl Daemon {
     pub fn new(provider: Provider, limits: Limits) -> Self {
+        Daemon::with_grants(provider, limits, Arc::new(Grants::default()))
+    }
+
+    pub fn with_grants(provider: Provider, limits: Limits, grants: Arc<Grants>) -> Self {
         let in_flight = Arc::new(Semaphore::new(limits.max_concurrent as usize));
+        // Building a client without TLS roots or a resolver failing is a
+        // broken install; the broker then answers every call as failed.
+        let broker_client = crate::plugins::http::client().unwrap_or_default();
         Daemon {
             provider: Arc::new(provider),
             limits,
             in_flight,
+            grants,
+            broker_client,
+        }
+    }
+
+    /// The profile a request names, if this caller may use it and this
+    /// provider can carry it; an unknown profile, a forbidden one and one
+    /// the provider cannot carry get the same answer.
+    fn grant_for(&self, name: &str, project: bool) -> Result<Option<Arc<Profile>>, Refusal> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        let carries = match &*self.provider {
+            Provider::Wasm(_) => !project,
+            Provider::Plugin(p) => p.engine().is_some(),
+            Provider::Disabled => false,
+        };
+        match self.grants.for_caller(name, grants::ANONYMOUS) {
+            Some(p) if carries => Ok(Some(p)),
+            _ => Err(Refusal::permission(
+                "grant profile is unknown or not permitted for this caller",
+            )),
         }
     }
 
@@ -154,24 +187,10 @@ impl Daemon {
                     grant_profile,
                 },
             ) if self.provider.runs_javascript() => {
-                if !grant_profile.is_empty() {
-                    // No grant profiles exist yet; an unknown profile and a
-                    // forbidden one will get this same answer.
-                    return Err(Refusal::permission(
-                        "grant profile is unknown or not permitted for this caller",
-                    )
-                    .into());
-                }
-                Work::JavaScript(code.clone())
+                Work::JavaScript(code.clone(), self.grant_for(grant_profile, false)?)
             }
             (_, admission::Payload::Project(p)) if self.provider.runs_project() => {
-                if !p.grant_profile.is_empty() {
-                    return Err(Refusal::permission(
-                        "grant profile is unknown or not permitted for this caller",
-                    )
-                    .into());
-                }
-                Work::Project(p.clone())
+                Work::Project(p.clone(), self.grant_for(&p.grant_profile, true)?)
             }
             (provider, payload) => {
                 return Err(Refusal::unsupported(format!(
@@ -219,20 +238,44 @@ impl Daemon {
             .into());
         }
 
+        // The run's credential is minted here, after every check and
+        // immediately before dispatch; it lives in the session only.
+        let profile = match &work {
+            Work::JavaScript(_, p) | Work::Project(_, p) => p.clone(),
+        };
+        let session = match profile {
+            None => None,
+            Some(p) => Some(Arc::new(
+                broker::Session::open(
+                    p,
+                    grants::ANONYMOUS,
+                    checked.timeout,
+                    self.broker_client.clone(),
+                )
+                .map_err(|_| Refusal::environment("the grant's credential could not be minted"))?,
+            )),
+        };
+
         // 5. Dispatch.
         let started_wall = unix_ms();
         let started = Instant::now();
         let op = work.kind();
         let dispatched = match work {
-            Work::JavaScript(code) => self
-                .dispatch_javascript(code, checked.timeout)
+            Work::JavaScript(code, _) => self
+                .dispatch_javascript(code, checked.timeout, session.clone())
                 .await
                 .map(Answer::JavaScript),
-            Work::Project(p) => self
-                .dispatch_project(p, checked.timeout)
+            Work::Project(p, _) => self
+                .dispatch_project(p, checked.timeout, session.clone())
                 .await
                 .map(Answer::Project),
         };
+        let call_trace = session.as_ref().map(|s| s.trace());
+        let grant_profile = session.as_ref().map(|s| s.profile().name.clone());
+        let (host_calls, host_calls_denied, host_calls_shed) =
+            call_trace.as_ref().map_or((0, 0, 0), |t| {
+                (t.calls.len() as u32 + t.dropped, t.denied, t.shed)
+            });
         let elapsed_ms = started.elapsed().as_millis() as i64;
         let code_bytes = req.javascript.as_ref().map_or(0, |j| j.code.len());
         let trace_id = checked.trace_id.as_deref().unwrap_or("");
@@ -251,6 +294,10 @@ impl Daemon {
                 error_id,
                 trace_id,
                 trace_id_rejected = checked.trace_id_rejected,
+                grant_profile = grant_profile.as_deref(),
+                host_calls,
+                host_calls_denied,
+                host_calls_shed,
                 "code run"
             );
         };
@@ -274,13 +321,15 @@ impl Daemon {
                     timed_out: output.timed_out,
                     stdout_truncated: output.stdout_truncated,
                     stderr_truncated: output.stderr_truncated,
+                    call_trace: call_trace.clone(),
                 };
                 let digest = record::javascript_result_digest(&result);
                 let (code, t) = (result.exit_code, result.timed_out);
                 (Some(result), None, digest, code, t)
             }
             Answer::Project(p) => {
-                let result = project_result(p);
+                let mut result = project_result(p);
+                result.call_trace = call_trace.clone();
                 let digest = record::project_result_digest(&result);
                 // The audit line's exit code for a project is its last
                 // step's; timed out is the outcome's.
@@ -322,6 +371,7 @@ impl Daemon {
         &self,
         p: ProjectRun,
         timeout: Duration,
+        grant: Option<Arc<broker::Session>>,
     ) -> Result<ProjectOutput, RunError> {
         let Provider::Plugin(plugin) = &*self.provider else {
             // Unreachable by construction (checked in `run`).
@@ -333,7 +383,7 @@ impl Daemon {
             artifacts: p.artifacts,
         };
         match plugin
-            .run_project(payload, timeout, self.limits.output_limit)
+            .run_project(payload, timeout, self.limits.output_limit, grant)
             .await
         {
             Ok(out) => Ok(out),
@@ -346,11 +396,12 @@ impl Daemon {
         &self,
         code: String,
         timeout: Duration,
+        grant: Option<Arc<broker::Session>>,
     ) -> Result<ProcessOutput, RunError> {
         if let Provider::Plugin(p) = &*self.provider {
             // Plugins are async all the way down: no blocking thread.
             return match p
-                .run_javascript(code, timeout, self.limits.output_limit)
+                .run_javascript(code, timeout, self.limits.output_limit, grant)
                 .await
             {
                 Ok(out) => Ok(out),
@@ -359,8 +410,9 @@ impl Daemon {
             };
         }
         let provider = self.provider.clone();
+        let handle = tokio::runtime::Handle::current();
         let joined = tokio::task::spawn_blocking(move || match &*provider {
-            Provider::Wasm(w) => w.run(&code, timeout),
+            Provider::Wasm(w) => w.run_granted(&code, timeout, grant.map(|s| (s, handle))),
             // Unreachable by construction (checked in `run`); answered as a
             // refusal rather than a panic all the same.
             Provider::Disabled | Provider::Plugin(_) => Err(RunFailure::NotDispatched(
@@ -379,15 +431,15 @@ impl Daemon {
 
 /// What a run will do, once step 2 accepted it.
 enum Work {
-    JavaScript(String),
-    Project(ProjectRun),
+    JavaScript(String, Option<Arc<Profile>>),
+    Project(ProjectRun, Option<Arc<Profile>>),
 }
 
 impl Work {
     fn kind(&self) -> &'static str {
         match self {
-            Work::JavaScript(_) => "javascript",
-            Work::Project(_) => "project",
+            Work::JavaScript(..) => "javascript",
+            Work::Project(..) => "project",
         }
     }
 }
@@ -429,6 +481,7 @@ fn project_result(p: ProjectOutput) -> ProjectResult {
             })
             .collect(),
         artifacts_truncated: p.artifacts_truncated,
+        call_trace: None,
     }
 }
 

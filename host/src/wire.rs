@@ -207,6 +207,9 @@ pub struct JavaScriptResult {
     pub stdout_truncated: bool,
     #[serde(skip_serializing_if = "is_false")]
     pub stderr_truncated: bool,
+    /// The grant's calls, for a granted run. Outside the result digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_trace: Option<crate::grants::broker::CallTrace>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -335,6 +338,9 @@ pub struct ProjectResult {
     pub artifacts: Vec<Artifact>,
     #[serde(skip_serializing_if = "is_false")]
     pub artifacts_truncated: bool,
+    /// The grant's calls, for a granted run. Outside the result digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_trace: Option<crate::grants::broker::CallTrace>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

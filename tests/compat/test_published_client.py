@@ -213,3 +213,55 @@ def test_async_client(wasm):
         return [r.stdout for r in results]
 
     assert asyncio.run(main()) == [f"{i}\n".encode() for i in range(6)]
+
+
+class _Api:
+    """A loopback HTTP API that records what reached it."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (the stdlib's name)
+                seen.append((self.command, self.path, self.headers.get("authorization")))
+                body = json.dumps({"id": self.path.rsplit("/", 1)[-1]}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def test_granted_runs_pass_every_client_check(tmp_path):
+    api = _Api()
+    grants = tmp_path / "grants.json"
+    grants.write_text(json.dumps({"profiles": {"inventory": {
+        "base_url": api.origin,
+        "allow": ["GET /items/*"],
+        "allowed_callers": ["anonymous"],
+        "token": {"type": "static", "env": "COMPAT_TOKEN"},
+    }}}))
+    d = Daemon({"SANDBOX_PROVIDER": "wasm", "PLIMSOLL_GRANTS_FILE": str(grants),
+                "COMPAT_TOKEN": "compat-canary-token"})
+    try:
+        r = Client(d.url).run_javascript(
+            "const r = await host.get('/items/42'); console.log(r.id)",
+            grant_profile="inventory", minimum_isolation="process")
+        assert r.stdout == b"42\n"
+        assert api.seen == [("GET", "/items/42", "Bearer compat-canary-token")]
+        with pytest.raises(plimsoll_client.errors.PlimsollError) as refused:
+            Client(d.url).run_javascript("1", grant_profile="nope")
+        assert refused.value.not_dispatched == "permission"
+        assert len(api.seen) == 1
+    finally:
+        d.stop()
+        api.server.shutdown()

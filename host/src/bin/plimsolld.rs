@@ -152,7 +152,16 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         }
     };
     release_startup_memory();
-    let daemon = Arc::new(Daemon::new(provider, limits));
+    if !cfg.grants.is_empty() {
+        tracing::info!(profiles = cfg.grants.len(), "grant profiles loaded");
+        for name in cfg.grants.open_to_all() {
+            tracing::warn!(
+                profile = name,
+                "grant profile is open to every caller (\"*\")"
+            );
+        }
+    }
+    let daemon = Arc::new(Daemon::with_grants(provider, limits, cfg.grants.clone()));
     let ev = daemon.evidence();
     let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
     tracing::info!(

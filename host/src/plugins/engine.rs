@@ -127,6 +127,15 @@ pub struct Approved {
     pub env: Vec<String>,
 }
 
+/// A granted run's broker directory, mounted read-only at
+/// `grants::socket::MOUNT_POINT`, and the environment that points the guest
+/// clients at it.
+#[derive(Debug, Clone)]
+pub struct GrantMount {
+    pub dir: PathBuf,
+    pub env: Vec<String>,
+}
+
 /// How a run through the engine failed.
 #[derive(Debug)]
 pub enum EngineFailure {
@@ -416,19 +425,23 @@ impl ContainerEngine {
             let started = self
                 .start_waiting(&template, expiry(WARM_MAX_AGE + LONGEST_RUN))
                 .await;
-            // The lock is never held across an await.
+            // The lock is never held across an await. A container that is
+            // no longer wanted (shutdown, a new template) is removed before
+            // `starting` drops, so shutdown, which waits for `starting` to
+            // reach 0, never exits with it still in the engine.
             let unwanted = {
                 let Ok(mut pool) = self.pool.lock() else {
                     return;
                 };
-                pool.starting = pool.starting.saturating_sub(1);
                 match started {
                     Ok(warm) if pool.template.as_ref() == Some(&template) && !pool.closed => {
                         pool.warm.push_back(warm);
+                        pool.starting = pool.starting.saturating_sub(1);
                         None
                     }
                     Ok(warm) => Some(warm.name),
                     Err(why) => {
+                        pool.starting = pool.starting.saturating_sub(1);
                         tracing::warn!(why = %why, "starting a warm container failed");
                         return;
                     }
@@ -436,6 +449,9 @@ impl ContainerEngine {
             };
             if let Some(name) = unwanted {
                 self.remove(&name).await;
+                if let Ok(mut pool) = self.pool.lock() {
+                    pool.starting = pool.starting.saturating_sub(1);
+                }
                 return;
             }
         }
@@ -497,6 +513,7 @@ impl ContainerEngine {
         stdin: Vec<u8>,
         timeout: Duration,
         output_limit: usize,
+        grant: Option<GrantMount>,
     ) -> Result<ProcessOutput, EngineFailure> {
         if let Err(why) = self.ready() {
             return Err(EngineFailure::BeforeStart(why));
@@ -505,16 +522,27 @@ impl ContainerEngine {
         // Own task: if the caller's future is dropped, this still finishes
         // and removes the container.
         let task = tokio::spawn(async move {
-            let warm = match engine.take_warm(&spec) {
+            // A granted run needs its own mount: never a warm container.
+            let warm = match engine.take_warm(&spec).filter(|_| grant.is_none()) {
                 Some(w) => {
                     let refill = engine.clone();
                     tokio::spawn(async move { refill.top_up().await });
                     w
                 }
-                None => engine
-                    .start_waiting(&spec, expiry(timeout))
-                    .await
-                    .map_err(EngineFailure::BeforeStart)?,
+                None => {
+                    let mut spec = spec;
+                    if let Some(g) = &grant {
+                        spec.env.extend(g.env.iter().cloned());
+                    }
+                    engine
+                        .start_waiting_with(
+                            &spec,
+                            expiry(timeout),
+                            grant.as_ref().map(|g| g.dir.as_path()),
+                        )
+                        .await
+                        .map_err(EngineFailure::BeforeStart)?
+                }
             };
             let name = warm.name.clone();
             let result = engine.drive(warm, stdin, timeout, output_limit).await;
@@ -529,10 +557,19 @@ impl ContainerEngine {
     /// stdin, with every limit in place. On any failure the container is
     /// removed and nothing of its command has had input.
     async fn start_waiting(&self, spec: &Approved, expires: u64) -> Result<Warm, String> {
+        self.start_waiting_with(spec, expires, None).await
+    }
+
+    async fn start_waiting_with(
+        &self,
+        spec: &Approved,
+        expires: u64,
+        grant_dir: Option<&Path>,
+    ) -> Result<Warm, String> {
         let mut id = [0u8; 8];
         let _ = getrandom::fill(&mut id);
         let name = format!("plimsoll-{}", hex::encode(id));
-        let body = self.create_body(spec, expires);
+        let body = self.create_body(spec, expires, grant_dir);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
         let created = match self.docker.create_container(Some(options), body).await {
             Ok(c) => c,
@@ -670,7 +707,12 @@ impl ContainerEngine {
         removed
     }
 
-    fn create_body(&self, spec: &Approved, expires: u64) -> ContainerCreateBody {
+    fn create_body(
+        &self,
+        spec: &Approved,
+        expires: u64,
+        grant_dir: Option<&Path>,
+    ) -> ContainerCreateBody {
         let s = &self.settings;
         let memory = i64::from(s.memory_mb) << 20;
         let (entrypoint, cmd) = match spec.command.split_first() {
@@ -705,6 +747,15 @@ impl ContainerEngine {
             ])),
             host_config: Some(HostConfig {
                 network_mode: Some("none".into()),
+                // The only host path a container ever sees: the run's broker
+                // directory, read-only, made by the host for this run.
+                binds: grant_dir.map(|d| {
+                    vec![format!(
+                        "{}:{}:ro",
+                        d.display(),
+                        crate::grants::socket::MOUNT_POINT
+                    )]
+                }),
                 readonly_rootfs: Some(true),
                 privileged: Some(false),
                 cap_drop: Some(vec!["ALL".into()]),

@@ -36,6 +36,7 @@ use wasmtime::{AsContext, AsContextMut, StoreContextMut};
 use wasmtime::{Config, Engine, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use crate::grants::broker;
 use crate::limits::{EpochTicker, MemoryCap};
 use crate::providers::{ProcessOutput, RunFailure};
 use crate::refusal::{Code, Reason, Refusal};
@@ -424,6 +425,8 @@ impl PluginProvider {
             dispatched: false,
             log_lines: 0,
             report: ProjectReport::default(),
+            grant: None,
+            mount: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -546,9 +549,15 @@ impl PluginProvider {
         code: String,
         timeout: Duration,
         output_limit: usize,
+        grant: Option<Arc<broker::Session>>,
     ) -> Result<ProcessOutput, RunFailure> {
         match self
-            .run(types::Payload::Javascript(code), timeout, output_limit)
+            .run(
+                types::Payload::Javascript(code),
+                timeout,
+                output_limit,
+                grant,
+            )
             .await?
         {
             PluginResult::Javascript(out) => Ok(out),
@@ -564,6 +573,7 @@ impl PluginProvider {
         project: ProjectPayloadIn,
         timeout: Duration,
         output_limit: usize,
+        grant: Option<Arc<broker::Session>>,
     ) -> Result<ProjectOutput, RunFailure> {
         let project = types::ProjectPayload {
             files: project
@@ -575,7 +585,12 @@ impl PluginProvider {
             artifacts: project.artifacts,
         };
         match self
-            .run(types::Payload::Project(project), timeout, output_limit)
+            .run(
+                types::Payload::Project(project),
+                timeout,
+                output_limit,
+                grant,
+            )
             .await?
         {
             PluginResult::Project(out) => Ok(out),
@@ -591,6 +606,7 @@ impl PluginProvider {
         payload: types::Payload,
         timeout: Duration,
         output_limit: usize,
+        grant: Option<Arc<broker::Session>>,
     ) -> Result<PluginResult, RunFailure> {
         // A plugin whose engine is not ready never gets the run: nothing is
         // dispatched, and the refusal says why.
@@ -605,6 +621,7 @@ impl PluginProvider {
             payload,
         };
         store.data_mut().report.output_limit = output_limit;
+        store.data_mut().grant = grant;
         let outcome = self
             .call::<(types::RunRequest,), (Result<types::RunResult, types::RunError>,)>(
                 &mut store,
@@ -900,6 +917,11 @@ struct PluginState {
     log_lines: u32,
     /// A project run's steps and artifacts, as the plugin reports them.
     report: ProjectReport,
+    /// The run's broker session, when it carries a grant, and the socket
+    /// directory containers of this call mount (made on first use, removed
+    /// when the call's store is dropped).
+    grant: Option<Arc<broker::Session>>,
+    mount: Option<Arc<crate::grants::socket::Mount>>,
 }
 
 impl WasiView for PluginState {
@@ -1073,6 +1095,26 @@ async fn http_send(
 const SPEC_BYTES: usize = 256 << 10;
 const SPEC_ITEMS: usize = 512;
 
+/// For a granted run, the broker directory its containers mount, made on
+/// first use.
+fn grant_mount(
+    store: &mut StoreContextMut<'_, PluginState>,
+) -> Result<Option<engine::GrantMount>, String> {
+    let Some(session) = store.data().grant.clone() else {
+        return Ok(None);
+    };
+    if store.data().mount.is_none() {
+        let root = std::env::temp_dir().join("plimsoll-runs");
+        let mount = crate::grants::socket::Mount::open(&root, session)
+            .map_err(|e| format!("the run's broker socket could not be made: {e}"))?;
+        store.data_mut().mount = Some(Arc::new(mount));
+    }
+    Ok(store.data().mount.as_ref().map(|m| engine::GrantMount {
+        dir: m.dir().to_path_buf(),
+        env: m.env(),
+    }))
+}
+
 /// Copies a container spec out of the plugin under budget and puts it to
 /// the reference monitor. On approval, the engine and what it will run.
 fn approve(
@@ -1171,7 +1213,14 @@ async fn engine_run(
     // nothing ran. Put back only when the engine proves nothing started.
     let was_dispatched = store.data().dispatched;
     store.data_mut().dispatched = true;
-    match container_engine.run(approved, stdin, timeout, limit).await {
+    let grant = match grant_mount(store) {
+        Ok(g) => g,
+        Err(why) => return Err(engine_if::EngineError::NotStarted(why)),
+    };
+    match container_engine
+        .run(approved, stdin, timeout, limit, grant)
+        .await
+    {
         Ok(out) => Ok(types::ProcessOutput {
             stdout: out.stdout,
             stderr: out.stderr,

@@ -12,6 +12,7 @@
 //! is capped by a limiter that traps on the first growth past the cap, so a
 //! script cannot catch its way around it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -19,6 +20,7 @@ use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use crate::grants::broker;
 use crate::limits::{EpochTicker, MemoryCap, ticks};
 use crate::providers::{ProcessOutput, RunFailure};
 use crate::refusal::Refusal;
@@ -162,7 +164,21 @@ impl WasmProvider {
     /// Runs one snippet to completion, its deadline, or its memory cap.
     /// Blocking: call it from a blocking thread.
     pub fn run(&self, code: &str, timeout: Duration) -> Result<ProcessOutput, RunFailure> {
-        let state = RunState::new(self.memory_limit, self.output_limit);
+        self.run_granted(code, timeout, None)
+    }
+
+    /// Runs one snippet with the grant's broker session, if any. The
+    /// session's calls are made on `handle`'s runtime while this thread
+    /// waits (the guest sees a synchronous call and wraps it in a Promise).
+    pub fn run_granted(
+        &self,
+        code: &str,
+        timeout: Duration,
+        grant: Option<(Arc<broker::Session>, tokio::runtime::Handle)>,
+    ) -> Result<ProcessOutput, RunFailure> {
+        let global = grant.as_ref().map(|(s, _)| s.profile().global.clone());
+        let mut state = RunState::new(self.memory_limit, self.output_limit);
+        state.broker = grant;
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(ticks(timeout, TICK));
@@ -180,7 +196,7 @@ impl WasmProvider {
                 )));
             }
         };
-        let result = guest.call_run(&mut store, code);
+        let result = guest.call_run(&mut store, code, global.as_deref());
         let state = store.into_data();
         let (mut out, mut err) = (state.stdout, state.stderr);
         let (exit_code, timed_out) = match result {
@@ -231,6 +247,8 @@ struct RunState {
     limits: MemoryCap,
     stdout: Capped,
     stderr: Capped,
+    /// The run's broker session, when it carries a grant.
+    broker: Option<(Arc<broker::Session>, tokio::runtime::Handle)>,
 }
 
 impl RunState {
@@ -241,6 +259,7 @@ impl RunState {
             limits: MemoryCap::new(memory_limit),
             stdout: Capped::new(output_limit),
             stderr: Capped::new(output_limit),
+            broker: None,
         }
     }
 }
@@ -411,10 +430,29 @@ impl output_if::Host for RunState {
 impl broker_if::Host for RunState {
     fn call(
         &mut self,
-        _request: broker_if::Request,
+        request: broker_if::Request,
     ) -> Result<broker_if::Response, broker_if::CallError> {
-        // No run carries a grant yet: the guest has no network at all.
-        Err(broker_if::CallError::NoGrant)
+        let Some((session, handle)) = &self.broker else {
+            // No grant: the guest has no network at all.
+            return Err(broker_if::CallError::NoGrant);
+        };
+        // This is a blocking-pool thread, outside the runtime's async
+        // context, so waiting on the runtime here is allowed.
+        let answer = handle.block_on(session.call(&request.method, &request.path, request.body));
+        match answer {
+            Ok(r) => Ok(broker_if::Response {
+                status: r.status,
+                body: r.body,
+            }),
+            Err(broker::CallError::NotPermitted(why)) => {
+                Err(broker_if::CallError::NotPermitted(why.to_string()))
+            }
+            Err(broker::CallError::Budget(why)) => {
+                Err(broker_if::CallError::BudgetExhausted(why.to_string()))
+            }
+            Err(broker::CallError::Shed) => Err(broker_if::CallError::Shed),
+            Err(broker::CallError::Upstream(why)) => Err(broker_if::CallError::UpstreamFailed(why)),
+        }
     }
 }
 

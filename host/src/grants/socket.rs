@@ -1,0 +1,180 @@
+//! The broker's transport into containers: a per-run Unix socket.
+//!
+//! For a granted container run the host makes a fresh directory holding the
+//! socket and the guest-side clients (node and python), bind-mounts it
+//! read-only at `/run/plimsoll`, and serves HTTP on the socket with the run's
+//! broker session. A request's method and raw path are the call; its body is
+//! the call's body. Nothing else on the socket is reachable: no other
+//! endpoint, no upstream URL, no credential.
+//!
+//! gVisor connects to a bind-mounted host socket only with runsc's
+//! `--host-uds=open` (scripts/setup.sh registers it so); the docker tests
+//! run every grant test under runsc too.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
+
+use super::broker::{CallError, MAX_REQUEST_BODY, Session};
+
+/// Where the directory appears inside a container.
+pub const MOUNT_POINT: &str = "/run/plimsoll";
+/// Connections one run's socket serves at once.
+const MAX_CONNECTIONS: usize = 32;
+/// The header that tells the guest client a broker answer from an upstream
+/// one.
+pub const BROKER_HEADER: &str = "plimsoll-broker";
+
+const NODE_CLIENT: &str = include_str!("clients/host.cjs");
+const PYTHON_CLIENT: &str = include_str!("clients/sitecustomize.py");
+
+/// One run's socket directory and its server; both go when this is dropped.
+pub struct Mount {
+    dir: PathBuf,
+    server: tokio::task::JoinHandle<()>,
+    global: String,
+}
+
+impl Mount {
+    /// Makes the directory under `root`, writes the clients, binds the
+    /// socket and starts serving `session` on it.
+    pub fn open(root: &Path, session: Arc<Session>) -> std::io::Result<Mount> {
+        std::fs::create_dir_all(root)?;
+        // Others may pass through but not list: run directories are named
+        // by 128 random bits.
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))?;
+        let mut id = [0u8; 16];
+        getrandom::fill(&mut id).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let dir = root.join(hex::encode(id));
+        std::fs::create_dir(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+        let opened = (|| {
+            std::fs::write(dir.join("host.cjs"), NODE_CLIENT)?;
+            std::fs::write(dir.join("sitecustomize.py"), PYTHON_CLIENT)?;
+            let sock = dir.join("host.sock");
+            let listener = UnixListener::bind(&sock)?;
+            // The guest's uid must be able to connect.
+            std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))?;
+            Ok::<_, std::io::Error>(listener)
+        })();
+        let listener = match opened {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let global = session.profile().global.clone();
+        let server = tokio::spawn(serve(listener, session));
+        Ok(Mount {
+            dir,
+            server,
+            global,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The environment a container of this run gets, so node and python
+    /// find the client without the guest doing anything.
+    pub fn env(&self) -> Vec<String> {
+        vec![
+            format!("HOST_API_SOCKET={MOUNT_POINT}/host.sock"),
+            format!("PLIMSOLL_GRANT_GLOBAL={}", self.global),
+            format!("NODE_OPTIONS=--require={MOUNT_POINT}/host.cjs"),
+            format!("PYTHONPATH={MOUNT_POINT}"),
+        ]
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.server.abort();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn serve(listener: UnixListener, session: Arc<Session>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            // Over the cap: the connection is closed unanswered.
+            continue;
+        };
+        let session = session.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let session = session.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(&session, req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn handle(session: &Session, req: Request<hyper::body::Incoming>) -> Response<Body> {
+    let method = req.method().as_str().to_string();
+    // The raw request target, exactly as sent: a query or anything the
+    // broker would have to rewrite is refused there, never repaired here.
+    let target = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    let body = match Limited::new(req.into_body(), MAX_REQUEST_BODY)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return broker_answer(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "budget",
+                "the request body is over 1 MiB",
+            );
+        }
+    };
+    let body = (!body.is_empty()).then(|| body.to_vec());
+    match session.call(&method, &target, body).await {
+        Ok(r) => Response::builder()
+            .status(StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_GATEWAY))
+            .header(BROKER_HEADER, "upstream")
+            .body(Body::from(r.body))
+            .unwrap_or_default(),
+        Err(CallError::NotPermitted(why)) => {
+            broker_answer(StatusCode::FORBIDDEN, "not-permitted", why)
+        }
+        Err(CallError::Budget(why)) => broker_answer(StatusCode::TOO_MANY_REQUESTS, "budget", why),
+        Err(CallError::Shed) => broker_answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shed",
+            "calls are being shed after the API asked to back off",
+        ),
+        Err(CallError::Upstream(why)) => {
+            broker_answer(StatusCode::BAD_GATEWAY, "upstream-failed", &why)
+        }
+    }
+}
+
+fn broker_answer(status: StatusCode, kind: &'static str, text: &str) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(BROKER_HEADER, kind)
+        .body(Body::from(text.to_string()))
+        .unwrap_or_default()
+}
