@@ -510,120 +510,6 @@ pub fn help_text() -> String {
     s
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn unset_provider_is_disabled() {
-        let c = Config::from_map(&env(&[])).expect("valid");
-        assert_eq!(c.provider, ProviderKind::Disabled);
-        assert_eq!(c.addr.to_string(), "127.0.0.1:8746");
-    }
-
-    #[test]
-    fn unknown_provider_lists_known_ones() {
-        let e = Config::from_map(&env(&[("SANDBOX_PROVIDER", "Dock r")])).expect_err("refused");
-        let text = e.to_string();
-        assert!(text.contains("disabled") && text.contains("wasm"), "{text}");
-    }
-
-    #[test]
-    fn wasm_refuses_limits_it_cannot_enforce() {
-        for name in ["SANDBOX_CPUS", "SANDBOX_PIDS", "SANDBOX_DISK_MB"] {
-            let e = Config::from_map(&env(&[("SANDBOX_PROVIDER", "wasm"), (name, "1")]))
-                .expect_err("refused");
-            assert_eq!(e, ConfigError::Unenforceable(name, "wasm"));
-        }
-    }
-
-    #[test]
-    fn unknown_prefixed_variables_are_collected() {
-        let c = Config::from_map(&env(&[("SANDBOX_PROVDER", "wasm"), ("HOME", "/root")]))
-            .expect("valid");
-        assert_eq!(c.unknown, vec!["SANDBOX_PROVDER".to_string()]);
-    }
-
-    #[test]
-    fn plugin_settings_are_checked() {
-        let base = [
-            ("SANDBOX_PROVIDER", "remote-plimsoll"),
-            ("KEY", "secret-value"),
-        ];
-        let with = |extra: &[(&'static str, &'static str)]| {
-            let mut v = base.to_vec();
-            v.extend_from_slice(extra);
-            Config::from_map(&env(&v))
-        };
-        // A key is never sent over plain http.
-        assert!(
-            with(&[
-                ("SANDBOX_PLUGIN_HTTP_ORIGINS", "http://127.0.0.1:9"),
-                ("SANDBOX_PLUGIN_API_KEY_ENV", "KEY")
-            ])
-            .is_err()
-        );
-        let c = with(&[
-            ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://api.example.com"),
-            ("SANDBOX_PLUGIN_API_KEY_ENV", "KEY"),
-        ])
-        .expect("valid");
-        let (name, value) = c.plugin.http.expect("grant").api_key.expect("key");
-        assert_eq!(name, "authorization");
-        assert!(value.is_sensitive());
-        // A key with nowhere to go, an unset key variable, limits a plugin
-        // cannot enforce, and plugin settings without a plugin.
-        assert!(with(&[("SANDBOX_PLUGIN_API_KEY_ENV", "KEY")]).is_err());
-        assert!(
-            with(&[
-                ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),
-                ("SANDBOX_PLUGIN_API_KEY_ENV", "NOPE")
-            ])
-            .is_err()
-        );
-        assert!(with(&[("SANDBOX_PIDS", "10")]).is_err());
-        assert!(
-            Config::from_map(&env(&[
-                ("SANDBOX_PROVIDER", "wasm"),
-                ("SANDBOX_PLUGIN_MAX_TIER", "vm")
-            ]))
-            .is_err()
-        );
-        // A key variable with our prefix is read, so not reported as unknown.
-        let c = Config::from_map(&env(&[
-            ("SANDBOX_PROVIDER", "remote-plimsoll"),
-            ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),
-            ("SANDBOX_PLUGIN_API_KEY_ENV", "PLIMSOLL_UPSTREAM_KEY"),
-            ("PLIMSOLL_UPSTREAM_KEY", "k"),
-        ]))
-        .expect("valid");
-        assert!(c.unknown.is_empty(), "{:?}", c.unknown);
-        // The debug form of the whole configuration never shows the key.
-        let shown = format!(
-            "{:?}",
-            with(&[
-                ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),
-                ("SANDBOX_PLUGIN_API_KEY_ENV", "KEY")
-            ])
-        );
-        assert!(!shown.contains("secret-value"), "{shown}");
-    }
-
-    #[test]
-    fn bounds_are_checked() {
-        assert!(Config::from_map(&env(&[("SANDBOX_MEMORY_MB", "0")])).is_err());
-        assert!(Config::from_map(&env(&[("SANDBOX_MAX_CONCURRENT", "5000")])).is_err());
-        assert!(Config::from_map(&env(&[("SANDBOX_MEMORY_MB", "-1")])).is_err());
-    }
-}
-
 /// The shipped seccomp profile, applied under runc unless the operator names
 /// another (see docs/isolation-tiers.md).
 pub const SHIPPED_SECCOMP: &str = include_str!("../../plugins/docker/seccomp.json");
@@ -743,4 +629,134 @@ pub fn check_guest_uid(uid: u32, passwd: &str, group: &str) -> Result<(), String
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn unset_provider_is_disabled() {
+        let c = Config::from_map(&env(&[])).expect("valid");
+        assert_eq!(c.provider, ProviderKind::Disabled);
+        assert_eq!(c.addr.to_string(), "127.0.0.1:8746");
+    }
+
+    #[test]
+    fn unknown_provider_lists_known_ones() {
+        let e = Config::from_map(&env(&[("SANDBOX_PROVIDER", "Dock r")])).expect_err("refused");
+        let text = e.to_string();
+        assert!(text.contains("disabled") && text.contains("wasm"), "{text}");
+    }
+
+    #[test]
+    fn wasm_refuses_limits_it_cannot_enforce() {
+        for name in ["SANDBOX_CPUS", "SANDBOX_PIDS", "SANDBOX_DISK_MB"] {
+            let e = Config::from_map(&env(&[("SANDBOX_PROVIDER", "wasm"), (name, "1")]))
+                .expect_err("refused");
+            assert_eq!(e, ConfigError::Unenforceable(name, "wasm"));
+        }
+    }
+
+    #[test]
+    fn unknown_prefixed_variables_are_collected() {
+        let c = Config::from_map(&env(&[("SANDBOX_PROVDER", "wasm"), ("HOME", "/root")]))
+            .expect("valid");
+        assert_eq!(c.unknown, vec!["SANDBOX_PROVDER".to_string()]);
+    }
+
+    #[test]
+    fn plugin_settings_are_checked() {
+        let base = [
+            ("SANDBOX_PROVIDER", "remote-plimsoll"),
+            ("KEY", "secret-value"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            Config::from_map(&env(&v))
+        };
+        // A key is never sent over plain http.
+        assert!(
+            with(&[
+                ("SANDBOX_PLUGIN_HTTP_ORIGINS", "http://127.0.0.1:9"),
+                ("SANDBOX_PLUGIN_API_KEY_ENV", "KEY")
+            ])
+            .is_err()
+        );
+        let c = with(&[
+            ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://api.example.com"),
+            ("SANDBOX_PLUGIN_API_KEY_ENV", "KEY"),
+        ])
+        .expect("valid");
+        let (name, value) = c.plugin.http.expect("grant").api_key.expect("key");
+        assert_eq!(name, "authorization");
+        assert!(value.is_sensitive());
+        // A key with nowhere to go, an unset key variable, limits a plugin
+        // cannot enforce, and plugin settings without a plugin.
+        assert!(with(&[("SANDBOX_PLUGIN_API_KEY_ENV", "KEY")]).is_err());
+        assert!(
+            with(&[
+                ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),
+                ("SANDBOX_PLUGIN_API_KEY_ENV", "NOPE")
+            ])
+            .is_err()
+        );
+        assert!(with(&[("SANDBOX_PIDS", "10")]).is_err());
+        assert!(
+            Config::from_map(&env(&[
+                ("SANDBOX_PROVIDER", "wasm"),
+                ("SANDBOX_PLUGIN_MAX_TIER", "vm")
+            ]))
+            .is_err()
+        );
+        // A key variable with our prefix is read, so not reported as unknown.
+        let c = Config::from_map(&env(&[
+            ("SANDBOX_PROVIDER", "remote-plimsoll"),
+            ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),
+            ("SANDBOX_PLUGIN_API_KEY_ENV", "PLIMSOLL_UPSTREAM_KEY"),
+            ("PLIMSOLL_UPSTREAM_KEY", "k"),
+        ]))
+        .expect("valid");
+        assert!(c.unknown.is_empty(), "{:?}", c.unknown);
+        // The debug form of the whole configuration never shows the key.
+        let shown = format!(
+            "{:?}",
+            with(&[
+                ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),
+                ("SANDBOX_PLUGIN_API_KEY_ENV", "KEY")
+            ])
+        );
+        assert!(!shown.contains("secret-value"), "{shown}");
+    }
+
+    #[test]
+    fn bounds_are_checked() {
+        assert!(Config::from_map(&env(&[("SANDBOX_MEMORY_MB", "0")])).is_err());
+        assert!(Config::from_map(&env(&[("SANDBOX_MAX_CONCURRENT", "5000")])).is_err());
+        assert!(Config::from_map(&env(&[("SANDBOX_MEMORY_MB", "-1")])).is_err());
+    }
+
+    #[test]
+    fn a_guest_uid_that_is_a_host_account_is_refused() {
+        let passwd = "root:x:0:0::/root:/bin/sh\nnobody:x:65534:65534::/:/usr/sbin/nologin\n";
+        let group = "root:x:0:\nstaff:x:61001:\n";
+        assert!(check_guest_uid(61010, passwd, group).is_ok());
+        assert!(check_guest_uid(65534, passwd, group).is_err());
+        assert!(
+            check_guest_uid(65533, passwd, group).is_err(),
+            "uid+1 is nobody"
+        );
+        assert!(
+            check_guest_uid(61000, passwd, group).is_err(),
+            "uid+1 is a group"
+        );
+    }
 }

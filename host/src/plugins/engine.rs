@@ -382,13 +382,14 @@ impl ContainerEngine {
         if self.settings.pool == 0 {
             return 0;
         }
-        if let Ok(mut pool) = self.pool.lock() {
-            if pool.template.as_ref() != Some(&spec) {
-                // A new template: warm containers of the old one are of no
-                // use; the sweeper removes them at their expiry.
-                pool.warm.clear();
-                pool.template = Some(spec);
-            }
+        if let Ok(mut pool) = self.pool.lock()
+            && pool.template.as_ref() != Some(&spec)
+        {
+            // A new template: warm containers of the old one are of no use;
+            // maintenance removes them.
+            let old: Vec<String> = pool.warm.drain(..).map(|w| w.name).collect();
+            pool.orphans.extend(old);
+            pool.template = Some(spec);
         }
         let engine = self.clone();
         tokio::spawn(async move { engine.top_up().await });
