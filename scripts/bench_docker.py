@@ -61,6 +61,8 @@ def plimsolld(runtime):
         "SANDBOX_PROVIDER": "docker",
         "SANDBOX_DOCKER_IMAGE": IMAGE,
         "PLIMSOLL_ADDR": f"127.0.0.1:{port}",
+        "PLIMSOLL_INSECURE": "1",
+        "PLIMSOLL_METRICS_ADDR": "off",
     }
     if runtime:
         env["SANDBOX_DOCKER_RUNTIME"] = runtime

@@ -7,7 +7,7 @@ snippet="${1:-examples/hello.js}"
 bin="${PLIMSOLLD_BIN:-target/release/plimsolld}"
 log="$(mktemp)"
 port=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-SANDBOX_PROVIDER=wasm PLIMSOLL_ADDR="127.0.0.1:$port" PLIMSOLL_LOG_FORMAT=text "$bin" 2>"$log" &
+SANDBOX_PROVIDER=wasm PLIMSOLL_INSECURE=1 PLIMSOLL_METRICS_ADDR=off PLIMSOLL_ADDR="127.0.0.1:$port" PLIMSOLL_LOG_FORMAT=text "$bin" 2>"$log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$log"' EXIT
 for _ in $(seq 1 100); do

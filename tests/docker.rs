@@ -115,6 +115,27 @@ async fn runc_is_the_container_tier_and_runs_snippets_and_projects() {
     assert_eq!(a.body["javascript"]["stdoutTruncated"], true);
 
     projects(&d).await;
+    // The audit line of a project: sizes and outcome, never names or
+    // contents.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line =
+        loop {
+            if let Some(l) = d.log_lines().into_iter().find(|l| {
+                l.contains("\"op\":\"project\"") && l.contains("PROJECT_OUTCOME_COMPLETED")
+            }) {
+                break l;
+            }
+            assert!(Instant::now() < deadline, "no project audit line");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+    assert!(
+        line.contains("\"steps\":4") && line.contains("\"files\":1"),
+        "{line}"
+    );
+    assert!(
+        !line.contains("main.py") && !line.contains("range"),
+        "{line}"
+    );
     assert_no_leftovers(d);
 }
 

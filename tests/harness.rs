@@ -222,6 +222,19 @@ impl Daemon {
             cmd.env("PATH", path);
         }
         cmd.env("PLIMSOLL_ADDR", "127.0.0.1:0");
+        // Tests run many daemons at once: metrics on a free port. Open
+        // development mode unless the test configures callers (tests of
+        // authentication pass PLIMSOLL_INSECURE=0 or a token/clients file).
+        cmd.env("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0");
+        let configures_auth = env.iter().any(|(k, _)| {
+            matches!(
+                *k,
+                "PLIMSOLL_TOKEN" | "PLIMSOLL_CLIENTS_FILE" | "PLIMSOLL_INSECURE"
+            )
+        });
+        if !configures_auth {
+            cmd.env("PLIMSOLL_INSECURE", "1");
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -342,6 +355,18 @@ impl Drop for Daemon {
 pub fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut cmd = Command::new(plimsolld_path());
     cmd.env_clear().args(args);
+    // The same defaults as `Daemon::start`, so a test of one start-up check
+    // is not answered by another.
+    cmd.env("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0");
+    let configures_auth = env.iter().any(|(k, _)| {
+        matches!(
+            *k,
+            "PLIMSOLL_TOKEN" | "PLIMSOLL_CLIENTS_FILE" | "PLIMSOLL_INSECURE" | "PLIMSOLL_HARDENED"
+        )
+    });
+    if !configures_auth {
+        cmd.env("PLIMSOLL_INSECURE", "1");
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }

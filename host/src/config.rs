@@ -23,6 +23,66 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ),
     ("PLIMSOLL_LOG_FORMAT", "json", "log format: json or text"),
     (
+        "PLIMSOLL_CLIENTS_FILE",
+        "(unset)",
+        "callers: JSON with each caller's id, token SHA-256, scopes and optional paid_seconds_per_day (manage with `plimsoll callers`)",
+    ),
+    (
+        "PLIMSOLL_TOKEN",
+        "(unset)",
+        "one shared bearer token (at least 32 characters) when there is no clients file; the caller is `static`",
+    ),
+    (
+        "PLIMSOLL_INSECURE",
+        "(unset)",
+        "1 lets a provider that runs code start with no authentication (open development mode)",
+    ),
+    (
+        "PLIMSOLL_TLS_CERT",
+        "(unset)",
+        "PEM certificate chain for TLS on the API and metrics listeners (with PLIMSOLL_TLS_KEY)",
+    ),
+    (
+        "PLIMSOLL_TLS_KEY",
+        "(unset)",
+        "PEM private key for PLIMSOLL_TLS_CERT",
+    ),
+    (
+        "PLIMSOLL_METRICS_ADDR",
+        "127.0.0.1:9464",
+        "the /metrics listener (host:port), or off",
+    ),
+    (
+        "PLIMSOLL_HARDENED",
+        "(unset)",
+        "1 refuses to start unless every production safeguard holds (docs/hardened-mode.md)",
+    ),
+    (
+        "SANDBOX_PER_KEY_CONCURRENT",
+        "0 (no cap)",
+        "runs one caller may have in flight at once",
+    ),
+    (
+        "SANDBOX_RATE_PER_MIN",
+        "0 (no limit)",
+        "runs per minute per caller (token bucket)",
+    ),
+    (
+        "SANDBOX_RATE_BURST",
+        "(the per-minute rate)",
+        "the bucket's size: runs a caller may send at once",
+    ),
+    (
+        "SANDBOX_PLUGIN_METERED",
+        "0",
+        "1 states that the plugin's service bills by the second: daily paid-second allowances apply",
+    ),
+    (
+        "SANDBOX_PAID_SECONDS_PER_DAY",
+        "0 (no cap)",
+        "paid seconds the whole daemon may use per UTC day on a metered provider",
+    ),
+    (
         "PLIMSOLL_GRANTS_FILE",
         "(unset: no grants)",
         "grant profiles (JSON, see docs/grants.md): the operator APIs runs may call through the broker",
@@ -171,8 +231,42 @@ pub struct Config {
     pub engine: Option<EngineSettings>,
     /// Grant profiles, frozen.
     pub grants: std::sync::Arc<crate::grants::Grants>,
+    pub auth: Auth,
+    pub insecure: bool,
+    /// PEM certificate and key paths.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// None: /metrics is off.
+    pub metrics_addr: Option<SocketAddr>,
+    pub hardened: bool,
+    pub quotas: crate::quota::QuotaSettings,
+    /// The variables that were set (non-empty), for hardened mode's
+    /// "explicit" checks.
+    pub set: std::collections::BTreeSet<String>,
     /// Variables with our prefixes that are not on the list.
     pub unknown: Vec<String>,
+}
+
+/// How callers authenticate. The shared token is kept out of Debug output.
+#[derive(Clone)]
+pub enum Auth {
+    Clients(PathBuf, crate::callers::ClientsFile),
+    Shared(String),
+    Open,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Auth::Clients(p, file) => write!(
+                f,
+                "Clients({}, {} callers)",
+                p.display(),
+                file.clients.len()
+            ),
+            Auth::Shared(_) => f.write_str("Shared(..)"),
+            Auth::Open => f.write_str("Open"),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -337,7 +431,141 @@ impl Config {
             });
         }
 
+        let auth = match (get("PLIMSOLL_CLIENTS_FILE"), get("PLIMSOLL_TOKEN")) {
+            (Some(path), _) => {
+                let file = crate::callers::ClientsFile::read(std::path::Path::new(path)).map_err(
+                    |why| ConfigError::Invalid {
+                        name: "PLIMSOLL_CLIENTS_FILE",
+                        why,
+                    },
+                )?;
+                if file.clients.is_empty() {
+                    return Err(ConfigError::Invalid {
+                        name: "PLIMSOLL_CLIENTS_FILE",
+                        why: "the file lists no callers".into(),
+                    });
+                }
+                Auth::Clients(PathBuf::from(path), file)
+            }
+            (None, Some(token)) => {
+                if !crate::callers::valid_token(token) {
+                    return Err(ConfigError::Invalid {
+                        name: "PLIMSOLL_TOKEN",
+                        why: "must be at least 32 visible ASCII characters".into(),
+                    });
+                }
+                Auth::Shared(token.to_string())
+            }
+            (None, None) => Auth::Open,
+        };
+        let insecure = match get("PLIMSOLL_INSECURE") {
+            None | Some("0") => false,
+            Some("1") => true,
+            Some(_) => {
+                return Err(ConfigError::Invalid {
+                    name: "PLIMSOLL_INSECURE",
+                    why: "must be 0 or 1".into(),
+                });
+            }
+        };
+        // In hardened mode this is one of the violations it names together.
+        let hardened_asked = matches!(get("PLIMSOLL_HARDENED"), Some("1"));
+        if matches!(auth, Auth::Open)
+            && provider != ProviderKind::Disabled
+            && !insecure
+            && !hardened_asked
+        {
+            return Err(ConfigError::Invalid {
+                name: "PLIMSOLL_CLIENTS_FILE",
+                why: "no authentication is configured (no clients file, no PLIMSOLL_TOKEN), and this provider runs code: configure callers, or set PLIMSOLL_INSECURE=1 for development on loopback".into(),
+            });
+        }
+        let tls = match (get("PLIMSOLL_TLS_CERT"), get("PLIMSOLL_TLS_KEY")) {
+            (Some(c), Some(k)) => Some((PathBuf::from(c), PathBuf::from(k))),
+            (None, None) => None,
+            _ => {
+                return Err(ConfigError::Invalid {
+                    name: "PLIMSOLL_TLS_CERT",
+                    why: "PLIMSOLL_TLS_CERT and PLIMSOLL_TLS_KEY go together: set both or neither"
+                        .into(),
+                });
+            }
+        };
+        let metrics_addr = match get("PLIMSOLL_METRICS_ADDR") {
+            None => Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
+            Some("off") => None,
+            Some(a) => Some(a.parse().map_err(|_| ConfigError::Invalid {
+                name: "PLIMSOLL_METRICS_ADDR",
+                why: "must be ip:port or off".into(),
+            })?),
+        };
+        let flag = |name: &'static str| -> Result<bool, ConfigError> {
+            match get(name) {
+                None | Some("0") => Ok(false),
+                Some("1") => Ok(true),
+                Some(_) => Err(ConfigError::Invalid {
+                    name,
+                    why: "must be 0 or 1".into(),
+                }),
+            }
+        };
+        let hardened = flag("PLIMSOLL_HARDENED")?;
+        let metered = flag("SANDBOX_PLUGIN_METERED")?;
+        if metered && !matches!(provider, ProviderKind::Plugin(_)) {
+            return Err(ConfigError::Invalid {
+                name: "SANDBOX_PLUGIN_METERED",
+                why: "only a plugin provider's service can be metered".into(),
+            });
+        }
+        let rate_per_min = parse_u32(
+            get("SANDBOX_RATE_PER_MIN"),
+            "SANDBOX_RATE_PER_MIN",
+            0,
+            1_000_000,
+        )?
+        .unwrap_or(0);
+        let burst = parse_u32(
+            get("SANDBOX_RATE_BURST"),
+            "SANDBOX_RATE_BURST",
+            1,
+            1_000_000,
+        )?
+        .unwrap_or(rate_per_min);
+        let quotas = crate::quota::QuotaSettings {
+            per_caller_concurrency: parse_u32(
+                get("SANDBOX_PER_KEY_CONCURRENT"),
+                "SANDBOX_PER_KEY_CONCURRENT",
+                0,
+                1024,
+            )?
+            .unwrap_or(0),
+            rate_per_min,
+            burst,
+            metered,
+            daemon_paid_seconds_per_day: get("SANDBOX_PAID_SECONDS_PER_DAY")
+                .map(|v| {
+                    v.parse::<u64>().map_err(|_| ConfigError::Invalid {
+                        name: "SANDBOX_PAID_SECONDS_PER_DAY",
+                        why: "must be a whole number of seconds".into(),
+                    })
+                })
+                .transpose()?
+                .unwrap_or(0),
+        };
+        let set = vars
+            .iter()
+            .filter(|(_, v)| !v.trim().is_empty())
+            .map(|(k, _)| k.clone())
+            .collect();
+
         Ok(Config {
+            auth,
+            insecure,
+            tls,
+            metrics_addr,
+            hardened,
+            quotas,
+            set,
             grants: std::sync::Arc::new(grants),
             addr,
             log_format,
@@ -635,11 +863,58 @@ pub fn check_guest_uid(uid: u32, passwd: &str, group: &str) -> Result<(), String
 mod tests {
     use super::*;
 
+    /// An environment in open development mode unless the test sets
+    /// authentication itself.
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
+        let mut m: BTreeMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+            .collect();
+        let auth = [
+            "PLIMSOLL_TOKEN",
+            "PLIMSOLL_CLIENTS_FILE",
+            "PLIMSOLL_INSECURE",
+        ];
+        if !auth.iter().any(|k| m.contains_key(*k)) {
+            m.insert("PLIMSOLL_INSECURE".into(), "1".into());
+        }
+        m
+    }
+
+    #[test]
+    fn a_provider_that_runs_code_needs_callers_or_an_explicit_opt_in() {
+        let open = |extra: &[(&str, &str)]| {
+            let mut m = env(extra);
+            m.remove("PLIMSOLL_INSECURE");
+            Config::from_map(&m)
+        };
+        assert!(open(&[("SANDBOX_PROVIDER", "wasm")]).is_err());
+        assert!(open(&[]).is_ok(), "disabled needs nothing");
+        assert!(
+            open(&[
+                ("SANDBOX_PROVIDER", "wasm"),
+                ("PLIMSOLL_TOKEN", &"t".repeat(32))
+            ])
+            .is_ok()
+        );
+        assert!(
+            open(&[("SANDBOX_PROVIDER", "wasm"), ("PLIMSOLL_TOKEN", "short")]).is_err(),
+            "a short shared token"
+        );
+        assert!(
+            open(&[("PLIMSOLL_TLS_CERT", "/x")]).is_err(),
+            "cert without key"
+        );
+        assert!(open(&[("PLIMSOLL_METRICS_ADDR", "nowhere")]).is_err());
+        let c = open(&[("PLIMSOLL_METRICS_ADDR", "off")]).expect("off");
+        assert_eq!(c.metrics_addr, None);
+        // The shared token never shows in debug output.
+        let c = open(&[
+            ("SANDBOX_PROVIDER", "wasm"),
+            ("PLIMSOLL_TOKEN", &"s".repeat(40)),
+        ])
+        .expect("token");
+        assert!(!format!("{:?}", c.auth).contains("sss"));
     }
 
     #[test]

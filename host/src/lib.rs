@@ -8,16 +8,21 @@
 
 pub mod admission;
 pub mod api;
+pub mod callers;
 pub mod config;
 pub mod grants;
+pub mod hardened;
 pub mod limits;
+pub mod metrics;
 pub mod plugins;
 pub mod providers;
+pub mod quota;
 pub mod record;
 pub mod refusal;
 pub mod service;
 pub mod text;
 pub mod tier;
+pub mod tls;
 pub mod wire;
 
 pub use service::Daemon;

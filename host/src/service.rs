@@ -13,9 +13,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Semaphore;
 
 use crate::admission::{self, Limits};
+use crate::callers::Caller;
 use crate::grants::{self, Grants, Profile, broker};
+use crate::metrics::Metrics;
 use crate::plugins::{self, ProjectOutput};
 use crate::providers::{Evidence, ProcessOutput, Provider, RunFailure};
+use crate::quota::{QuotaSettings, Quotas, Shed};
 use crate::record;
 use crate::refusal::{Code, Reason, Refusal};
 use crate::tier::Tier;
@@ -41,33 +44,75 @@ pub struct Daemon {
     limits: Limits,
     in_flight: Arc<Semaphore>,
     grants: Arc<Grants>,
-    /// The broker's upstream client: no redirects, no proxy.
-    broker_client: reqwest::Client,
+    /// The broker's upstream client: no redirects, no proxy. None if it
+    /// could not be built, and then every grant is refused.
+    broker_client: Option<reqwest::Client>,
+    quotas: Arc<Quotas>,
+    metrics: Arc<Metrics>,
+    /// Who a request is when no caller is given (the open mode's caller).
+    default_caller: Arc<Caller>,
+}
+
+/// Everything a daemon is built from besides its provider.
+pub struct Options {
+    pub limits: Limits,
+    pub grants: Arc<Grants>,
+    pub quotas: QuotaSettings,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Daemon {
     pub fn new(provider: Provider, limits: Limits) -> Self {
-        Daemon::with_grants(provider, limits, Arc::new(Grants::default()))
+        Daemon::with(
+            provider,
+            Options {
+                limits,
+                grants: Arc::new(Grants::default()),
+                quotas: QuotaSettings::default(),
+                // Fixed names and labels: registering cannot fail.
+                metrics: Arc::new(Metrics::new().expect("metrics with fixed names register")),
+            },
+        )
     }
 
-    pub fn with_grants(provider: Provider, limits: Limits, grants: Arc<Grants>) -> Self {
-        let in_flight = Arc::new(Semaphore::new(limits.max_concurrent as usize));
-        // Building a client without TLS roots or a resolver failing is a
-        // broken install; the broker then answers every call as failed.
-        let broker_client = crate::plugins::http::client().unwrap_or_default();
+    pub fn with(provider: Provider, o: Options) -> Self {
+        let in_flight = Arc::new(Semaphore::new(o.limits.max_concurrent as usize));
+        let broker_client = match crate::plugins::http::client() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::error!(error = %e, "the broker's HTTP client could not be built; grants are refused");
+                None
+            }
+        };
         Daemon {
             provider: Arc::new(provider),
-            limits,
+            limits: o.limits,
             in_flight,
-            grants,
+            grants: o.grants,
             broker_client,
+            quotas: Quotas::new(o.quotas),
+            metrics: o.metrics,
+            default_caller: Arc::new(Caller {
+                id: grants::ANONYMOUS.into(),
+                scopes: vec![crate::callers::RUN_SCOPE.into()],
+                paid_seconds_per_day: None,
+            }),
         }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The profile a request names, if this caller may use it and this
     /// provider can carry it; an unknown profile, a forbidden one and one
     /// the provider cannot carry get the same answer.
-    fn grant_for(&self, name: &str, project: bool) -> Result<Option<Arc<Profile>>, Refusal> {
+    fn grant_for(
+        &self,
+        name: &str,
+        project: bool,
+        caller: &str,
+    ) -> Result<Option<Arc<Profile>>, Refusal> {
         if name.is_empty() {
             return Ok(None);
         }
@@ -76,7 +121,7 @@ impl Daemon {
             Provider::Plugin(p) => p.engine().is_some(),
             Provider::Disabled => false,
         };
-        match self.grants.for_caller(name, grants::ANONYMOUS) {
+        match self.grants.for_caller(name, caller) {
             Some(p) if carries => Ok(Some(p)),
             _ => Err(Refusal::permission(
                 "grant profile is unknown or not permitted for this caller",
@@ -167,6 +212,16 @@ impl Daemon {
     /// slot until it ends, and its audit line is still written. A run is
     /// never left executing without being counted and recorded.
     pub async fn run(self: &Arc<Self>, req: RunRequest) -> Result<RunResponse, RunError> {
+        let caller = self.default_caller.clone();
+        self.run_as(req, caller).await
+    }
+
+    /// One `Run` call for an authenticated caller.
+    pub async fn run_as(
+        self: &Arc<Self>,
+        req: RunRequest,
+        caller: Arc<Caller>,
+    ) -> Result<RunResponse, RunError> {
         // 1. The request on its own: malformed or out of bounds is `request`.
         let checked = admission::validate(&req, &self.limits)?;
 
@@ -186,12 +241,14 @@ impl Daemon {
                     code,
                     grant_profile,
                 },
-            ) if self.provider.runs_javascript() => {
-                Work::JavaScript(code.clone(), self.grant_for(grant_profile, false)?)
-            }
-            (_, admission::Payload::Project(p)) if self.provider.runs_project() => {
-                Work::Project(p.clone(), self.grant_for(&p.grant_profile, true)?)
-            }
+            ) if self.provider.runs_javascript() => Work::JavaScript(
+                code.clone(),
+                self.grant_for(grant_profile, false, &caller.id)?,
+            ),
+            (_, admission::Payload::Project(p)) if self.provider.runs_project() => Work::Project(
+                p.clone(),
+                self.grant_for(&p.grant_profile, true, &caller.id)?,
+            ),
             (provider, payload) => {
                 return Err(Refusal::unsupported(format!(
                     "the {} provider does not run {} payloads",
@@ -202,15 +259,39 @@ impl Daemon {
             }
         };
 
-        // 3. Admission: a slot now, or a capacity refusal now (no queue).
-        let slot = self.in_flight.clone().try_acquire_owned().map_err(|_| {
-            Refusal::capacity("the daemon is running as many runs as it is configured for")
-        })?;
+        // 3. Admission: the caller's limits, then a daemon slot, now or a
+        //    capacity refusal now (no queue).
+        let shed = |why: Shed| {
+            self.metrics.shed.with_label_values(&[why.label()]).inc();
+            Refusal::capacity(why.text())
+        };
+        let caller_slot = self
+            .quotas
+            .admit(&caller.id, caller.paid_seconds_per_day)
+            .map_err(shed)?;
+        let slot = self
+            .in_flight
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| shed(Shed::AtCapacity))?;
 
         let daemon = self.clone();
         let task = tokio::spawn(async move {
             let _slot = slot;
-            daemon.admitted(req, checked, work).await
+            let _caller_slot = caller_slot;
+            daemon.metrics.inflight.inc();
+            let started = Instant::now();
+            let answer = daemon.admitted(req, checked, work, &caller).await;
+            daemon.metrics.inflight.dec();
+            // A metered provider bills whole seconds.
+            daemon.quotas.charge(
+                &caller.id,
+                started.elapsed().as_millis().div_ceil(1000) as u64,
+            );
+            if matches!(answer, Err(RunError::Internal { .. })) {
+                daemon.metrics.runs_failed.inc();
+            }
+            answer
         });
         match task.await {
             Ok(answer) => answer,
@@ -224,6 +305,7 @@ impl Daemon {
         req: RunRequest,
         checked: admission::Checked,
         work: Work,
+        caller: &Caller,
     ) -> Result<RunResponse, RunError> {
         // 4. The wall: current evidence against the floor and the software
         //    rule, immediately before dispatch.
@@ -243,20 +325,22 @@ impl Daemon {
         let profile = match &work {
             Work::JavaScript(_, p) | Work::Project(_, p) => p.clone(),
         };
-        let session = match profile {
-            None => None,
-            Some(p) => Some(Arc::new(
-                broker::Session::open(
-                    p,
-                    grants::ANONYMOUS,
-                    checked.timeout,
-                    self.broker_client.clone(),
-                )
-                .map_err(|_| Refusal::environment("the grant's credential could not be minted"))?,
+        let session = match (profile, &self.broker_client) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(
+                    Refusal::environment("the broker is not available on this daemon").into(),
+                );
+            }
+            (Some(p), Some(client)) => Some(Arc::new(
+                broker::Session::open(p, &caller.id, checked.timeout, client.clone()).map_err(
+                    |_| Refusal::environment("the grant's credential could not be minted"),
+                )?,
             )),
         };
 
         // 5. Dispatch.
+        self.metrics.runs.inc();
         let started_wall = unix_ms();
         let started = Instant::now();
         let op = work.kind();
@@ -272,6 +356,9 @@ impl Daemon {
         };
         let call_trace = session.as_ref().map(|s| s.trace());
         let grant_profile = session.as_ref().map(|s| s.profile().name.clone());
+        if let (Some(t), Some(p)) = (&call_trace, &grant_profile) {
+            self.metrics.record_calls(p, t);
+        }
         let (host_calls, host_calls_denied, host_calls_shed) =
             call_trace.as_ref().map_or((0, 0, 0), |t| {
                 (t.calls.len() as u32 + t.dropped, t.denied, t.shed)
@@ -281,14 +368,30 @@ impl Daemon {
         let trace_id = checked.trace_id.as_deref().unwrap_or("");
         // One audit line per dispatched run, whatever became of it: a run
         // that failed after it may have started is audited like any other.
-        let audit = |exit_code: Option<i32>, timed_out: Option<bool>, error_id: Option<&str>| {
+        // A project's sizes: counts and bytes, never names or contents.
+        let (files, steps, total_bytes) = req.project.as_ref().map_or((None, None, None), |p| {
+            (
+                Some(p.files.len()),
+                Some(p.steps.len()),
+                Some(p.files.iter().map(|f| f.content.len()).sum::<usize>()),
+            )
+        });
+        let audit = |exit_code: Option<i32>,
+                     timed_out: Option<bool>,
+                     error_id: Option<&str>,
+                     outcome: Option<&str>| {
             tracing::info!(
                 target: "plimsoll::audit",
                 op,
+                caller = caller.id.as_str(),
                 sandbox = ev.sandbox.as_str(),
                 isolation = ev.tier.as_str(),
                 duration_ms = elapsed_ms,
                 code_bytes,
+                files,
+                steps,
+                total_bytes,
+                outcome,
                 exit_code,
                 timed_out,
                 error_id,
@@ -305,7 +408,7 @@ impl Daemon {
             Ok(out) => out,
             Err(e) => {
                 if let RunError::Internal { id, .. } = &e {
-                    audit(None, None, Some(id.as_str()));
+                    audit(None, None, Some(id.as_str()), None);
                 }
                 return Err(e);
             }
@@ -353,7 +456,8 @@ impl Daemon {
             started_wall,
             started_wall + elapsed_ms,
         );
-        audit(Some(exit_code), Some(timed_out), None);
+        let outcome = project.as_ref().map(|p| p.outcome.name());
+        audit(Some(exit_code), Some(timed_out), None, outcome);
         Ok(RunResponse {
             sandbox: ev.sandbox.clone(),
             isolation: ev.tier.as_str().to_string(),

@@ -47,7 +47,8 @@ class Daemon:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        full = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": f"127.0.0.1:{port}", **env}
+        full = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": f"127.0.0.1:{port}",
+                "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1", **env}
         self.proc = subprocess.Popen([plimsolld_bin()], env=full, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
@@ -135,8 +136,11 @@ def test_run_javascript_passes_every_client_check(wasm):
     assert r.record.provider == "wasm" and r.record.isolation == "process"
     assert r.record.environment == r.environment
     assert r.record.ended_unix_ms >= r.record.started_unix_ms > 0
-    line = wasm.audit()[-1]
-    assert line["trace_id"] == "compat-1"
+    # The log is read on its own thread: wait for the line, boundedly.
+    deadline = time.monotonic() + 10
+    while not any(a.get("trace_id") == "compat-1" for a in wasm.audit()):
+        assert time.monotonic() < deadline, "the run's audit line never arrived"
+        time.sleep(0.02)
 
 
 def test_vm_floor_is_refused_and_nothing_runs(wasm):

@@ -11,6 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::callers::{Caller, Verifier};
+
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
@@ -43,15 +45,50 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Clone)]
 pub struct Api {
     daemon: Arc<Daemon>,
+    verifier: Arc<Verifier>,
+    refused: Arc<RefusedCredentials>,
     /// Bodies being read and parsed at once. Reading happens before
     /// admission, so without this bound many slow or large uploads could
     /// hold memory no concurrency limit ever sees.
     body_slots: Arc<Semaphore>,
 }
 
+/// Refused credentials, counted and logged at most every 30 s: a flood of
+/// bad tokens must not become a flood of log lines, and no line ever holds
+/// what was presented.
+#[derive(Default)]
+pub struct RefusedCredentials {
+    count: std::sync::atomic::AtomicU64,
+    last_log: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl RefusedCredentials {
+    fn note(&self) {
+        use std::sync::atomic::Ordering;
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let Ok(mut last) = self.last_log.lock() else {
+            return;
+        };
+        if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+            *last = Some(std::time::Instant::now());
+            let n = self.count.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                refused = n,
+                "requests with a missing or unknown token were refused"
+            );
+        }
+    }
+}
+
 pub fn router(daemon: Arc<Daemon>, body_slots: usize) -> Router {
+    router_with(daemon, body_slots, Arc::new(Verifier::open()))
+}
+
+pub fn router_with(daemon: Arc<Daemon>, body_slots: usize, verifier: Arc<Verifier>) -> Router {
     let api = Api {
         daemon,
+        verifier,
+        refused: Arc::new(RefusedCredentials::default()),
         body_slots: Arc::new(Semaphore::new(body_slots.max(1))),
     };
     Router::new()
@@ -130,6 +167,32 @@ async fn procedure(
             .insert(header::ALLOW, HeaderValue::from_static("POST"));
         return r;
     }
+    // Who is asking, before anything else about the request is read.
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    let caller = match api.verifier.verify(authorization) {
+        Ok(c) => c,
+        Err(_) => {
+            api.refused.note();
+            let mut r = connect_error(
+                Code::Unauthenticated,
+                "a valid bearer token is required",
+                None,
+            );
+            *r.status_mut() = StatusCode::UNAUTHORIZED;
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    };
+    if !caller.may_run() {
+        return refusal_response(
+            StatusCode::FORBIDDEN,
+            &Refusal::permission("this caller's token does not carry the code:run scope"),
+        );
+    }
     if let Err(r) = check_headers(req.headers()) {
         return *r;
     }
@@ -153,7 +216,7 @@ async fn procedure(
             };
             drop(body);
             drop(body_slot);
-            run(&api.daemon, req).await
+            run(&api.daemon, req, caller).await
         }
         // Sessions are not offered by any provider this daemon has.
         _ => refusal_response(
@@ -262,8 +325,8 @@ fn describe(daemon: &Daemon, body: &[u8]) -> Response {
     json_ok(&daemon.describe())
 }
 
-async fn run(daemon: &Arc<Daemon>, req: RunRequest) -> Response {
-    match daemon.run(req).await {
+async fn run(daemon: &Arc<Daemon>, req: RunRequest, caller: Arc<Caller>) -> Response {
+    match daemon.run_as(req, caller).await {
         Ok(resp) => json_ok(&resp),
         Err(RunError::Refused(r)) => refusal_from(&r),
         Err(RunError::Internal { id, .. }) => {

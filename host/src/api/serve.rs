@@ -17,6 +17,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 
 /// Connections held open at once; more wait in the kernel's accept queue.
 pub const MAX_CONNECTIONS: usize = 1024;
@@ -29,7 +30,12 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(35);
 
 /// Serves `router` on `listener` until `shutdown` resolves, then stops
 /// accepting and lets in-flight requests finish (bounded by DRAIN_TIMEOUT).
-pub async fn serve(listener: TcpListener, router: Router, shutdown: impl Future<Output = ()>) {
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()>,
+    tls: Option<TlsAcceptor>,
+) {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -72,15 +78,38 @@ pub async fn serve(listener: TcpListener, router: Router, shutdown: impl Future<
         let builder = builder.clone();
         let service = TowerToHyperService::new(router.clone());
         let mut stop = stop_rx.clone();
+        let tls = tls.clone();
         conns.spawn(async move {
             let _permit = permit;
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+            match tls {
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    let mut conn = std::pin::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = stop.changed() => {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.await;
+                        }
+                    }
+                }
+                Some(acceptor) => {
+                    // The handshake gets the header deadline too: a client
+                    // that opens and stalls holds a slot no longer.
+                    let Ok(Ok(stream)) =
+                        tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await
+                    else {
+                        return;
+                    };
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    let mut conn = std::pin::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = stop.changed() => {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.await;
+                        }
+                    }
                 }
             }
         });

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use plimsoll::admission::Limits;
-use plimsoll::config::{self, Config, LogFormat, ProviderKind};
+use plimsoll::callers::Verifier;
+use plimsoll::config::{self, Auth, Config, LogFormat, ProviderKind};
 use plimsoll::plugins::{self, PluginConfig, PluginProvider, PluginSource};
 use plimsoll::providers::{Provider, wasm::WasmProvider};
 use plimsoll::tier::Tier;
@@ -47,6 +48,21 @@ fn main() -> ExitCode {
     for name in &cfg.unknown {
         tracing::warn!(variable = %name, "unknown configuration variable ignored (see plimsolld -h)");
     }
+    // Hardened mode: every safeguard that can be checked before a provider
+    // starts, all named at once; nothing is started if any fails.
+    if cfg.hardened {
+        let violations = plimsoll::hardened::violations(&cfg);
+        if !violations.is_empty() {
+            eprintln!(
+                "plimsolld: hardened mode refuses to start ({} problems):",
+                violations.len()
+            );
+            for v in &violations {
+                eprintln!("  - {v}");
+            }
+            return ExitCode::from(2);
+        }
+    }
 
     // Runs execute on the blocking pool, whose threads get this stack size
     // too: the wasm provider needs room for its native wasm stack, or a deep
@@ -76,6 +92,12 @@ fn main() -> ExitCode {
 }
 
 async fn serve(cfg: Config) -> anyhow::Result<()> {
+    // TLS material is read before any provider starts: a bad certificate
+    // is a configuration error, not a half-started daemon.
+    let tls = match &cfg.tls {
+        Some((cert, key)) => Some(plimsoll::tls::acceptor(cert, key).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
     let (provider, limits) = match cfg.provider.clone() {
         ProviderKind::Disabled => {
             tracing::warn!("SANDBOX_PROVIDER is unset: the Disabled provider refuses every run");
@@ -161,8 +183,47 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             );
         }
     }
-    let daemon = Arc::new(Daemon::with_grants(provider, limits, cfg.grants.clone()));
+    let metrics = Arc::new(plimsoll::metrics::Metrics::new()?);
+    let daemon = Arc::new(Daemon::with(
+        provider,
+        plimsoll::service::Options {
+            limits,
+            grants: cfg.grants.clone(),
+            quotas: cfg.quotas.clone(),
+            metrics: metrics.clone(),
+        },
+    ));
     let ev = daemon.evidence();
+    if cfg.hardened
+        && let Some(v) = plimsoll::hardened::tier_violation(ev.tier)
+    {
+        daemon.shutdown().await;
+        anyhow::bail!("hardened mode refuses to start: {v}");
+    }
+    let verifier = Arc::new(match &cfg.auth {
+        Auth::Clients(_, file) => Verifier::clients(file),
+        Auth::Shared(token) => Verifier::shared(token),
+        Auth::Open => Verifier::open(),
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let metrics_task = match cfg.metrics_addr {
+        None => None,
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("PLIMSOLL_METRICS_ADDR {addr}: {e}"))?;
+            tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), "metrics listening");
+            Some(tokio::spawn(api::serve::serve(
+                listener,
+                plimsoll::metrics::router(metrics),
+                stopped(stop_rx.clone()),
+                tls.clone(),
+            )))
+        }
+    };
     let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
     tracing::info!(
         addr = %listener.local_addr()?,
@@ -171,24 +232,54 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         environment = %ev.environment,
         memory_mb = cfg.memory_mb,
         max_concurrent = cfg.max_concurrent,
+        per_caller_concurrency = cfg.quotas.per_caller_concurrency,
+        rate_per_min = cfg.quotas.rate_per_min,
+        rate_burst = cfg.quotas.burst,
+        auth = verifier.mode(),
+        tls = tls.is_some(),
+        hardened = cfg.hardened,
         "plimsolld listening"
     );
-    if !cfg.addr.ip().is_loopback() {
+    if verifier.is_open() && !matches!(ev.tier, plimsoll::tier::Tier::None) {
         tracing::warn!(
-            addr = %cfg.addr,
-            "the API listens beyond loopback and has no caller authentication yet: anyone who can reach it can run code"
+            "open development mode: no caller authentication; anyone who can reach the API can run code"
         );
+    }
+    if !cfg.addr.ip().is_loopback() && tls.is_none() {
+        tracing::warn!(addr = %cfg.addr, "the API listens beyond loopback without TLS");
     }
     // Two bodies may be in reading per run slot, as a client can send its
     // next request while the previous one runs.
     let body_slots = 2 * cfg.max_concurrent as usize;
+    // At the signal: stop accepting (both listeners), and at once release
+    // what would outlive the process (warm containers) while answers in
+    // progress drain: a client that keeps an idle connection open must not
+    // hold that cleanup.
+    let releasing = Arc::new(tokio::sync::Mutex::new(None));
+    let release_slot = releasing.clone();
+    let for_release = daemon.clone();
+    let signal = async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+        *release_slot.lock().await =
+            Some(tokio::spawn(async move { for_release.shutdown().await }));
+    };
     api::serve::serve(
         listener,
-        api::router(daemon.clone(), body_slots),
-        shutdown_signal(),
+        api::router_with(daemon.clone(), body_slots, verifier),
+        signal,
+        tls,
     )
     .await;
-    daemon.shutdown().await;
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    match releasing.lock().await.take() {
+        Some(release) => {
+            let _ = release.await;
+        }
+        None => daemon.shutdown().await,
+    }
     Ok(())
 }
 

@@ -45,23 +45,25 @@ pub struct Mount {
 impl Mount {
     /// Makes the directory under `root`, writes the clients, binds the
     /// socket and starts serving `session` on it.
-    pub fn open(root: &Path, session: Arc<Session>) -> std::io::Result<Mount> {
-        std::fs::create_dir_all(root)?;
-        // Others may pass through but not list: run directories are named
-        // by 128 random bits.
-        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))?;
+    /// The directory is the guest group's to read and nobody else's, and
+    /// the socket only the guest group's to connect to: another local user
+    /// cannot spend the run's grant.
+    pub fn open(root: &Path, session: Arc<Session>, guest_gid: u32) -> std::io::Result<Mount> {
+        ensure_root(root)?;
         let mut id = [0u8; 16];
         getrandom::fill(&mut id).map_err(|e| std::io::Error::other(e.to_string()))?;
         let dir = root.join(hex::encode(id));
         std::fs::create_dir(&dir)?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+        std::os::unix::fs::chown(&dir, None, Some(guest_gid))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750))?;
         let opened = (|| {
             std::fs::write(dir.join("host.cjs"), NODE_CLIENT)?;
             std::fs::write(dir.join("sitecustomize.py"), PYTHON_CLIENT)?;
             let sock = dir.join("host.sock");
             let listener = UnixListener::bind(&sock)?;
-            // The guest's uid must be able to connect.
-            std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))?;
+            // The guest's group, and only it, may connect.
+            std::os::unix::fs::chown(&sock, None, Some(guest_gid))?;
+            std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o660))?;
             Ok::<_, std::io::Error>(listener)
         })();
         let listener = match opened {
@@ -96,6 +98,33 @@ impl Mount {
     }
 }
 
+/// Where run directories live: made by the daemon, owned by it, not a
+/// symlink, and closed to others (mode 0711: they may pass through to a run
+/// directory whose name they know, never list).
+pub const ROOT: &str = "/run/plimsoll-runs";
+
+fn ensure_root(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::symlink_metadata(root) {
+        Ok(m) => {
+            // A root someone else made, or a link, could be swapped under
+            // us.
+            let me = std::fs::metadata("/proc/self")?.uid();
+            if !m.is_dir() || m.file_type().is_symlink() || m.uid() != me {
+                return Err(std::io::Error::other(format!(
+                    "{} is not a directory this daemon owns",
+                    root.display()
+                )));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir(root)?;
+        }
+        Err(e) => return Err(e),
+    }
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))
+}
+
 impl Drop for Mount {
     fn drop(&mut self) {
         self.server.abort();
@@ -105,29 +134,36 @@ impl Drop for Mount {
 
 async fn serve(listener: UnixListener, session: Arc<Session>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // Connection tasks live in this set, so ending the server (the run is
+    // over) ends them too, and with them every reference to the session
+    // and its credential.
+    let mut conns = tokio::task::JoinSet::new();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
+        while conns.try_join_next().is_some() {}
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             // Over the cap: the connection is closed unanswered.
             continue;
         };
         let session = session.clone();
-        tokio::spawn(async move {
+        conns.spawn(async move {
             let _permit = permit;
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let session = session.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(&session, req).await) }
+                async move { Ok::<_, std::convert::Infallible>(handle(session, req).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(5))
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
     }
 }
 
-async fn handle(session: &Session, req: Request<hyper::body::Incoming>) -> Response<Body> {
+async fn handle(session: Arc<Session>, req: Request<hyper::body::Incoming>) -> Response<Body> {
     let method = req.method().as_str().to_string();
     // The raw request target, exactly as sent: a query or anything the
     // broker would have to rewrite is refused there, never repaired here.
@@ -150,7 +186,14 @@ async fn handle(session: &Session, req: Request<hyper::body::Incoming>) -> Respo
         }
     };
     let body = (!body.is_empty()).then(|| body.to_vec());
-    match session.call(&method, &target, body).await {
+    // The call runs in a task of its own: a guest that hangs up mid-call
+    // must not cancel it after the request may have left, which would leave
+    // a call that reached the API out of the trace.
+    let call = tokio::spawn(async move { session.call(&method, &target, body).await });
+    let answer = call
+        .await
+        .unwrap_or_else(|_| Err(CallError::Upstream("the broker failed".into())));
+    match answer {
         Ok(r) => Response::builder()
             .status(StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_GATEWAY))
             .header(BROKER_HEADER, "upstream")

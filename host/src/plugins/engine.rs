@@ -287,6 +287,20 @@ impl ContainerEngine {
             Ok(Err(e)) => return Err(format!("the docker engine is unreachable: {}", short(&e))),
             Err(_) => return Err("the docker engine did not answer within 5 s".into()),
         }
+        // The runtime still resolves as it did at start (the engine could
+        // have been reconfigured and restarted under us).
+        let info = self
+            .docker
+            .info()
+            .await
+            .map_err(|e| format!("docker info: {}", short(&e)))?;
+        let runtime_path = verify_runtime(&self.settings, &info)?;
+        if runtime_path != self.verified.runtime_path {
+            return Err(
+                "the engine's runtime no longer resolves to the executable verified at start"
+                    .into(),
+            );
+        }
         let image = self
             .docker
             .inspect_image(&self.settings.image)
@@ -408,12 +422,14 @@ impl ContainerEngine {
                     return;
                 };
                 // Age out containers that waited too long.
-                let before = pool.warm.len();
-                pool.warm.retain(|w| w.born.elapsed() < WARM_MAX_AGE);
-                let aged = before - pool.warm.len();
-                if aged > 0 {
-                    tracing::debug!(aged, "warm containers aged out");
-                }
+                // Aged-out containers go to the orphans, which maintenance
+                // removes: dropped here they would linger until their expiry.
+                let (young, old): (VecDeque<Warm>, VecDeque<Warm>) = pool
+                    .warm
+                    .drain(..)
+                    .partition(|w| w.born.elapsed() < WARM_MAX_AGE);
+                pool.warm = young;
+                pool.orphans.extend(old.into_iter().map(|w| w.name));
                 let have = pool.warm.len() as u32 + pool.starting;
                 match pool.template.clone() {
                     Some(t) if have < self.settings.pool && !pool.closed => {
@@ -425,7 +441,8 @@ impl ContainerEngine {
             };
             let started = self
                 .start_waiting(&template, expiry(WARM_MAX_AGE + LONGEST_RUN))
-                .await;
+                .await
+                .map_err(|(EngineFailure::BeforeStart(e) | EngineFailure::AfterStart(e))| e);
             // The lock is never held across an await. A container that is
             // no longer wanted (shutdown, a new template) is removed before
             // `starting` drops, so shutdown, which waits for `starting` to
@@ -503,6 +520,7 @@ impl ContainerEngine {
             if w.born.elapsed() < WARM_MAX_AGE {
                 return Some(w);
             }
+            pool.orphans.push(w.name);
         }
         None
     }
@@ -524,7 +542,13 @@ impl ContainerEngine {
         // and removes the container.
         let task = tokio::spawn(async move {
             // A granted run needs its own mount: never a warm container.
-            let warm = match engine.take_warm(&spec).filter(|_| grant.is_none()) {
+            let taken = if grant.is_none() {
+                engine.take_warm(&spec)
+            } else {
+                None
+            };
+            let began = Instant::now();
+            let warm = match taken {
                 Some(w) => {
                     let refill = engine.clone();
                     tokio::spawn(async move { refill.top_up().await });
@@ -535,14 +559,22 @@ impl ContainerEngine {
                     if let Some(g) = &grant {
                         spec.env.extend(g.env.iter().cloned());
                     }
-                    engine
+                    let warm = engine
                         .start_waiting_with(
                             &spec,
                             expiry(timeout),
                             grant.as_ref().map(|g| g.dir.as_path()),
                         )
-                        .await
-                        .map_err(EngineFailure::BeforeStart)?
+                        .await?;
+                    // Creating and starting can be slow on a loaded engine;
+                    // a run whose budget went on that never gets its input.
+                    if began.elapsed() >= timeout {
+                        engine.remove(&warm.name).await;
+                        return Err(EngineFailure::AfterStart(
+                            "the run's budget was spent starting its container".into(),
+                        ));
+                    }
+                    warm
                 }
             };
             let name = warm.name.clone();
@@ -557,7 +589,7 @@ impl ContainerEngine {
     /// Creates, attaches and starts a container whose command waits on its
     /// stdin, with every limit in place. On any failure the container is
     /// removed and nothing of its command has had input.
-    async fn start_waiting(&self, spec: &Approved, expires: u64) -> Result<Warm, String> {
+    async fn start_waiting(&self, spec: &Approved, expires: u64) -> Result<Warm, EngineFailure> {
         self.start_waiting_with(spec, expires, None).await
     }
 
@@ -566,7 +598,7 @@ impl ContainerEngine {
         spec: &Approved,
         expires: u64,
         grant_dir: Option<&Path>,
-    ) -> Result<Warm, String> {
+    ) -> Result<Warm, EngineFailure> {
         let mut id = [0u8; 8];
         let _ = getrandom::fill(&mut id);
         let name = format!("plimsoll-{}", hex::encode(id));
@@ -578,7 +610,10 @@ impl ContainerEngine {
                 // The engine may have created it even so (a timeout on the
                 // answer): remove by name, or it outlives every deadline.
                 self.remove(&name).await;
-                return Err(format!("creating the container: {}", short(&e)));
+                return Err(EngineFailure::BeforeStart(format!(
+                    "creating the container: {}",
+                    short(&e)
+                )));
             }
         };
         match self.attach_and_start(&name, &created.id).await {
@@ -594,11 +629,14 @@ impl ContainerEngine {
         }
     }
 
+    /// Failures before `start_container` is asked are `BeforeStart`; from
+    /// then on the engine may have started the command (one that does not
+    /// wait on stdin would be running), so they are `AfterStart`.
     async fn attach_and_start(
         &self,
         name: &str,
         id: &str,
-    ) -> Result<AttachContainerResults, String> {
+    ) -> Result<AttachContainerResults, EngineFailure> {
         if let PidsCgroup::Host { root, .. } = &self.pids {
             // Before start: the sandbox joins a cgroup that is already
             // limited, so there is no moment without the limit.
@@ -606,7 +644,10 @@ impl ContainerEngine {
             std::fs::create_dir_all(&dir)
                 .and_then(|()| std::fs::write(dir.join("pids.max"), self.settings.pids.to_string()))
                 .map_err(|e| {
-                    format!("limiting the sandbox's host cgroup {}: {e}", dir.display())
+                    EngineFailure::BeforeStart(format!(
+                        "limiting the sandbox's host cgroup {}: {e}",
+                        dir.display()
+                    ))
                 })?;
         }
         let attach = AttachContainerOptionsBuilder::default()
@@ -619,13 +660,15 @@ impl ContainerEngine {
             .docker
             .attach_container(name, Some(attach))
             .await
-            .map_err(|e| format!("attaching: {}", short(&e)))?;
+            .map_err(|e| EngineFailure::BeforeStart(format!("attaching: {}", short(&e))))?;
         self.docker
             .start_container(name, None)
             .await
-            .map_err(|e| format!("starting: {}", short(&e)))?;
+            .map_err(|e| EngineFailure::AfterStart(format!("starting: {}", short(&e))))?;
         if let PidsCgroup::Host { .. } = &self.pids {
-            self.check_host_pids(name, id).await?;
+            self.check_host_pids(name, id)
+                .await
+                .map_err(EngineFailure::AfterStart)?;
         }
         Ok(io)
     }
@@ -778,11 +821,13 @@ impl ContainerEngine {
                     ),
                 ])),
                 shm_size: Some(i64::from(SHM_MB) << 20),
-                runtime: if s.runtime.is_empty() {
-                    None
+                // Named even for runc: the engine's default could change
+                // under a running daemon, and the tier rests on the runtime.
+                runtime: Some(if s.runtime.is_empty() {
+                    "runc".to_string()
                 } else {
-                    Some(s.runtime.clone())
-                },
+                    s.runtime.clone()
+                }),
                 ulimits: Some(vec![
                     ResourcesUlimits {
                         name: Some("core".into()),
@@ -911,7 +956,11 @@ impl ContainerEngine {
         let warm = self
             .start_waiting(&spec, expiry(Duration::from_secs(60)))
             .await
-            .map_err(|e| format!("smoke test: {e}"))?;
+            .map_err(
+                |(EngineFailure::BeforeStart(e) | EngineFailure::AfterStart(e))| {
+                    format!("smoke test: {e}")
+                },
+            )?;
         let name = warm.name.clone();
         let ran = self
             .drive(warm, b"go\n".to_vec(), Duration::from_secs(60), 1 << 20)

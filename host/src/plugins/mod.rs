@@ -1104,9 +1104,17 @@ fn grant_mount(
         return Ok(None);
     };
     if store.data().mount.is_none() {
-        let root = std::env::temp_dir().join("plimsoll-runs");
-        let mount = crate::grants::socket::Mount::open(&root, session)
-            .map_err(|e| format!("the run's broker socket could not be made: {e}"))?;
+        let gid = store
+            .data()
+            .grants
+            .container_engine
+            .as_ref()
+            .map_or(0, |(_, e)| e.settings().guest_uid);
+        let root = std::path::Path::new(crate::grants::socket::ROOT);
+        let mount = crate::grants::socket::Mount::open(root, session, gid).map_err(|e| {
+            tracing::error!(error = %e, "making a run's broker socket failed");
+            "the run's broker socket could not be made".to_string()
+        })?;
         store.data_mut().mount = Some(Arc::new(mount));
     }
     Ok(store.data().mount.as_ref().map(|m| engine::GrantMount {
@@ -1229,11 +1237,21 @@ async fn engine_run(
             stdout_truncated: out.stdout_truncated,
             stderr_truncated: out.stderr_truncated,
         }),
+        // Details (host paths, engine text) go to the operator's log; the
+        // plugin, and through it the caller, gets a fixed sentence.
         Err(engine::EngineFailure::BeforeStart(why)) => {
             store.data_mut().dispatched = was_dispatched;
-            Err(engine_if::EngineError::NotStarted(why))
+            tracing::warn!(target: "plimsoll::engine", why = %why, "a container did not start");
+            Err(engine_if::EngineError::NotStarted(
+                "the container could not be started (the daemon's log has the details)".into(),
+            ))
         }
-        Err(engine::EngineFailure::AfterStart(why)) => Err(engine_if::EngineError::Engine(why)),
+        Err(engine::EngineFailure::AfterStart(why)) => {
+            tracing::warn!(target: "plimsoll::engine", why = %why, "a container failed after it started");
+            Err(engine_if::EngineError::Engine(
+                "the container failed after it started (the daemon's log has the details)".into(),
+            ))
+        }
     }
 }
 

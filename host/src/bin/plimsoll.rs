@@ -1,0 +1,266 @@
+//! `plimsoll`: the operator's command line. Today it manages callers:
+//!
+//!   plimsoll callers create --file F --id ID [--scope S]...   prints the new token once
+//!   plimsoll callers import --file F --id ID [--scope S]...   token on stdin
+//!   plimsoll callers list   --file F [--json]                 ids and scopes, never tokens
+//!   plimsoll callers rotate --file F --id ID [--token-stdin]  prints the new token once
+//!   plimsoll callers revoke --file F --id ID
+//!
+//! The file holds SHA-256 digests, never tokens. It is rewritten whole
+//! (temporary file, fsync, rename) under a lock directory, created with mode
+//! 0600, and a symlink or anything but a regular file is refused. A running
+//! daemon keeps the callers it read at start: restart it to apply a change.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use plimsoll::callers::{self, ClientsFile, Entry};
+
+#[derive(Parser)]
+#[command(name = "plimsoll", about = "Operator commands for plimsolld")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Manage the callers file (PLIMSOLL_CLIENTS_FILE).
+    Callers {
+        #[command(subcommand)]
+        action: Action,
+    },
+}
+
+#[derive(Subcommand)]
+enum Action {
+    /// Adds a caller with a new random token, printed once on stdout.
+    Create {
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long)]
+        id: String,
+        /// Scopes; default code:run.
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
+        #[arg(long)]
+        paid_seconds_per_day: Option<u64>,
+    },
+    /// Adds a caller whose token (at least 32 characters) is read from stdin.
+    Import {
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long)]
+        id: String,
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
+        #[arg(long)]
+        paid_seconds_per_day: Option<u64>,
+    },
+    /// Lists callers and scopes; tokens are never stored, so never shown.
+    List {
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replaces a caller's token (the old one stops working at the next
+    /// daemon start); prints the new one, or reads it from stdin.
+    Rotate {
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        token_stdin: bool,
+    },
+    /// Removes a caller.
+    Revoke {
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long)]
+        id: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Command::Callers { action } = cli.command;
+    match run(action) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("plimsoll: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(action: Action) -> Result<(), String> {
+    match action {
+        Action::Create {
+            file,
+            id,
+            scopes,
+            paid_seconds_per_day,
+        } => {
+            let token = callers::new_token()?;
+            change(&file, |f| add(f, &id, &token, scopes, paid_seconds_per_day))?;
+            println!("{token}");
+            remind();
+        }
+        Action::Import {
+            file,
+            id,
+            scopes,
+            paid_seconds_per_day,
+        } => {
+            let token = read_token()?;
+            change(&file, |f| add(f, &id, &token, scopes, paid_seconds_per_day))?;
+            remind();
+        }
+        Action::List { file, json } => {
+            let f = load(&file)?.unwrap_or_default();
+            if json {
+                let list: Vec<_> = f
+                    .clients
+                    .iter()
+                    .map(|c| serde_json::json!({"id": c.id, "scopes": c.scopes, "paid_seconds_per_day": c.paid_seconds_per_day}))
+                    .collect();
+                println!("{}", serde_json::Value::Array(list));
+            } else {
+                for c in &f.clients {
+                    println!("{}\t{}", c.id, c.scopes.join(","));
+                }
+            }
+        }
+        Action::Rotate {
+            file,
+            id,
+            token_stdin,
+        } => {
+            let token = if token_stdin {
+                read_token()?
+            } else {
+                callers::new_token()?
+            };
+            change(&file, |f| {
+                let e = f
+                    .clients
+                    .iter_mut()
+                    .find(|c| c.id == id)
+                    .ok_or_else(|| format!("no caller {id:?}"))?;
+                e.token_sha256 = callers::fingerprint(&token);
+                Ok(())
+            })?;
+            if !token_stdin {
+                println!("{token}");
+            }
+            remind();
+        }
+        Action::Revoke { file, id } => {
+            change(&file, |f| {
+                let before = f.clients.len();
+                f.clients.retain(|c| c.id != id);
+                if f.clients.len() == before {
+                    return Err(format!("no caller {id:?}"));
+                }
+                Ok(())
+            })?;
+            remind();
+        }
+    }
+    Ok(())
+}
+
+fn remind() {
+    eprintln!(
+        "plimsoll: running daemons keep the callers they read at start; restart them to apply this"
+    );
+}
+
+fn read_token() -> Result<String, String> {
+    let mut s = String::new();
+    std::io::stdin()
+        .take(8192)
+        .read_to_string(&mut s)
+        .map_err(|e| format!("reading the token from stdin: {e}"))?;
+    let t = s.trim_end_matches(['\n', '\r']).to_string();
+    if !callers::valid_token(&t) {
+        return Err("the token must be 32 to 4096 visible ASCII characters".into());
+    }
+    Ok(t)
+}
+
+fn add(
+    f: &mut ClientsFile,
+    id: &str,
+    token: &str,
+    scopes: Vec<String>,
+    paid: Option<u64>,
+) -> Result<(), String> {
+    f.clients.push(Entry {
+        id: id.to_string(),
+        token_sha256: callers::fingerprint(token),
+        scopes: if scopes.is_empty() {
+            vec![callers::RUN_SCOPE.to_string()]
+        } else {
+            scopes
+        },
+        paid_seconds_per_day: paid,
+    });
+    Ok(())
+}
+
+/// The file, if it exists; a symlink or anything but a regular file is an
+/// error.
+fn load(path: &Path) -> Result<Option<ClientsFile>, String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => ClientsFile::read(path).map(Some),
+        Ok(_) => Err(format!(
+            "{} is not a regular file (symlinks are refused)",
+            path.display()
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// Loads, changes, validates and rewrites the file atomically, under a lock.
+fn change(
+    path: &Path,
+    f: impl FnOnce(&mut ClientsFile) -> Result<(), String>,
+) -> Result<(), String> {
+    let lock = PathBuf::from(format!("{}.lock", path.display()));
+    std::fs::create_dir(&lock).map_err(|e| {
+        format!(
+            "{} is locked by another change ({e}); remove it if no change is running",
+            lock.display()
+        )
+    })?;
+    let result = (|| {
+        let mut file = load(path)?.unwrap_or_default();
+        f(&mut file)?;
+        file.normalise()?;
+        let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
+        let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+        let _ = std::fs::remove_file(&tmp);
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        out.write_all(text.as_bytes())
+            .and_then(|()| out.write_all(b"\n"))
+            .and_then(|()| out.sync_all())
+            .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    })();
+    let _ = std::fs::remove_dir(&lock);
+    result
+}

@@ -1,0 +1,119 @@
+//! Hardened mode (`PLIMSOLL_HARDENED=1`): the daemon starts only if every
+//! production safeguard holds, and names every one that does not, together.
+//! A warning is not a policy: in hardened mode each of these is a refusal.
+
+use crate::config::{Auth, Config, ProviderKind};
+use crate::tier::Tier;
+
+/// Everything wrong with `cfg` for hardened mode, before any provider is
+/// started (so a misconfigured daemon touches nothing).
+pub fn violations(cfg: &Config) -> Vec<String> {
+    let mut v = Vec::new();
+    let set = |name: &str| cfg.set.contains(name);
+
+    match &cfg.provider {
+        ProviderKind::Disabled => v.push(
+            "SANDBOX_PROVIDER: hardened mode serves runs; set a provider with the kernel or vm tier (docker with SANDBOX_DOCKER_RUNTIME=runsc)".into(),
+        ),
+        ProviderKind::Wasm => v.push(
+            "SANDBOX_PROVIDER=wasm is the process tier; hardened mode needs kernel or vm (docker with SANDBOX_DOCKER_RUNTIME=runsc)".into(),
+        ),
+        ProviderKind::Docker => {
+            if cfg.engine.as_ref().is_none_or(|e| e.runtime != "runsc") {
+                v.push("SANDBOX_DOCKER_RUNTIME: runc is the container tier; hardened mode needs runsc (kernel)".into());
+            }
+        }
+        ProviderKind::Plugin(_) => {
+            if cfg.plugin.sha256.is_none() {
+                v.push("SANDBOX_PLUGIN_SHA256: the plugin must be pinned by digest".into());
+            }
+            if cfg.plugin.max_tier.is_none_or(|t| !t.meets(Tier::Kernel)) {
+                v.push("SANDBOX_PLUGIN_MAX_TIER: a plugin must be allowed kernel or vm, and reach it".into());
+            }
+        }
+    }
+
+    match &cfg.auth {
+        Auth::Clients(..) => {}
+        Auth::Shared(_) => v.push(
+            "PLIMSOLL_TOKEN: one shared token cannot tell callers apart; use PLIMSOLL_CLIENTS_FILE"
+                .into(),
+        ),
+        Auth::Open => v.push("PLIMSOLL_CLIENTS_FILE: callers must authenticate".into()),
+    }
+    if cfg.insecure {
+        v.push("PLIMSOLL_INSECURE must be unset".into());
+    }
+
+    if cfg.tls.is_none() {
+        if !cfg.addr.ip().is_loopback() {
+            v.push(format!(
+                "PLIMSOLL_TLS_CERT/PLIMSOLL_TLS_KEY: the API listens on {} without TLS",
+                cfg.addr
+            ));
+        }
+        if let Some(m) = cfg.metrics_addr
+            && !m.ip().is_loopback()
+        {
+            v.push(format!(
+                "PLIMSOLL_TLS_CERT/PLIMSOLL_TLS_KEY: /metrics listens on {m} without TLS"
+            ));
+        }
+    }
+
+    if let Some(e) = &cfg.engine {
+        let pinned = e
+            .image
+            .strip_prefix("sha256:")
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+        if !pinned {
+            v.push("SANDBOX_DOCKER_IMAGE: name the image by its ID (sha256:...), not a tag".into());
+        }
+        for name in [
+            "SANDBOX_MEMORY_MB",
+            "SANDBOX_CPUS",
+            "SANDBOX_PIDS",
+            "SANDBOX_DISK_MB",
+        ] {
+            if !set(name) {
+                v.push(format!(
+                    "{name}: the resource envelope must be set explicitly"
+                ));
+            }
+        }
+    }
+
+    let q = &cfg.quotas;
+    if q.rate_per_min == 0 {
+        v.push("SANDBOX_RATE_PER_MIN: every caller needs a rate limit".into());
+    } else if q.burst > q.rate_per_min {
+        v.push("SANDBOX_RATE_BURST: the burst may not exceed one minute's rate".into());
+    }
+    if q.per_caller_concurrency == 0 || q.per_caller_concurrency >= cfg.max_concurrent {
+        v.push(
+            "SANDBOX_PER_KEY_CONCURRENT: each caller needs a concurrency cap below SANDBOX_MAX_CONCURRENT".into(),
+        );
+    }
+    if q.metered
+        && let Auth::Clients(_, file) = &cfg.auth
+    {
+        for c in file
+            .clients
+            .iter()
+            .filter(|c| c.paid_seconds_per_day.is_none())
+        {
+            v.push(format!(
+                "PLIMSOLL_CLIENTS_FILE: caller {} has no paid_seconds_per_day on a metered provider",
+                c.id
+            ));
+        }
+    }
+    v
+}
+
+/// After the provider started: its evidence must stand behind kernel or vm.
+pub fn tier_violation(tier: Tier) -> Option<String> {
+    (!tier.meets(Tier::Kernel)).then(|| {
+        format!("the provider's verified tier is {tier}; hardened mode needs kernel or vm")
+    })
+}

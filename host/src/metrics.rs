@@ -1,0 +1,121 @@
+//! `/metrics`: counts and timings in the Prometheus text format, on a
+//! listener of its own.
+//!
+//! Every label value is one the operator configured or the code fixed (a
+//! shed reason, a grant profile's name, a method, a route *template*); none
+//! is taken from a request. So no path, query, body, token or caller secret
+//! can reach a series, whatever a caller sends.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    pub runs: IntCounter,
+    pub runs_failed: IntCounter,
+    pub inflight: IntGauge,
+    pub shed: IntCounterVec,
+    pub host_calls: IntCounterVec,
+    pub host_call_latency: HistogramVec,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        let runs = IntCounter::new("plimsoll_runs_total", "Runs dispatched to the provider.")?;
+        let runs_failed = IntCounter::new(
+            "plimsoll_runs_failed_total",
+            "Runs that failed in the daemon or provider after dispatch (not the code's own failures).",
+        )?;
+        let inflight = IntGauge::new("plimsoll_inflight", "Runs in flight now.")?;
+        let shed = IntCounterVec::new(
+            Opts::new(
+                "plimsoll_shed_total",
+                "Runs refused by a limit, by which limit.",
+            ),
+            &["reason"],
+        )?;
+        let host_calls = IntCounterVec::new(
+            Opts::new(
+                "plimsoll_host_calls_total",
+                "Brokered calls that reached the API, by profile, method and route template.",
+            ),
+            &["profile", "method", "route"],
+        )?;
+        let host_call_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "plimsoll_host_call_latency_seconds",
+                "Latency of brokered calls, by profile, method and route template.",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 60.0,
+            ]),
+            &["profile", "method", "route"],
+        )?;
+        registry.register(Box::new(runs.clone()))?;
+        registry.register(Box::new(runs_failed.clone()))?;
+        registry.register(Box::new(inflight.clone()))?;
+        registry.register(Box::new(shed.clone()))?;
+        registry.register(Box::new(host_calls.clone()))?;
+        registry.register(Box::new(host_call_latency.clone()))?;
+        // Shed reasons exist from the start, at 0, so a dashboard can tell
+        // "none" from "not exported".
+        for r in [
+            "at_capacity",
+            "per_key",
+            "rate",
+            "paid_caller",
+            "paid_daemon",
+        ] {
+            shed.with_label_values(&[r]);
+        }
+        Ok(Metrics {
+            registry,
+            runs,
+            runs_failed,
+            inflight,
+            shed,
+            host_calls,
+            host_call_latency,
+        })
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Records a granted run's calls from its trace (templates only).
+    pub fn record_calls(&self, profile: &str, trace: &crate::grants::broker::CallTrace) {
+        for c in &trace.calls {
+            let labels = [profile, c.method, c.route.as_str()];
+            self.host_calls.with_label_values(&labels).inc();
+            self.host_call_latency
+                .with_label_values(&labels)
+                .observe(c.latency_ms as f64 / 1000.0);
+        }
+    }
+}
+
+/// The metrics router: `GET /metrics` only.
+pub fn router(metrics: std::sync::Arc<Metrics>) -> axum::Router {
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let m = metrics.clone();
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4",
+                    )],
+                    m.render(),
+                )
+            }
+        }),
+    )
+}

@@ -1,0 +1,233 @@
+//! Per-caller limits: concurrency, a token-bucket rate, and a daily
+//! allowance of paid seconds on metered providers. Each one, when hit, is a
+//! marked `capacity` refusal: nothing ran, and the caller may retry later.
+//! The daemon-wide concurrency cap lives in `service` (one semaphore).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// What the operator configured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QuotaSettings {
+    /// Runs one caller may have in flight; 0 is no per-caller cap.
+    pub per_caller_concurrency: u32,
+    /// Runs per minute per caller; 0 is no rate limit.
+    pub rate_per_min: u32,
+    /// Bucket size; defaults to the per-minute rate.
+    pub burst: u32,
+    /// Whether the provider bills by the second (paid allowances apply).
+    pub metered: bool,
+    /// Paid seconds the whole daemon may use per UTC day; 0 is no cap.
+    pub daemon_paid_seconds_per_day: u64,
+}
+
+/// Which limit refused a run (the metrics label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shed {
+    AtCapacity,
+    PerKey,
+    Rate,
+    PaidCaller,
+    PaidDaemon,
+}
+
+impl Shed {
+    pub fn label(self) -> &'static str {
+        match self {
+            Shed::AtCapacity => "at_capacity",
+            Shed::PerKey => "per_key",
+            Shed::Rate => "rate",
+            Shed::PaidCaller => "paid_caller",
+            Shed::PaidDaemon => "paid_daemon",
+        }
+    }
+
+    pub fn text(self) -> &'static str {
+        match self {
+            Shed::AtCapacity => "the daemon is running as many runs as it is configured for",
+            Shed::PerKey => "this caller is running as many runs as it may at once",
+            Shed::Rate => "this caller has used its rate of runs; retry shortly",
+            Shed::PaidCaller => "this caller has used its paid seconds for today",
+            Shed::PaidDaemon => "this daemon has used its paid seconds for today",
+        }
+    }
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    in_flight: HashMap<String, u32>,
+    buckets: HashMap<String, Bucket>,
+    /// (UTC day, seconds) per caller, and for the daemon.
+    paid: HashMap<String, (u64, u64)>,
+    daemon_paid: (u64, u64),
+}
+
+pub struct Quotas {
+    settings: QuotaSettings,
+    state: Mutex<State>,
+}
+
+/// A caller's slot; released when dropped.
+pub struct Slot {
+    quotas: Arc<Quotas>,
+    caller: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.quotas.state.lock()
+            && let Some(n) = s.in_flight.get_mut(&self.caller)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                s.in_flight.remove(&self.caller);
+            }
+        }
+    }
+}
+
+fn utc_day() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400)
+}
+
+impl Quotas {
+    pub fn new(settings: QuotaSettings) -> Arc<Quotas> {
+        Arc::new(Quotas {
+            settings,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    pub fn settings(&self) -> &QuotaSettings {
+        &self.settings
+    }
+
+    /// Charges the rate bucket and takes a concurrency slot, or says which
+    /// limit refused. `paid_allowance` is the caller's daily allowance.
+    pub fn admit(
+        self: &Arc<Self>,
+        caller: &str,
+        paid_allowance: Option<u64>,
+    ) -> Result<Slot, Shed> {
+        let Ok(mut s) = self.state.lock() else {
+            return Err(Shed::AtCapacity);
+        };
+        let day = utc_day();
+        if self.settings.metered {
+            if let Some(allow) = paid_allowance {
+                let used = s
+                    .paid
+                    .get(caller)
+                    .filter(|(d, _)| *d == day)
+                    .map_or(0, |(_, u)| *u);
+                if used >= allow {
+                    return Err(Shed::PaidCaller);
+                }
+            }
+            let cap = self.settings.daemon_paid_seconds_per_day;
+            if cap > 0 && s.daemon_paid.0 == day && s.daemon_paid.1 >= cap {
+                return Err(Shed::PaidDaemon);
+            }
+        }
+        let per_key = self.settings.per_caller_concurrency;
+        if per_key > 0 && s.in_flight.get(caller).copied().unwrap_or(0) >= per_key {
+            return Err(Shed::PerKey);
+        }
+        if self.settings.rate_per_min > 0 {
+            let rate = f64::from(self.settings.rate_per_min) / 60.0;
+            let burst = f64::from(self.settings.burst.max(1));
+            let now = Instant::now();
+            let b = s.buckets.entry(caller.to_string()).or_insert(Bucket {
+                tokens: burst,
+                at: now,
+            });
+            b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * rate).min(burst);
+            b.at = now;
+            if b.tokens < 1.0 {
+                return Err(Shed::Rate);
+            }
+            b.tokens -= 1.0;
+        }
+        *s.in_flight.entry(caller.to_string()).or_insert(0) += 1;
+        Ok(Slot {
+            quotas: self.clone(),
+            caller: caller.to_string(),
+        })
+    }
+
+    /// Charges a metered run's seconds (rounded up) to its caller and the
+    /// daemon.
+    pub fn charge(&self, caller: &str, seconds: u64) {
+        if !self.settings.metered {
+            return;
+        }
+        let day = utc_day();
+        if let Ok(mut s) = self.state.lock() {
+            let e = s.paid.entry(caller.to_string()).or_insert((day, 0));
+            if e.0 != day {
+                *e = (day, 0);
+            }
+            e.1 += seconds;
+            if s.daemon_paid.0 != day {
+                s.daemon_paid = (day, 0);
+            }
+            s.daemon_paid.1 += seconds;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_caller_concurrency_is_exact_and_released() {
+        let q = Quotas::new(QuotaSettings {
+            per_caller_concurrency: 2,
+            ..Default::default()
+        });
+        let a = q.admit("a", None).expect("1");
+        let _b = q.admit("a", None).expect("2");
+        assert_eq!(q.admit("a", None).err(), Some(Shed::PerKey));
+        assert!(q.admit("b", None).is_ok(), "another caller is not affected");
+        drop(a);
+        assert!(q.admit("a", None).is_ok());
+    }
+
+    #[test]
+    fn the_bucket_allows_the_burst_then_refuses() {
+        let q = Quotas::new(QuotaSettings {
+            rate_per_min: 60,
+            burst: 3,
+            ..Default::default()
+        });
+        for _ in 0..3 {
+            drop(q.admit("a", None).expect("burst"));
+        }
+        assert_eq!(q.admit("a", None).err(), Some(Shed::Rate));
+        assert!(q.admit("b", None).is_ok());
+    }
+
+    #[test]
+    fn paid_seconds_are_counted_per_caller_and_daemon() {
+        let q = Quotas::new(QuotaSettings {
+            metered: true,
+            daemon_paid_seconds_per_day: 10,
+            ..Default::default()
+        });
+        drop(q.admit("a", Some(5)).expect("fresh"));
+        q.charge("a", 5);
+        assert_eq!(q.admit("a", Some(5)).err(), Some(Shed::PaidCaller));
+        drop(q.admit("b", None).expect("b has no allowance"));
+        q.charge("b", 5);
+        assert_eq!(q.admit("c", None).err(), Some(Shed::PaidDaemon));
+    }
+}

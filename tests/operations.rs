@@ -1,0 +1,654 @@
+//! Running it for real: callers and tokens (made with the `plimsoll` CLI),
+//! per-caller limits under load from another process, /metrics, TLS, and
+//! hardened mode. Tokens are canaries: none may appear in a log line or a
+//! metric.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use plimsoll_tests::{Daemon, js_run, run_to_exit};
+use serde_json::{Value, json};
+
+fn cli() -> PathBuf {
+    plimsoll_tests::plimsolld_path().with_file_name("plimsoll")
+}
+
+/// A scratch directory removed when dropped.
+struct Scratch(PathBuf);
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let p = std::env::temp_dir().join(format!("plimsoll-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("scratch dir");
+        Scratch(p)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `plimsoll callers create`: returns the printed token.
+fn create(file: &Path, id: &str, extra: &[&str]) -> String {
+    let out = Command::new(cli())
+        .args(["callers", "create", "--file"])
+        .arg(file)
+        .args(["--id", id])
+        .args(extra)
+        .output()
+        .expect("plimsoll callers create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_string();
+    assert_eq!(token.len(), 64, "a 32-byte hex token");
+    token
+}
+
+async fn post(
+    d: &Daemon,
+    token: Option<&str>,
+    body: &Value,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut req = plimsoll_tests::client()
+        .post(d.url("/plimsoll.v1.SandboxService/Run"))
+        .header("content-type", "application/json")
+        .json(body);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let r = req.send().await.expect("sent");
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let body = r.json().await.unwrap_or(Value::Null);
+    (status, headers, body)
+}
+
+fn metrics_url(d: &Daemon) -> String {
+    let line = d
+        .log_lines()
+        .into_iter()
+        .find(|l| l.contains("metrics listening"))
+        .expect("a metrics listening line");
+    let v: Value = serde_json::from_str(&line).expect("json");
+    format!("http://{}/metrics", v["addr"].as_str().expect("addr"))
+}
+
+fn assert_not_logged(d: &Daemon, secret: &str) {
+    for line in d.log_lines() {
+        assert!(!line.contains(secret), "the log holds a token: {line}");
+    }
+}
+
+#[tokio::test]
+async fn callers_authenticate_and_their_tokens_appear_nowhere() {
+    let dir = Scratch::new("callers");
+    let file = dir.path("clients.json");
+    let alice = create(&file, "alice", &[]);
+    let bob = create(&file, "bob", &[]);
+    let reader = create(&file, "reader", &["--scope", "read"]);
+    // The file is the owner's only, and holds digests, not tokens.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file).expect("file").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let text = std::fs::read_to_string(&file).expect("file");
+    assert!(!text.contains(&alice) && !text.contains(&bob));
+    let listed = Command::new(cli())
+        .args(["callers", "list", "--file"])
+        .arg(&file)
+        .output()
+        .expect("list");
+    let listed = String::from_utf8_lossy(&listed.stdout).to_string();
+    assert_eq!(listed, "alice\tcode:run\nbob\tcode:run\nreader\tread\n");
+
+    let f = file.display().to_string();
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
+    ]);
+    let wrong = "canarywrongtoken0123456789abcdef0123456789abcdef";
+    let (status, h, body) = post(&d, None, &js_run("console.log(1)")).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["code"], "unauthenticated");
+    assert_eq!(
+        h.get("www-authenticate").map(|v| v.as_bytes()),
+        Some(&b"Bearer"[..])
+    );
+    assert_eq!(
+        post(&d, Some(wrong), &js_run("console.log(1)")).await.0,
+        401
+    );
+    let (status, h, _) = post(&d, Some(&reader), &js_run("console.log(1)")).await;
+    assert_eq!(status, 403, "a token without code:run");
+    assert_eq!(
+        h.get("plimsoll-not-dispatched").map(|v| v.as_bytes()),
+        Some(&b"permission"[..])
+    );
+    let (status, _, body) = post(&d, Some(&alice), &js_run("console.log(6*7)")).await;
+    assert_eq!(status, 200, "{body:?}");
+    // The log is read on its own thread: wait for alice's line, boundedly.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !d.log_lines().iter().any(|l| l.contains("plimsoll::audit")) {
+        assert!(std::time::Instant::now() < deadline, "no audit line");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let audit: Vec<String> = d
+        .log_lines()
+        .into_iter()
+        .filter(|l| l.contains("plimsoll::audit"))
+        .collect();
+    assert_eq!(audit.len(), 1, "refused requests ran nothing: {audit:?}");
+    assert!(audit[0].contains("\"caller\":\"alice\""), "{}", audit[0]);
+
+    for secret in [&alice, &bob, &reader, &wrong.to_string()] {
+        assert_not_logged(&d, secret);
+        let metrics = reqwest::get(metrics_url(&d))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        assert!(!metrics.contains(secret.as_str()));
+    }
+
+    // Rotation: the old token stops working at the next start.
+    let rotated = Command::new(cli())
+        .args(["callers", "rotate", "--file"])
+        .arg(&file)
+        .args(["--id", "alice"])
+        .output()
+        .expect("rotate");
+    assert!(rotated.status.success());
+    let new_alice = String::from_utf8(rotated.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_string();
+    drop(d);
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
+    ]);
+    assert_eq!(post(&d, Some(&alice), &js_run("1")).await.0, 401);
+    assert_eq!(post(&d, Some(&new_alice), &js_run("1")).await.0, 200);
+    // Revocation.
+    let revoked = Command::new(cli())
+        .args(["callers", "revoke", "--file"])
+        .arg(&file)
+        .args(["--id", "bob"])
+        .status()
+        .expect("revoke");
+    assert!(revoked.success());
+    assert!(
+        !std::fs::read_to_string(&file)
+            .expect("file")
+            .contains("\"bob\"")
+    );
+    // A symlinked file is refused.
+    let link = dir.path("link.json");
+    std::os::unix::fs::symlink(&file, &link).expect("symlink");
+    let refused = Command::new(cli())
+        .args(["callers", "create", "--file"])
+        .arg(&link)
+        .args(["--id", "mallory"])
+        .output()
+        .expect("create");
+    assert!(!refused.status.success());
+}
+
+/// Runs the load generator (its own process) and returns its answers.
+fn load(url: &str, plan: &Value) -> Vec<Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("load/load.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(url)
+        .arg(plan.to_string())
+        .output()
+        .expect("python3 load.py");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+fn count(results: &[Value], caller: &str, status: u64) -> usize {
+    results
+        .iter()
+        .filter(|r| r["caller"] == caller && r["status"] == status)
+        .count()
+}
+
+#[tokio::test]
+async fn per_caller_limits_hold_under_load_and_others_are_served() {
+    let dir = Scratch::new("limits");
+    let file = dir.path("clients.json");
+    let alice = create(&file, "alice", &[]);
+    let bob = create(&file, "bob", &[]);
+    let f = file.display().to_string();
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
+        ("SANDBOX_MAX_CONCURRENT", "8"),
+        ("SANDBOX_PER_KEY_CONCURRENT", "2"),
+    ]);
+    let url = d.url("/plimsoll.v1.SandboxService/Run");
+    // Six long runs from alice at once, and bob's short runs meanwhile.
+    let busy = "const t = Date.now(); while (Date.now() - t < 2000) {}";
+    let results = load(
+        &url,
+        &json!([
+            {"token": alice, "caller": "alice", "code": busy, "count": 6, "parallel": true},
+            {"token": bob, "caller": "bob", "code": "console.log(1)", "count": 4, "parallel": false},
+        ]),
+    );
+    assert_eq!(count(&results, "alice", 200), 2, "{results:?}");
+    assert_eq!(count(&results, "alice", 429), 4, "{results:?}");
+    assert!(
+        results
+            .iter()
+            .filter(|r| r["status"] == 429)
+            .all(|r| r["mark"] == "capacity"),
+        "every refusal is a marked capacity refusal"
+    );
+    assert_eq!(
+        count(&results, "bob", 200),
+        4,
+        "bob kept being served: {results:?}"
+    );
+
+    let metrics = reqwest::get(metrics_url(&d))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("plimsoll_shed_total{reason=\"per_key\"} 4"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("plimsoll_runs_total 6"), "{metrics}");
+    assert!(!metrics.contains(&alice) && !metrics.contains(&bob));
+    assert_not_logged(&d, &alice);
+    assert_not_logged(&d, &bob);
+}
+
+#[tokio::test]
+async fn the_rate_limit_allows_the_burst_and_refuses_the_rest() {
+    let dir = Scratch::new("rate");
+    let file = dir.path("clients.json");
+    let alice = create(&file, "alice", &[]);
+    let bob = create(&file, "bob", &[]);
+    let f = file.display().to_string();
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
+        ("SANDBOX_RATE_PER_MIN", "6"),
+        ("SANDBOX_RATE_BURST", "3"),
+    ]);
+    let url = d.url("/plimsoll.v1.SandboxService/Run");
+    let results = load(
+        &url,
+        &json!([
+            {"token": alice, "caller": "alice", "code": "1", "count": 5, "parallel": false},
+            {"token": bob, "caller": "bob", "code": "1", "count": 3, "parallel": false},
+        ]),
+    );
+    assert_eq!(count(&results, "alice", 200), 3, "{results:?}");
+    assert_eq!(count(&results, "alice", 429), 2, "{results:?}");
+    assert_eq!(count(&results, "bob", 200), 3, "{results:?}");
+    let metrics = reqwest::get(metrics_url(&d))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("plimsoll_shed_total{reason=\"rate\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_metered_provider_stops_a_caller_at_its_daily_allowance() {
+    // The example plugin forwards to an upstream daemon; the operator states
+    // that this service bills by the second.
+    let upstream = Daemon::start(&[("SANDBOX_PROVIDER", "wasm")]);
+    let dir = Scratch::new("paid");
+    let file = dir.path("clients.json");
+    let alice = create(&file, "alice", &["--paid-seconds-per-day", "1"]);
+    let bob = create(&file, "bob", &["--paid-seconds-per-day", "100"]);
+    let f = file.display().to_string();
+    let origin = format!("http://{}", upstream.addr);
+    let plugins = plimsoll_tests::plugin_dir().display().to_string();
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "remote-plimsoll"),
+        ("PLIMSOLL_PLUGIN_DIR", plugins.as_str()),
+        ("SANDBOX_PLUGIN_HTTP_ORIGINS", origin.as_str()),
+        ("SANDBOX_PLUGIN_METERED", "1"),
+        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
+    ]);
+    assert_eq!(post(&d, Some(&alice), &js_run("1")).await.0, 200);
+    let (status, h, _) = post(&d, Some(&alice), &js_run("1")).await;
+    assert_eq!(status, 429, "alice's one paid second is spent");
+    assert_eq!(
+        h.get("plimsoll-not-dispatched").map(|v| v.as_bytes()),
+        Some(&b"capacity"[..])
+    );
+    assert_eq!(post(&d, Some(&bob), &js_run("1")).await.0, 200);
+    let metrics = reqwest::get(metrics_url(&d))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("plimsoll_shed_total{reason=\"paid_caller\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// A test CA and a server certificate it signed for localhost and
+/// 127.0.0.1, made with openssl. Returns the server's cert and key; the CA
+/// is `ca.pem` in `dir`.
+fn certificate(dir: &Scratch) -> (PathBuf, PathBuf) {
+    let p = |n: &str| dir.path(n).display().to_string();
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let (ca_key, ca, key, csr, ext, cert) = (
+        p("ca.key"),
+        p("ca.pem"),
+        p("key.pem"),
+        p("server.csr"),
+        p("ext.cnf"),
+        p("cert.pem"),
+    );
+    let mut a = vec!["req", "-x509"];
+    a.extend(ec);
+    a.extend([
+        "-days",
+        "1",
+        "-subj",
+        "/CN=plimsoll test CA",
+        "-keyout",
+        &ca_key,
+        "-out",
+        &ca,
+    ]);
+    run(&a);
+    let mut a = vec!["req"];
+    a.extend(ec);
+    a.extend(["-subj", "/CN=localhost", "-keyout", &key, "-out", &csr]);
+    run(&a);
+    std::fs::write(
+        &ext,
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        &ext,
+        "-out",
+        &cert,
+    ]);
+    (dir.path("cert.pem"), dir.path("key.pem"))
+}
+
+fn test_ca(dir: &Scratch) -> reqwest::Certificate {
+    reqwest::Certificate::from_pem(&std::fs::read(dir.path("ca.pem")).expect("ca")).expect("pem")
+}
+
+#[tokio::test]
+async fn tls_serves_http1_and_http2_and_refuses_cleartext() {
+    let dir = Scratch::new("tls");
+    let (cert, key) = certificate(&dir);
+    let token = "t".repeat(40);
+    let (c, k) = (cert.display().to_string(), key.display().to_string());
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_TOKEN", token.as_str()),
+        ("PLIMSOLL_TLS_CERT", c.as_str()),
+        ("PLIMSOLL_TLS_KEY", k.as_str()),
+    ]);
+    let _ = &cert;
+    let root = test_ca(&dir);
+    let url = format!("https://{}/plimsoll.v1.SandboxService/Run", d.addr);
+    for http2 in [false, true] {
+        let mut b = reqwest::Client::builder().add_root_certificate(root.clone());
+        if !http2 {
+            b = b.http1_only();
+        }
+        let client = b.build().expect("client");
+        let r = client
+            .post(&url)
+            .bearer_auth(&token)
+            .json(&js_run("console.log(6*7)"))
+            .send()
+            .await
+            .expect("https");
+        assert_eq!(r.status().as_u16(), 200);
+        let want = if http2 {
+            reqwest::Version::HTTP_2
+        } else {
+            reqwest::Version::HTTP_11
+        };
+        assert_eq!(r.version(), want, "ALPN");
+    }
+    // Cleartext to the TLS port gets no answer.
+    let plain = plimsoll_tests::client()
+        .post(d.url("/plimsoll.v1.SandboxService/Run"))
+        .bearer_auth(&token)
+        .json(&js_run("1"))
+        .send()
+        .await;
+    assert!(plain.is_err() || !plain.expect("answer").status().is_success());
+    assert_not_logged(&d, &token);
+}
+
+/// A configuration that passes every hardened-mode check.
+fn hardened_env(dir: &Scratch) -> (Vec<(String, String)>, String, PathBuf) {
+    let file = dir.path("clients.json");
+    let alice = create(&file, "alice", &[]);
+    let (cert, key) = certificate(dir);
+    let env = [
+        ("PLIMSOLL_HARDENED", "1".to_string()),
+        ("SANDBOX_PROVIDER", "docker".into()),
+        ("SANDBOX_DOCKER_RUNTIME", "runsc".into()),
+        ("SANDBOX_DOCKER_IMAGE", plimsoll_tests::sandbox_image()),
+        ("SANDBOX_DOCKER_POOL", "1".into()),
+        ("SANDBOX_MEMORY_MB", "256".into()),
+        ("SANDBOX_CPUS", "1".into()),
+        ("SANDBOX_PIDS", "256".into()),
+        ("SANDBOX_DISK_MB", "160".into()),
+        ("SANDBOX_MAX_CONCURRENT", "4".into()),
+        ("SANDBOX_PER_KEY_CONCURRENT", "2".into()),
+        ("SANDBOX_RATE_PER_MIN", "60".into()),
+        ("SANDBOX_RATE_BURST", "10".into()),
+        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
+        ("PLIMSOLL_TLS_CERT", cert.display().to_string()),
+        ("PLIMSOLL_TLS_KEY", key.display().to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    (env, alice, cert)
+}
+
+#[test]
+fn hardened_mode_names_every_missing_safeguard() {
+    let dir = Scratch::new("hardened-refusals");
+    let (good, _, _) = hardened_env(&dir);
+    type Change = fn(&mut Vec<(String, String)>);
+    fn set(env: &mut Vec<(String, String)>, k: &str, v: &str) {
+        env.retain(|(x, _)| x != k);
+        env.push((k.into(), v.into()));
+    }
+    fn unset(env: &mut Vec<(String, String)>, k: &str) {
+        env.retain(|(x, _)| x != k);
+    }
+    // Each violation alone: refused before anything starts, and named.
+    let alone: &[(Change, &str)] = &[
+        (
+            |e| {
+                e.retain(|(k, _)| {
+                    !k.starts_with("SANDBOX_DOCKER")
+                        && !["SANDBOX_CPUS", "SANDBOX_PIDS", "SANDBOX_DISK_MB"]
+                            .contains(&k.as_str())
+                });
+                set(e, "SANDBOX_PROVIDER", "wasm");
+            },
+            "SANDBOX_PROVIDER=wasm",
+        ),
+        (
+            |e| unset(e, "SANDBOX_DOCKER_RUNTIME"),
+            "SANDBOX_DOCKER_RUNTIME",
+        ),
+        (
+            |e| {
+                unset(e, "PLIMSOLL_CLIENTS_FILE");
+                set(e, "PLIMSOLL_TOKEN", "0123456789abcdef0123456789abcdef");
+            },
+            "PLIMSOLL_TOKEN",
+        ),
+        (|e| set(e, "PLIMSOLL_INSECURE", "1"), "PLIMSOLL_INSECURE"),
+        (
+            |e| {
+                unset(e, "PLIMSOLL_TLS_CERT");
+                unset(e, "PLIMSOLL_TLS_KEY");
+                set(e, "PLIMSOLL_ADDR", "0.0.0.0:0");
+            },
+            "the API listens on 0.0.0.0:0 without TLS",
+        ),
+        (
+            |e| {
+                unset(e, "PLIMSOLL_TLS_CERT");
+                unset(e, "PLIMSOLL_TLS_KEY");
+                set(e, "PLIMSOLL_METRICS_ADDR", "0.0.0.0:0");
+            },
+            "/metrics listens on 0.0.0.0:0 without TLS",
+        ),
+        (
+            |e| set(e, "SANDBOX_DOCKER_IMAGE", "plimsoll/sandbox:bookworm"),
+            "SANDBOX_DOCKER_IMAGE",
+        ),
+        (|e| unset(e, "SANDBOX_PIDS"), "SANDBOX_PIDS"),
+        (|e| unset(e, "SANDBOX_MEMORY_MB"), "SANDBOX_MEMORY_MB"),
+        (|e| set(e, "SANDBOX_RATE_BURST", "61"), "SANDBOX_RATE_BURST"),
+        (
+            |e| {
+                unset(e, "SANDBOX_RATE_PER_MIN");
+                unset(e, "SANDBOX_RATE_BURST");
+            },
+            "SANDBOX_RATE_PER_MIN",
+        ),
+        (
+            |e| set(e, "SANDBOX_PER_KEY_CONCURRENT", "4"),
+            "SANDBOX_PER_KEY_CONCURRENT",
+        ),
+    ];
+    for (change, named) in alone {
+        let mut env = good.clone();
+        change(&mut env);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let (code, text) = run_to_exit(&[], &env);
+        assert_eq!(code, Some(2), "{named}: {text}");
+        assert!(text.contains(named), "{named} not named in:\n{text}");
+        assert!(
+            text.contains("(1 problems)"),
+            "{named} was not alone:\n{text}"
+        );
+    }
+    // Everything missing at once: all named together.
+    let (code, text) = run_to_exit(
+        &[],
+        &[("PLIMSOLL_HARDENED", "1"), ("SANDBOX_PROVIDER", "docker")],
+    );
+    assert_eq!(code, Some(2));
+    for named in [
+        "SANDBOX_DOCKER_RUNTIME",
+        "PLIMSOLL_CLIENTS_FILE",
+        "SANDBOX_DOCKER_IMAGE",
+        "SANDBOX_MEMORY_MB",
+        "SANDBOX_CPUS",
+        "SANDBOX_PIDS",
+        "SANDBOX_DISK_MB",
+        "SANDBOX_RATE_PER_MIN",
+        "SANDBOX_PER_KEY_CONCURRENT",
+    ] {
+        assert!(text.contains(named), "{named} not named in:\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fully_hardened_daemon_starts_and_serves() {
+    let dir = Scratch::new("hardened");
+    let (env, alice, cert) = hardened_env(&dir);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let d = Daemon::start(&env);
+    let _ = &cert;
+    let root = test_ca(&dir);
+    let client = reqwest::Client::builder()
+        .add_root_certificate(root)
+        .build()
+        .expect("client");
+    let mut req = js_run("console.log(require('os').release() !== '')");
+    req["minimumIsolation"] = json!("kernel");
+    let r = client
+        .post(format!("https://{}/plimsoll.v1.SandboxService/Run", d.addr))
+        .bearer_auth(&alice)
+        .json(&req)
+        .send()
+        .await
+        .expect("https");
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["isolation"], "kernel");
+    assert_not_logged(&d, &alice);
+    // The client goes first: its idle HTTP/2 connection would otherwise
+    // hold the daemon's graceful shutdown while this thread waits on it.
+    drop(client);
+    let pid = d.pid().expect("pid");
+    drop(d);
+    assert_eq!(plimsoll_tests::containers_of(pid), 0);
+}
