@@ -82,33 +82,14 @@ pub async fn serve(
         conns.spawn(async move {
             let _permit = permit;
             match tls {
-                None => {
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    let mut conn = std::pin::pin!(conn);
-                    tokio::select! {
-                        _ = conn.as_mut() => {}
-                        _ = stop.changed() => {
-                            conn.as_mut().graceful_shutdown();
-                            let _ = conn.await;
-                        }
-                    }
-                }
+                None => serve_one(&builder, stream, service, &mut stop).await,
                 Some(acceptor) => {
                     // The handshake gets the header deadline too: a client
                     // that opens and stalls holds a slot no longer.
-                    let Ok(Ok(stream)) =
+                    if let Ok(Ok(stream)) =
                         tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await
-                    else {
-                        return;
-                    };
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    let mut conn = std::pin::pin!(conn);
-                    tokio::select! {
-                        _ = conn.as_mut() => {}
-                        _ = stop.changed() => {
-                            conn.as_mut().graceful_shutdown();
-                            let _ = conn.await;
-                        }
+                    {
+                        serve_one(&builder, stream, service, &mut stop).await;
                     }
                 }
             }
@@ -122,4 +103,25 @@ pub async fn serve(
         while conns.join_next().await.is_some() {}
     })
     .await;
+}
+
+/// Serves one connection until it ends, or shuts it down gracefully once
+/// `stop` changes.
+async fn serve_one<I>(
+    builder: &Builder<TokioExecutor>,
+    io: I,
+    service: TowerToHyperService<Router>,
+    stop: &mut watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
 }
