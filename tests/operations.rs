@@ -566,7 +566,7 @@ fn hardened_mode_names_every_missing_safeguard() {
                 unset(e, "PLIMSOLL_TLS_KEY");
                 set(e, "PLIMSOLL_METRICS_ADDR", "0.0.0.0:0");
             },
-            "/metrics listens on 0.0.0.0:0 without TLS",
+            "PLIMSOLL_METRICS_ADDR: /metrics has no authentication",
         ),
         (
             |e| set(e, "SANDBOX_DOCKER_IMAGE", "plimsoll/sandbox:bookworm"),

@@ -552,6 +552,19 @@ impl Config {
                 .transpose()?
                 .unwrap_or(0),
         };
+        // Settings that would do nothing are refused, not ignored.
+        if get("SANDBOX_RATE_BURST").is_some() && rate_per_min == 0 {
+            return Err(ConfigError::Invalid {
+                name: "SANDBOX_RATE_BURST",
+                why: "a burst needs SANDBOX_RATE_PER_MIN".into(),
+            });
+        }
+        if get("SANDBOX_PAID_SECONDS_PER_DAY").is_some() && !metered {
+            return Err(ConfigError::Invalid {
+                name: "SANDBOX_PAID_SECONDS_PER_DAY",
+                why: "paid seconds are counted only for a provider declared metered (SANDBOX_PLUGIN_METERED=1)".into(),
+            });
+        }
         let set = vars
             .iter()
             .filter(|(_, v)| !v.trim().is_empty())

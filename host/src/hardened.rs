@@ -45,20 +45,13 @@ pub fn violations(cfg: &Config) -> Vec<String> {
         v.push("PLIMSOLL_INSECURE must be unset".into());
     }
 
-    if cfg.tls.is_none() {
-        if !cfg.addr.ip().is_loopback() {
-            v.push(format!(
-                "PLIMSOLL_TLS_CERT/PLIMSOLL_TLS_KEY: the API listens on {} without TLS",
-                cfg.addr
-            ));
-        }
-        if let Some(m) = cfg.metrics_addr
-            && !m.ip().is_loopback()
-        {
-            v.push(format!(
-                "PLIMSOLL_TLS_CERT/PLIMSOLL_TLS_KEY: /metrics listens on {m} without TLS"
-            ));
-        }
+    // /metrics must stay on loopback (checked below), so TLS matters for
+    // the API listener only.
+    if cfg.tls.is_none() && !cfg.addr.ip().is_loopback() {
+        v.push(format!(
+            "PLIMSOLL_TLS_CERT/PLIMSOLL_TLS_KEY: the API listens on {} without TLS",
+            cfg.addr
+        ));
     }
 
     if let Some(e) = &cfg.engine {
@@ -81,6 +74,26 @@ pub fn violations(cfg: &Config) -> Vec<String> {
                 ));
             }
         }
+    }
+
+    // Warnings are not policies: in hardened mode a typo in a variable's
+    // name (whose setting would silently be its default) is a refusal.
+    for name in &cfg.unknown {
+        v.push(format!(
+            "{name} is not a plimsolld variable (a typo means its default)"
+        ));
+    }
+    for name in cfg.grants.open_to_all() {
+        v.push(format!(
+            "PLIMSOLL_GRANTS_FILE: profile {name} admits every caller (\"*\"); name the callers"
+        ));
+    }
+    if let Some(m) = cfg.metrics_addr
+        && !m.ip().is_loopback()
+    {
+        v.push(format!(
+            "PLIMSOLL_METRICS_ADDR: /metrics has no authentication; keep it on loopback or off (it is {m})"
+        ));
     }
 
     let q = &cfg.quotas;

@@ -110,12 +110,16 @@ impl Quotas {
         &self.settings
     }
 
-    /// Charges the rate bucket and takes a concurrency slot, or says which
-    /// limit refused. `paid_allowance` is the caller's daily allowance.
+    /// Takes a concurrency slot and charges the rate bucket, or says which
+    /// limit refused. On a metered provider, `reserve` paid seconds (the
+    /// run's whole budget) are booked now, so concurrent runs cannot
+    /// together overshoot an allowance by more than one budget; `settle`
+    /// refunds what the run did not use.
     pub fn admit(
         self: &Arc<Self>,
         caller: &str,
         paid_allowance: Option<u64>,
+        reserve: u64,
     ) -> Result<Slot, Shed> {
         let Ok(mut s) = self.state.lock() else {
             return Err(Shed::AtCapacity);
@@ -157,29 +161,35 @@ impl Quotas {
             b.tokens -= 1.0;
         }
         *s.in_flight.entry(caller.to_string()).or_insert(0) += 1;
+        if self.settings.metered {
+            let e = s.paid.entry(caller.to_string()).or_insert((day, 0));
+            if e.0 != day {
+                *e = (day, 0);
+            }
+            e.1 += reserve;
+            if s.daemon_paid.0 != day {
+                s.daemon_paid = (day, 0);
+            }
+            s.daemon_paid.1 += reserve;
+        }
         Ok(Slot {
             quotas: self.clone(),
             caller: caller.to_string(),
         })
     }
 
-    /// Charges a metered run's seconds (rounded up) to its caller and the
-    /// daemon.
-    pub fn charge(&self, caller: &str, seconds: u64) {
-        if !self.settings.metered {
+    /// Settles a metered run: `used` of the `reserved` seconds stand, the
+    /// rest is refunded (a run refused before it ran uses 0).
+    pub fn settle(&self, caller: &str, reserved: u64, used: u64) {
+        if !self.settings.metered || used >= reserved {
             return;
         }
-        let day = utc_day();
+        let refund = reserved - used;
         if let Ok(mut s) = self.state.lock() {
-            let e = s.paid.entry(caller.to_string()).or_insert((day, 0));
-            if e.0 != day {
-                *e = (day, 0);
+            if let Some(e) = s.paid.get_mut(caller) {
+                e.1 = e.1.saturating_sub(refund);
             }
-            e.1 += seconds;
-            if s.daemon_paid.0 != day {
-                s.daemon_paid = (day, 0);
-            }
-            s.daemon_paid.1 += seconds;
+            s.daemon_paid.1 = s.daemon_paid.1.saturating_sub(refund);
         }
     }
 }
@@ -194,12 +204,15 @@ mod tests {
             per_caller_concurrency: 2,
             ..Default::default()
         });
-        let a = q.admit("a", None).expect("1");
-        let _b = q.admit("a", None).expect("2");
-        assert_eq!(q.admit("a", None).err(), Some(Shed::PerKey));
-        assert!(q.admit("b", None).is_ok(), "another caller is not affected");
+        let a = q.admit("a", None, 0).expect("1");
+        let _b = q.admit("a", None, 0).expect("2");
+        assert_eq!(q.admit("a", None, 0).err(), Some(Shed::PerKey));
+        assert!(
+            q.admit("b", None, 0).is_ok(),
+            "another caller is not affected"
+        );
         drop(a);
-        assert!(q.admit("a", None).is_ok());
+        assert!(q.admit("a", None, 0).is_ok());
     }
 
     #[test]
@@ -210,10 +223,10 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..3 {
-            drop(q.admit("a", None).expect("burst"));
+            drop(q.admit("a", None, 0).expect("burst"));
         }
-        assert_eq!(q.admit("a", None).err(), Some(Shed::Rate));
-        assert!(q.admit("b", None).is_ok());
+        assert_eq!(q.admit("a", None, 0).err(), Some(Shed::Rate));
+        assert!(q.admit("b", None, 0).is_ok());
     }
 
     #[test]
@@ -223,11 +236,21 @@ mod tests {
             daemon_paid_seconds_per_day: 10,
             ..Default::default()
         });
-        drop(q.admit("a", Some(5)).expect("fresh"));
-        q.charge("a", 5);
-        assert_eq!(q.admit("a", Some(5)).err(), Some(Shed::PaidCaller));
-        drop(q.admit("b", None).expect("b has no allowance"));
-        q.charge("b", 5);
-        assert_eq!(q.admit("c", None).err(), Some(Shed::PaidDaemon));
+        // Reserved at admission: a second concurrent run sees the first's
+        // whole budget as spent.
+        let first = q.admit("a", Some(5), 5).expect("fresh");
+        assert_eq!(q.admit("a", Some(5), 5).err(), Some(Shed::PaidCaller));
+        drop(first);
+        q.settle("a", 5, 1);
+        // Refunded to 1 used: there is allowance again.
+        drop(q.admit("a", Some(5), 4).expect("refunded"));
+        q.settle("a", 4, 4);
+        assert_eq!(q.admit("a", Some(5), 1).err(), Some(Shed::PaidCaller));
+        drop(
+            q.admit("b", None, 5)
+                .expect("b has no allowance of its own"),
+        );
+        q.settle("b", 5, 5);
+        assert_eq!(q.admit("c", None, 1).err(), Some(Shed::PaidDaemon));
     }
 }

@@ -259,35 +259,38 @@ impl Daemon {
             }
         };
 
-        // 3. Admission: the caller's limits, then a daemon slot, now or a
-        //    capacity refusal now (no queue).
+        // 3. Admission: a daemon slot, then the caller's limits (so a full
+        //    daemon spends nobody's rate), now or a capacity refusal now (no
+        //    queue). A metered run reserves its whole budget of paid
+        //    seconds up front and is refunded what it did not use.
         let shed = |why: Shed| {
             self.metrics.shed.with_label_values(&[why.label()]).inc();
             Refusal::capacity(why.text())
         };
-        let caller_slot = self
-            .quotas
-            .admit(&caller.id, caller.paid_seconds_per_day)
-            .map_err(shed)?;
         let slot = self
             .in_flight
             .clone()
             .try_acquire_owned()
             .map_err(|_| shed(Shed::AtCapacity))?;
+        let reserved = checked.timeout.as_millis().div_ceil(1000) as u64;
+        let caller_slot = self
+            .quotas
+            .admit(&caller.id, caller.paid_seconds_per_day, reserved)
+            .map_err(shed)?;
 
         let daemon = self.clone();
         let task = tokio::spawn(async move {
             let _slot = slot;
             let _caller_slot = caller_slot;
-            daemon.metrics.inflight.inc();
+            let _inflight = InFlight::new(&daemon.metrics);
             let started = Instant::now();
             let answer = daemon.admitted(req, checked, work, &caller).await;
-            daemon.metrics.inflight.dec();
-            // A metered provider bills whole seconds.
-            daemon.quotas.charge(
-                &caller.id,
-                started.elapsed().as_millis().div_ceil(1000) as u64,
-            );
+            // Whole seconds, and nothing for a run refused before it ran.
+            let used = match &answer {
+                Err(RunError::Refused(_)) => 0,
+                _ => started.elapsed().as_millis().div_ceil(1000) as u64,
+            };
+            daemon.quotas.settle(&caller.id, reserved, used);
             if matches!(answer, Err(RunError::Internal { .. })) {
                 daemon.metrics.runs_failed.inc();
             }
@@ -530,6 +533,23 @@ impl Daemon {
             Ok(Err(RunFailure::MayHaveRun(detail))) => Err(internal(detail)),
             Err(join) => Err(internal(format!("run task failed: {join}"))),
         }
+    }
+}
+
+/// Counts a run in the in-flight gauge for as long as it lives, whatever
+/// path it leaves by.
+struct InFlight(prometheus::IntGauge);
+
+impl InFlight {
+    fn new(m: &Metrics) -> InFlight {
+        m.inflight.inc();
+        InFlight(m.inflight.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

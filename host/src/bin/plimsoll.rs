@@ -259,7 +259,11 @@ fn change(
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| e.to_string())?;
-        std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+        let renamed = std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()));
+        if renamed.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        renamed
     })();
     let _ = std::fs::remove_dir(&lock);
     result

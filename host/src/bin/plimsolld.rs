@@ -98,6 +98,19 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         Some((cert, key)) => Some(plimsoll::tls::acceptor(cert, key).map_err(anyhow::Error::msg)?),
         None => None,
     };
+    // Both listeners are bound before any provider starts: a port in use is
+    // a configuration error, not a daemon with warm containers and no API.
+    let listener = tokio::net::TcpListener::bind(cfg.addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("PLIMSOLL_ADDR {}: {e}", cfg.addr))?;
+    let metrics_listener = match cfg.metrics_addr {
+        None => None,
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("PLIMSOLL_METRICS_ADDR {addr}: {e}"))?,
+        ),
+    };
     let (provider, limits) = match cfg.provider.clone() {
         ProviderKind::Disabled => {
             tracing::warn!("SANDBOX_PROVIDER is unset: the Disabled provider refuses every run");
@@ -209,12 +222,9 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let metrics_task = match cfg.metrics_addr {
+    let metrics_task = match metrics_listener {
         None => None,
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("PLIMSOLL_METRICS_ADDR {addr}: {e}"))?;
+        Some(listener) => {
             tracing::info!(addr = %listener.local_addr()?, tls = tls.is_some(), "metrics listening");
             Some(tokio::spawn(api::serve::serve(
                 listener,
@@ -224,7 +234,6 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             )))
         }
     };
-    let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
     tracing::info!(
         addr = %listener.local_addr()?,
         sandbox = ev.sandbox,
