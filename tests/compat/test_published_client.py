@@ -269,3 +269,18 @@ def test_granted_runs_pass_every_client_check(tmp_path):
     finally:
         d.stop()
         api.server.shutdown()
+
+
+def test_callers_with_tokens():
+    token = "compat-token-" + "x" * 32
+    d = Daemon({"SANDBOX_PROVIDER": "wasm", "PLIMSOLL_INSECURE": "0", "PLIMSOLL_TOKEN": token})
+    try:
+        r = Client(d.url, token).run_javascript("console.log('authenticated')")
+        assert r.stdout == b"authenticated\n"
+        with pytest.raises(plimsoll_client.errors.PlimsollError) as refused:
+            Client(d.url, "wrong-token-" + "y" * 32).run_javascript("console.log('ran')")
+        # Nothing ran, and the client was told it was not let in.
+        assert "401" in str(refused.value) or "unauthenticated" in str(refused.value).lower()
+        assert not any(token in line for line in d.lines)
+    finally:
+        d.stop()
