@@ -51,6 +51,56 @@ pub struct Api {
     /// admission, so without this bound many slow or large uploads could
     /// hold memory no concurrency limit ever sees.
     body_slots: Arc<Semaphore>,
+    /// Body slots per caller: one caller with slow uploads must not hold
+    /// every slot and lock the others out.
+    caller_bodies: Arc<CallerBodies>,
+}
+
+/// Counts the bodies each caller is sending; at most `cap` at once.
+pub struct CallerBodies {
+    cap: usize,
+    held: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// One caller's body slot; released when dropped.
+pub struct CallerBody {
+    bodies: Arc<CallerBodies>,
+    caller: String,
+}
+
+impl CallerBodies {
+    pub fn new(cap: usize) -> Arc<CallerBodies> {
+        Arc::new(CallerBodies {
+            cap: cap.max(1),
+            held: std::sync::Mutex::new(std::collections::HashMap::new()),
+        })
+    }
+
+    pub fn try_take(self: &Arc<Self>, caller: &str) -> Option<CallerBody> {
+        let mut held = self.held.lock().ok()?;
+        let n = held.entry(caller.to_string()).or_insert(0);
+        if *n >= self.cap {
+            return None;
+        }
+        *n += 1;
+        Some(CallerBody {
+            bodies: self.clone(),
+            caller: caller.to_string(),
+        })
+    }
+}
+
+impl Drop for CallerBody {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.bodies.held.lock()
+            && let Some(n) = held.get_mut(&self.caller)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.caller);
+            }
+        }
+    }
 }
 
 /// Refused credentials, counted and logged at most every 30 s: a flood of
@@ -85,11 +135,15 @@ pub fn router(daemon: Arc<Daemon>, body_slots: usize) -> Router {
 }
 
 pub fn router_with(daemon: Arc<Daemon>, body_slots: usize, verifier: Arc<Verifier>) -> Router {
+    let open = verifier.is_open();
     let api = Api {
         daemon,
         verifier,
         refused: Arc::new(RefusedCredentials::default()),
         body_slots: Arc::new(Semaphore::new(body_slots.max(1))),
+        // Half the slots at most for any one caller (all of them in open
+        // mode, where there is only one caller).
+        caller_bodies: CallerBodies::new(if open { body_slots } else { body_slots / 2 }),
     };
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -196,7 +250,14 @@ async fn procedure(
     if let Err(r) = check_headers(req.headers()) {
         return *r;
     }
-    // Nothing is read until a body slot is free now; no queue.
+    // Nothing is read until a body slot is free now, for this caller and
+    // for the daemon; no queue.
+    let Some(caller_body) = api.caller_bodies.try_take(&caller.id) else {
+        return refusal_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            &Refusal::capacity("this caller is sending as many request bodies as it may at once"),
+        );
+    };
     let Ok(body_slot) = api.body_slots.clone().try_acquire_owned() else {
         return refusal_response(
             StatusCode::TOO_MANY_REQUESTS,
@@ -216,6 +277,7 @@ async fn procedure(
             };
             drop(body);
             drop(body_slot);
+            drop(caller_body);
             run(&api.daemon, req, caller).await
         }
         // Sessions are not offered by any provider this daemon has.
@@ -451,6 +513,17 @@ mod tests {
         assert_eq!(r.reason, Reason::Request);
         let r = parse_run(br#"[4,"","",0,null,{"code":"1"}]"#).expect_err("refused");
         assert_eq!(r.reason, Reason::Request);
+    }
+
+    #[test]
+    fn one_caller_cannot_hold_every_body_slot() {
+        let bodies = CallerBodies::new(2);
+        let a1 = bodies.try_take("alice").expect("first");
+        let _a2 = bodies.try_take("alice").expect("second");
+        assert!(bodies.try_take("alice").is_none(), "alice is at her cap");
+        assert!(bodies.try_take("bob").is_some(), "bob is not affected");
+        drop(a1);
+        assert!(bodies.try_take("alice").is_some(), "released on drop");
     }
 }
 
