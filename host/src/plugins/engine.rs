@@ -157,7 +157,9 @@ enum PidsCgroup {
 }
 
 struct Warm {
-    name: String,
+    /// The engine's ID for the container: every later call names it by
+    /// this, and under gVisor it is also the name of its host cgroup.
+    id: String,
     io: AttachContainerResults,
     born: Instant,
 }
@@ -272,7 +274,7 @@ impl ContainerEngine {
             // Warm containers from before an outage have dead streams: none
             // may serve a run. Removed once the engine answers again.
             if let Ok(mut pool) = self.pool.lock() {
-                let stale: Vec<String> = pool.warm.drain(..).map(|w| w.name).collect();
+                let stale: Vec<String> = pool.warm.drain(..).map(|w| w.id).collect();
                 pool.orphans.extend(stale);
             }
         }
@@ -411,18 +413,13 @@ impl ContainerEngine {
         {
             // A new template: warm containers of the old one are of no use;
             // maintenance removes them.
-            let old: Vec<String> = pool.warm.drain(..).map(|w| w.name).collect();
+            let old: Vec<String> = pool.warm.drain(..).map(|w| w.id).collect();
             pool.orphans.extend(old);
             pool.template = Some(spec);
         }
         let engine = self.clone();
         tokio::spawn(async move { engine.top_up().await });
         self.settings.pool
-    }
-
-    /// Warm containers ready now (for tests and the benchmark's log).
-    pub fn warm_count(&self) -> usize {
-        self.pool.lock().map_or(0, |p| p.warm.len())
     }
 
     async fn top_up(&self) {
@@ -439,7 +436,7 @@ impl ContainerEngine {
                     .drain(..)
                     .partition(|w| w.born.elapsed() < WARM_MAX_AGE);
                 pool.warm = young;
-                pool.orphans.extend(old.into_iter().map(|w| w.name));
+                pool.orphans.extend(old.into_iter().map(|w| w.id));
                 let have = pool.warm.len() as u32 + pool.starting;
                 match pool.template.clone() {
                     Some(t) if have < self.settings.pool && !pool.closed => {
@@ -467,7 +464,7 @@ impl ContainerEngine {
                         pool.starting = pool.starting.saturating_sub(1);
                         None
                     }
-                    Ok(warm) => Some(warm.name),
+                    Ok(warm) => Some(warm.id),
                     Err(why) => {
                         pool.starting = pool.starting.saturating_sub(1);
                         tracing::warn!(why = %why, "starting a warm container failed");
@@ -504,7 +501,7 @@ impl ContainerEngine {
     async fn drain_pool(&self) {
         let drained: Vec<String> = match self.pool.lock() {
             Ok(mut pool) => {
-                let mut names: Vec<String> = pool.warm.drain(..).map(|w| w.name).collect();
+                let mut names: Vec<String> = pool.warm.drain(..).map(|w| w.id).collect();
                 names.append(&mut pool.orphans);
                 names
             }
@@ -530,7 +527,7 @@ impl ContainerEngine {
             if w.born.elapsed() < WARM_MAX_AGE {
                 return Some(w);
             }
-            pool.orphans.push(w.name);
+            pool.orphans.push(w.id);
         }
         None
     }
@@ -579,7 +576,7 @@ impl ContainerEngine {
                     // Creating and starting can be slow on a loaded engine;
                     // a run whose budget went on that never gets its input.
                     if began.elapsed() >= timeout {
-                        engine.remove(&warm.name).await;
+                        engine.remove(&warm.id).await;
                         return Err(EngineFailure::AfterStart(
                             "the run's budget was spent starting its container".into(),
                         ));
@@ -587,7 +584,7 @@ impl ContainerEngine {
                     warm
                 }
             };
-            let name = warm.name.clone();
+            let name = warm.id.clone();
             let result = engine.drive(warm, stdin, timeout, output_limit).await;
             engine.remove(&name).await;
             result
@@ -626,14 +623,14 @@ impl ContainerEngine {
                 )));
             }
         };
-        match self.attach_and_start(&name, &created.id).await {
+        match self.attach_and_start(&created.id).await {
             Ok(io) => Ok(Warm {
-                name,
+                id: created.id,
                 io,
                 born: Instant::now(),
             }),
             Err(why) => {
-                self.remove(&name).await;
+                self.remove(&created.id).await;
                 Err(why)
             }
         }
@@ -642,11 +639,7 @@ impl ContainerEngine {
     /// Failures before `start_container` is asked are `BeforeStart`; from
     /// then on the engine may have started the command (one that does not
     /// wait on stdin would be running), so they are `AfterStart`.
-    async fn attach_and_start(
-        &self,
-        name: &str,
-        id: &str,
-    ) -> Result<AttachContainerResults, EngineFailure> {
+    async fn attach_and_start(&self, id: &str) -> Result<AttachContainerResults, EngineFailure> {
         if let PidsCgroup::Host { root, .. } = &self.pids {
             // Before start: the sandbox joins a cgroup that is already
             // limited, so there is no moment without the limit.
@@ -668,15 +661,15 @@ impl ContainerEngine {
             .build();
         let io = self
             .docker
-            .attach_container(name, Some(attach))
+            .attach_container(id, Some(attach))
             .await
             .map_err(|e| EngineFailure::BeforeStart(format!("attaching: {}", short(&e))))?;
         self.docker
-            .start_container(name, None)
+            .start_container(id, None)
             .await
             .map_err(|e| EngineFailure::AfterStart(format!("starting: {}", short(&e))))?;
         if let PidsCgroup::Host { .. } = &self.pids {
-            self.check_host_pids(name, id)
+            self.check_host_pids(id)
                 .await
                 .map_err(EngineFailure::AfterStart)?;
         }
@@ -686,13 +679,13 @@ impl ContainerEngine {
     /// Under gVisor: the sandbox process is in the cgroup the host limited,
     /// and the limit is the configured one. Read from the host, where the
     /// sandbox cannot reach.
-    async fn check_host_pids(&self, name: &str, id: &str) -> Result<(), String> {
+    async fn check_host_pids(&self, id: &str) -> Result<(), String> {
         let PidsCgroup::Host { root, parent } = &self.pids else {
             return Ok(());
         };
         let inspect = self
             .docker
-            .inspect_container(name, None::<InspectContainerOptions>)
+            .inspect_container(id, None::<InspectContainerOptions>)
             .await
             .map_err(|e| format!("inspecting the sandbox: {}", short(&e)))?;
         let pid = inspect
@@ -727,18 +720,10 @@ impl ContainerEngine {
         Ok(())
     }
 
+    /// Removes a container, named by its ID (or by its name when create
+    /// failed before an ID was known, when no cgroup was made either).
     async fn remove(&self, name_or_id: &str) -> bool {
         let remove = RemoveContainerOptionsBuilder::default().force(true).build();
-        // The ID, for the cgroup directory the host made under gVisor.
-        let id = match &self.pids {
-            PidsCgroup::Host { .. } => self
-                .docker
-                .inspect_container(name_or_id, None::<InspectContainerOptions>)
-                .await
-                .ok()
-                .and_then(|c| c.id),
-            PidsCgroup::Engine => None,
-        };
         let removed = match self.docker.remove_container(name_or_id, Some(remove)).await {
             Ok(()) => true,
             Err(bollard::errors::Error::DockerResponseServerError {
@@ -750,9 +735,9 @@ impl ContainerEngine {
                 false
             }
         };
-        if let (PidsCgroup::Host { root, .. }, Some(id)) = (&self.pids, id) {
+        if let PidsCgroup::Host { root, .. } = &self.pids {
             // Empty once the sandbox is gone; a busy one is left and named.
-            if let Err(e) = std::fs::remove_dir(root.join(&id))
+            if let Err(e) = std::fs::remove_dir(root.join(name_or_id))
                 && e.kind() != std::io::ErrorKind::NotFound
             {
                 tracing::debug!(error = %e, "removing a sandbox's host cgroup failed");
@@ -881,7 +866,7 @@ impl ContainerEngine {
     ) -> Result<ProcessOutput, EngineFailure> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut out = ProcessOutput::default();
-        let Warm { name, io, .. } = warm;
+        let Warm { id: name, io, .. } = warm;
         let mut output = io.output;
         // Input is fed while output is read: a container that prints a lot
         // before it reads all its input must not stall until the deadline.
@@ -971,7 +956,7 @@ impl ContainerEngine {
                     format!("smoke test: {e}")
                 },
             )?;
-        let name = warm.name.clone();
+        let name = warm.id.clone();
         let ran = self
             .drive(warm, b"go\n".to_vec(), Duration::from_secs(60), 1 << 20)
             .await;
