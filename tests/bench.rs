@@ -126,13 +126,7 @@ async fn timed_run(c: &reqwest::Client, url: &str, body: &[u8]) -> (Duration, bo
 /// The broker's cost for one call, on a loopback API.
 async fn broker(n: usize) {
     let app = axum::Router::new().fallback(|| async { "{\"id\":1}" });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let origin = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let origin = plimsoll_tests::serve_loopback(app).await;
     let grants = serde_json::json!({"profiles": {"bench": {
         "base_url": origin,
         "allow": ["GET /items/*"],

@@ -78,14 +78,7 @@ async fn api() -> (String, Log) {
             }
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}"), log)
+    (plimsoll_tests::serve_loopback(app).await, log)
 }
 
 /// A value that can only be where the test put it.

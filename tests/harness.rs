@@ -134,6 +134,19 @@ pub fn containers_of(pid: u32) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
+/// Serves `app` on a free loopback port for the rest of the test; returns
+/// `http://127.0.0.1:<port>`.
+pub async fn serve_loopback(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
 /// The tag `make image` gives the guest image.
 pub const SANDBOX_TAG: &str = "plimsoll/sandbox:bookworm";
 
@@ -222,22 +235,7 @@ impl Daemon {
             cmd.env("PATH", path);
         }
         cmd.env("PLIMSOLL_ADDR", "127.0.0.1:0");
-        // Tests run many daemons at once: metrics on a free port. Open
-        // development mode unless the test configures callers (tests of
-        // authentication pass PLIMSOLL_INSECURE=0 or a token/clients file).
-        cmd.env("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0");
-        let configures_auth = env.iter().any(|(k, _)| {
-            matches!(
-                *k,
-                "PLIMSOLL_TOKEN" | "PLIMSOLL_CLIENTS_FILE" | "PLIMSOLL_INSECURE"
-            )
-        });
-        if !configures_auth {
-            cmd.env("PLIMSOLL_INSECURE", "1");
-        }
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        test_env(&mut cmd, env);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -350,13 +348,10 @@ impl Drop for Daemon {
     }
 }
 
-/// Runs plimsolld with `args` and `env`, waiting for it to exit; returns the
-/// exit code and everything it wrote.
-pub fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut cmd = Command::new(plimsolld_path());
-    cmd.env_clear().args(args);
-    // The same defaults as `Daemon::start`, so a test of one start-up check
-    // is not answered by another.
+/// A test's environment over the defaults every test daemon gets: metrics
+/// on a free port (tests run many daemons at once), and open development
+/// mode unless the test configures authentication or hardened mode itself.
+fn test_env(cmd: &mut Command, env: &[(&str, &str)]) {
     cmd.env("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0");
     let configures_auth = env.iter().any(|(k, _)| {
         matches!(
@@ -370,6 +365,16 @@ pub fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String)
     for (k, v) in env {
         cmd.env(k, v);
     }
+}
+
+/// Runs plimsolld with `args` and `env`, waiting for it to exit; returns the
+/// exit code and everything it wrote.
+pub fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(plimsolld_path());
+    cmd.env_clear().args(args);
+    // The same defaults as `Daemon::start`, so a test of one start-up check
+    // is not answered by another.
+    test_env(&mut cmd, env);
     let out = cmd.output().expect("running plimsolld");
     let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&out.stderr));

@@ -85,6 +85,16 @@ fn metrics_url(d: &Daemon) -> String {
     format!("http://{}/metrics", v["addr"].as_str().expect("addr"))
 }
 
+/// The daemon's /metrics, as text.
+async fn scrape(d: &Daemon) -> String {
+    reqwest::get(metrics_url(d))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
 fn assert_not_logged(d: &Daemon, secret: &str) {
     for line in d.log_lines() {
         assert!(!line.contains(secret), "the log holds a token: {line}");
@@ -153,12 +163,7 @@ async fn callers_authenticate_and_their_tokens_appear_nowhere() {
 
     for secret in [&alice, &bob, &reader, &wrong.to_string()] {
         assert_not_logged(&d, secret);
-        let metrics = reqwest::get(metrics_url(&d))
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
+        let metrics = scrape(&d).await;
         assert!(!metrics.contains(secret.as_str()));
     }
 
@@ -226,6 +231,22 @@ fn load(url: &str, plan: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// A wasm daemon with two callers, alice and bob, and `extra` settings.
+fn alice_and_bob(tag: &str, extra: &[(&str, &str)]) -> (Scratch, String, String, Daemon) {
+    let dir = Scratch::new(tag);
+    let file = dir.path("clients.json");
+    let alice = create(&file, "alice", &[]);
+    let bob = create(&file, "bob", &[]);
+    let f = file.display().to_string();
+    let mut env = vec![
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
+    ];
+    env.extend_from_slice(extra);
+    let d = Daemon::start(&env);
+    (dir, alice, bob, d)
+}
+
 fn count(results: &[Value], caller: &str, status: u64) -> usize {
     results
         .iter()
@@ -235,17 +256,13 @@ fn count(results: &[Value], caller: &str, status: u64) -> usize {
 
 #[tokio::test]
 async fn per_caller_limits_hold_under_load_and_others_are_served() {
-    let dir = Scratch::new("limits");
-    let file = dir.path("clients.json");
-    let alice = create(&file, "alice", &[]);
-    let bob = create(&file, "bob", &[]);
-    let f = file.display().to_string();
-    let d = Daemon::start(&[
-        ("SANDBOX_PROVIDER", "wasm"),
-        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
-        ("SANDBOX_MAX_CONCURRENT", "8"),
-        ("SANDBOX_PER_KEY_CONCURRENT", "2"),
-    ]);
+    let (_dir, alice, bob, d) = alice_and_bob(
+        "limits",
+        &[
+            ("SANDBOX_MAX_CONCURRENT", "8"),
+            ("SANDBOX_PER_KEY_CONCURRENT", "2"),
+        ],
+    );
     let url = d.url("/plimsoll.v1.SandboxService/Run");
     // Six long runs from alice at once, and bob's short runs meanwhile.
     let busy = "const t = Date.now(); while (Date.now() - t < 2000) {}";
@@ -271,12 +288,7 @@ async fn per_caller_limits_hold_under_load_and_others_are_served() {
         "bob kept being served: {results:?}"
     );
 
-    let metrics = reqwest::get(metrics_url(&d))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = scrape(&d).await;
     assert!(
         metrics.contains("plimsoll_shed_total{reason=\"per_key\"} 4"),
         "{metrics}"
@@ -289,17 +301,10 @@ async fn per_caller_limits_hold_under_load_and_others_are_served() {
 
 #[tokio::test]
 async fn the_rate_limit_allows_the_burst_and_refuses_the_rest() {
-    let dir = Scratch::new("rate");
-    let file = dir.path("clients.json");
-    let alice = create(&file, "alice", &[]);
-    let bob = create(&file, "bob", &[]);
-    let f = file.display().to_string();
-    let d = Daemon::start(&[
-        ("SANDBOX_PROVIDER", "wasm"),
-        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
-        ("SANDBOX_RATE_PER_MIN", "6"),
-        ("SANDBOX_RATE_BURST", "3"),
-    ]);
+    let (_dir, alice, bob, d) = alice_and_bob(
+        "rate",
+        &[("SANDBOX_RATE_PER_MIN", "6"), ("SANDBOX_RATE_BURST", "3")],
+    );
     let url = d.url("/plimsoll.v1.SandboxService/Run");
     let results = load(
         &url,
@@ -311,12 +316,7 @@ async fn the_rate_limit_allows_the_burst_and_refuses_the_rest() {
     assert_eq!(count(&results, "alice", 200), 3, "{results:?}");
     assert_eq!(count(&results, "alice", 429), 2, "{results:?}");
     assert_eq!(count(&results, "bob", 200), 3, "{results:?}");
-    let metrics = reqwest::get(metrics_url(&d))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = scrape(&d).await;
     assert!(
         metrics.contains("plimsoll_shed_total{reason=\"rate\"} 2"),
         "{metrics}"
@@ -350,12 +350,7 @@ async fn a_metered_provider_stops_a_caller_at_its_daily_allowance() {
         Some(&b"capacity"[..])
     );
     assert_eq!(post(&d, Some(&bob), &js_run("1")).await.0, 200);
-    let metrics = reqwest::get(metrics_url(&d))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = scrape(&d).await;
     assert!(
         metrics.contains("plimsoll_shed_total{reason=\"paid_caller\"} 1"),
         "{metrics}"

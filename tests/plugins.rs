@@ -27,14 +27,7 @@ async fn recording_server() -> (String, Arc<AtomicUsize>) {
             "{}"
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}"), hits)
+    (plimsoll_tests::serve_loopback(app).await, hits)
 }
 
 fn remote_daemon(upstream: &Daemon, extra: &[(&str, &str)]) -> Daemon {

@@ -106,10 +106,6 @@ impl Quotas {
         })
     }
 
-    pub fn settings(&self) -> &QuotaSettings {
-        &self.settings
-    }
-
     /// Takes a concurrency slot and charges the rate bucket, or says which
     /// limit refused. On a metered provider, `reserve` paid seconds (the
     /// run's whole budget) are booked now, so concurrent runs cannot

@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 
 use crate::admission::{self, Limits};
 use crate::callers::Caller;
-use crate::grants::{self, Grants, Profile, broker};
+use crate::grants::{Grants, Profile, broker};
 use crate::metrics::Metrics;
 use crate::plugins::{self, ProjectOutput};
 use crate::providers::{Evidence, ProcessOutput, Provider, RunFailure};
@@ -49,8 +49,6 @@ pub struct Daemon {
     broker_client: Option<reqwest::Client>,
     quotas: Arc<Quotas>,
     metrics: Arc<Metrics>,
-    /// Who a request is when no caller is given (the open mode's caller).
-    default_caller: Arc<Caller>,
 }
 
 /// Everything a daemon is built from besides its provider.
@@ -62,19 +60,6 @@ pub struct Options {
 }
 
 impl Daemon {
-    pub fn new(provider: Provider, limits: Limits) -> Self {
-        Daemon::with(
-            provider,
-            Options {
-                limits,
-                grants: Arc::new(Grants::default()),
-                quotas: QuotaSettings::default(),
-                // Fixed names and labels: registering cannot fail.
-                metrics: Arc::new(Metrics::new().expect("metrics with fixed names register")),
-            },
-        )
-    }
-
     pub fn with(provider: Provider, o: Options) -> Self {
         let in_flight = Arc::new(Semaphore::new(o.limits.max_concurrent as usize));
         let broker_client = match crate::plugins::http::client() {
@@ -92,11 +77,6 @@ impl Daemon {
             broker_client,
             quotas: Quotas::new(o.quotas),
             metrics: o.metrics,
-            default_caller: Arc::new(Caller {
-                id: grants::ANONYMOUS.into(),
-                scopes: vec![crate::callers::RUN_SCOPE.into()],
-                paid_seconds_per_day: None,
-            }),
         }
     }
 
@@ -204,20 +184,15 @@ impl Daemon {
         d
     }
 
-    /// One `Run` call, from parsed request to sealed answer.
+    /// One `Run` call for an authenticated caller, from parsed request to
+    /// sealed answer.
     ///
     /// Everything from admission on runs in a task of its own, which the
     /// caller only waits for: if the caller goes away (a dropped connection
     /// cancels the HTTP handler), the run that was admitted still holds its
     /// slot until it ends, and its audit line is still written. A run is
     /// never left executing without being counted and recorded.
-    pub async fn run(self: &Arc<Self>, req: RunRequest) -> Result<RunResponse, RunError> {
-        let caller = self.default_caller.clone();
-        self.run_as(req, caller).await
-    }
-
-    /// One `Run` call for an authenticated caller.
-    pub async fn run_as(
+    pub async fn run(
         self: &Arc<Self>,
         req: RunRequest,
         caller: Arc<Caller>,
@@ -489,14 +464,10 @@ impl Daemon {
             steps: p.steps,
             artifacts: p.artifacts,
         };
-        match plugin
+        plugin
             .run_project(payload, timeout, self.limits.output_limit, grant)
             .await
-        {
-            Ok(out) => Ok(out),
-            Err(RunFailure::NotDispatched(r)) => Err(r.into()),
-            Err(RunFailure::MayHaveRun(detail)) => Err(internal(detail)),
-        }
+            .map_err(failed)
     }
 
     async fn dispatch_javascript(
@@ -507,14 +478,10 @@ impl Daemon {
     ) -> Result<ProcessOutput, RunError> {
         if let Provider::Plugin(p) = &*self.provider {
             // Plugins are async all the way down: no blocking thread.
-            return match p
+            return p
                 .run_javascript(code, timeout, self.limits.output_limit, grant)
                 .await
-            {
-                Ok(out) => Ok(out),
-                Err(RunFailure::NotDispatched(r)) => Err(r.into()),
-                Err(RunFailure::MayHaveRun(detail)) => Err(internal(detail)),
-            };
+                .map_err(failed);
         }
         let provider = self.provider.clone();
         let handle = tokio::runtime::Handle::current();
@@ -528,9 +495,7 @@ impl Daemon {
         })
         .await;
         match joined {
-            Ok(Ok(out)) => Ok(out),
-            Ok(Err(RunFailure::NotDispatched(r))) => Err(r.into()),
-            Ok(Err(RunFailure::MayHaveRun(detail))) => Err(internal(detail)),
+            Ok(answer) => answer.map_err(failed),
             Err(join) => Err(internal(format!("run task failed: {join}"))),
         }
     }
@@ -618,6 +583,15 @@ pub fn check_floor(floor: Option<Tier>, current: Tier) -> Result<(), Refusal> {
             format!("the provider's isolation is {current}, below the requested minimum {f}"),
         )),
         _ => Ok(()),
+    }
+}
+
+/// A provider's failure as the API answers it: a refusal stays marked,
+/// anything that may have run becomes an unmarked internal error.
+fn failed(f: RunFailure) -> RunError {
+    match f {
+        RunFailure::NotDispatched(r) => r.into(),
+        RunFailure::MayHaveRun(detail) => internal(detail),
     }
 }
 

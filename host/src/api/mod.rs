@@ -130,11 +130,7 @@ impl RefusedCredentials {
     }
 }
 
-pub fn router(daemon: Arc<Daemon>, body_slots: usize) -> Router {
-    router_with(daemon, body_slots, Arc::new(Verifier::open()))
-}
-
-pub fn router_with(daemon: Arc<Daemon>, body_slots: usize, verifier: Arc<Verifier>) -> Router {
+pub fn router(daemon: Arc<Daemon>, body_slots: usize, verifier: Arc<Verifier>) -> Router {
     let open = verifier.is_open();
     let api = Api {
         daemon,
@@ -388,7 +384,7 @@ fn describe(daemon: &Daemon, body: &[u8]) -> Response {
 }
 
 async fn run(daemon: &Arc<Daemon>, req: RunRequest, caller: Arc<Caller>) -> Response {
-    match daemon.run_as(req, caller).await {
+    match daemon.run(req, caller).await {
         Ok(resp) => json_ok(&resp),
         Err(RunError::Refused(r)) => refusal_from(&r),
         Err(RunError::Internal { id, .. }) => {

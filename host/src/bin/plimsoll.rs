@@ -35,31 +35,26 @@ enum Command {
     },
 }
 
+/// A caller to add: what `create` and `import` both take.
+#[derive(clap::Args)]
+struct NewCaller {
+    #[arg(long)]
+    file: PathBuf,
+    #[arg(long)]
+    id: String,
+    /// Scopes; default code:run.
+    #[arg(long = "scope")]
+    scopes: Vec<String>,
+    #[arg(long)]
+    paid_seconds_per_day: Option<u64>,
+}
+
 #[derive(Subcommand)]
 enum Action {
     /// Adds a caller with a new random token, printed once on stdout.
-    Create {
-        #[arg(long)]
-        file: PathBuf,
-        #[arg(long)]
-        id: String,
-        /// Scopes; default code:run.
-        #[arg(long = "scope")]
-        scopes: Vec<String>,
-        #[arg(long)]
-        paid_seconds_per_day: Option<u64>,
-    },
+    Create(NewCaller),
     /// Adds a caller whose token (at least 32 characters) is read from stdin.
-    Import {
-        #[arg(long)]
-        file: PathBuf,
-        #[arg(long)]
-        id: String,
-        #[arg(long = "scope")]
-        scopes: Vec<String>,
-        #[arg(long)]
-        paid_seconds_per_day: Option<u64>,
-    },
+    Import(NewCaller),
     /// Lists callers and scopes; tokens are never stored, so never shown.
     List {
         #[arg(long)]
@@ -100,25 +95,15 @@ fn main() -> ExitCode {
 
 fn run(action: Action) -> Result<(), String> {
     match action {
-        Action::Create {
-            file,
-            id,
-            scopes,
-            paid_seconds_per_day,
-        } => {
+        Action::Create(new) => {
             let token = callers::new_token()?;
-            change(&file, |f| add(f, &id, &token, scopes, paid_seconds_per_day))?;
+            add(new, &token)?;
             println!("{token}");
             remind();
         }
-        Action::Import {
-            file,
-            id,
-            scopes,
-            paid_seconds_per_day,
-        } => {
+        Action::Import(new) => {
             let token = read_token()?;
-            change(&file, |f| add(f, &id, &token, scopes, paid_seconds_per_day))?;
+            add(new, &token)?;
             remind();
         }
         Action::List { file, json } => {
@@ -194,24 +179,23 @@ fn read_token() -> Result<String, String> {
     Ok(t)
 }
 
-fn add(
-    f: &mut ClientsFile,
-    id: &str,
-    token: &str,
-    scopes: Vec<String>,
-    paid: Option<u64>,
-) -> Result<(), String> {
-    f.clients.push(Entry {
-        id: id.to_string(),
+/// Adds a caller with this token's digest (the file's checks refuse a
+/// repeated id or token).
+fn add(new: NewCaller, token: &str) -> Result<(), String> {
+    let entry = Entry {
+        id: new.id,
         token_sha256: callers::fingerprint(token),
-        scopes: if scopes.is_empty() {
+        scopes: if new.scopes.is_empty() {
             vec![callers::RUN_SCOPE.to_string()]
         } else {
-            scopes
+            new.scopes
         },
-        paid_seconds_per_day: paid,
-    });
-    Ok(())
+        paid_seconds_per_day: new.paid_seconds_per_day,
+    };
+    change(&new.file, |f| {
+        f.clients.push(entry);
+        Ok(())
+    })
 }
 
 /// The file, if it exists; a symlink or anything but a regular file is an

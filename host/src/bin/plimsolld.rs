@@ -275,7 +275,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     };
     api::serve::serve(
         listener,
-        api::router_with(daemon.clone(), body_slots, verifier),
+        api::router(daemon.clone(), body_slots, verifier),
         signal,
         tls,
     )
