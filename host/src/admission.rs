@@ -22,7 +22,11 @@ const MAX_IDENTITIES: usize = 32;
 const MAX_IDENTITY_BYTES: usize = 256;
 const MAX_TRACE_ID: usize = 64;
 
-/// Per-daemon limits that admission applies.
+/// Bytes kept per output stream of a run (and of each project step).
+pub const OUTPUT_LIMIT: usize = 64 << 10;
+
+/// Per-daemon limits that admission applies (not to be confused with the
+/// limits every wasmtime store is held to, in `store_limits`).
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub default_timeout: Duration,
@@ -36,22 +40,17 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The wasm provider's defaults: 5 s per snippet, at most 30 s.
-    pub fn wasm(max_concurrent: u32) -> Self {
+    /// The same for every provider: snippets 5 s by default and at most
+    /// 30 s; projects 30 s by default and at most 120 s.
+    pub fn new(max_concurrent: u32) -> Self {
         Limits {
             default_timeout: Duration::from_secs(5),
             max_timeout: Duration::from_secs(30),
             project_default_timeout: Duration::from_secs(30),
             project_max_timeout: Duration::from_secs(120),
             max_concurrent,
-            output_limit: 64 << 10,
+            output_limit: OUTPUT_LIMIT,
         }
-    }
-
-    /// Providers that run containers: snippets as for wasm (5 s, at most
-    /// 30 s), projects 30 s by default and at most 120 s.
-    pub fn containers(max_concurrent: u32) -> Self {
-        Limits::wasm(max_concurrent)
     }
 }
 
@@ -319,7 +318,7 @@ mod tests {
 
     #[test]
     fn code_bounds() {
-        let l = Limits::wasm(8);
+        let l = Limits::new(8);
         assert!(validate(&js("1"), &l).is_ok());
         assert!(validate(&js(""), &l).is_err());
         assert!(validate(&js("a\0b"), &l).is_err());
@@ -329,7 +328,7 @@ mod tests {
 
     #[test]
     fn timeouts_default_and_clamp() {
-        let l = Limits::containers(8);
+        let l = Limits::new(8);
         let snippet = |ms| clamp_timeout(ms, l.default_timeout, l.max_timeout);
         assert_eq!(snippet(0), Duration::from_secs(5));
         assert_eq!(snippet(-5), Duration::from_secs(5));
@@ -343,7 +342,7 @@ mod tests {
 
     #[test]
     fn trace_ids_are_dropped_whole() {
-        let l = Limits::wasm(8);
+        let l = Limits::new(8);
         let mut r = js("1");
         r.trace_id = "ok:id-1".into();
         let c = validate(&r, &l).expect("valid");
@@ -366,7 +365,7 @@ mod tests {
 
     #[test]
     fn software_rules() {
-        let l = Limits::wasm(8);
+        let l = Limits::new(8);
         let mut r = js("1");
         r.software_rule = Some(SoftwareRule {
             mode: "exact".into(),
@@ -392,7 +391,7 @@ mod tests {
 
     #[test]
     fn cell_through_run_and_two_payloads_are_refused() {
-        let l = Limits::wasm(8);
+        let l = Limits::new(8);
         let mut r = js("1");
         r.cell = Some(Default::default());
         assert!(validate(&r, &l).is_err());

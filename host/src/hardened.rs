@@ -2,7 +2,9 @@
 //! production safeguard holds, and names every one that does not, together.
 //! A warning is not a policy: in hardened mode each of these is a refusal.
 
-use crate::config::{Auth, Config, ProviderKind};
+use crate::callers::settings::Auth;
+use crate::config::Config;
+use crate::providers::ProviderKind;
 use crate::tier::Tier;
 
 /// Everything wrong with `cfg` for hardened mode, before any provider is
@@ -11,7 +13,7 @@ pub fn violations(cfg: &Config) -> Vec<String> {
     let mut v = Vec::new();
     let set = |name: &str| cfg.set.contains(name);
 
-    match &cfg.provider {
+    match &cfg.providers.kind {
         ProviderKind::Disabled => v.push(
             "SANDBOX_PROVIDER: hardened mode serves runs; set a provider with the kernel or vm tier (docker with SANDBOX_DOCKER_RUNTIME=runsc)".into(),
         ),
@@ -19,21 +21,21 @@ pub fn violations(cfg: &Config) -> Vec<String> {
             "SANDBOX_PROVIDER=wasm is the process tier; hardened mode needs kernel or vm (docker with SANDBOX_DOCKER_RUNTIME=runsc)".into(),
         ),
         ProviderKind::Docker => {
-            if cfg.engine.as_ref().is_none_or(|e| e.runtime != "runsc") {
+            if cfg.providers.docker.as_ref().is_none_or(|e| e.runtime != "runsc") {
                 v.push("SANDBOX_DOCKER_RUNTIME: runc is the container tier; hardened mode needs runsc (kernel)".into());
             }
         }
         ProviderKind::Plugin(_) => {
-            if cfg.plugin.sha256.is_none() {
+            if cfg.providers.plugin.sha256.is_none() {
                 v.push("SANDBOX_PLUGIN_SHA256: the plugin must be pinned by digest".into());
             }
-            if cfg.plugin.max_tier.is_none_or(|t| !t.meets(Tier::Kernel)) {
+            if cfg.providers.plugin.max_tier.is_none_or(|t| !t.meets(Tier::Kernel)) {
                 v.push("SANDBOX_PLUGIN_MAX_TIER: a plugin must be allowed kernel or vm, and reach it".into());
             }
         }
     }
 
-    match &cfg.auth {
+    match &cfg.callers.auth {
         Auth::Clients(..) => {}
         Auth::Shared(_) => v.push(
             "PLIMSOLL_TOKEN: one shared token cannot tell callers apart; use PLIMSOLL_CLIENTS_FILE"
@@ -41,20 +43,20 @@ pub fn violations(cfg: &Config) -> Vec<String> {
         ),
         Auth::Open => v.push("PLIMSOLL_CLIENTS_FILE: callers must authenticate".into()),
     }
-    if cfg.insecure {
+    if cfg.callers.insecure {
         v.push("PLIMSOLL_INSECURE must be unset".into());
     }
 
     // /metrics must stay on loopback (checked below), so TLS matters for
     // the API listener only.
-    if cfg.tls.is_none() && !cfg.addr.ip().is_loopback() {
+    if cfg.listeners.tls.is_none() && !cfg.listeners.addr.ip().is_loopback() {
         v.push(format!(
             "PLIMSOLL_TLS_CERT/PLIMSOLL_TLS_KEY: the API listens on {} without TLS",
-            cfg.addr
+            cfg.listeners.addr
         ));
     }
 
-    if let Some(e) = &cfg.engine {
+    if let Some(e) = &cfg.providers.docker {
         let pinned = e
             .image
             .strip_prefix("sha256:")
@@ -88,7 +90,7 @@ pub fn violations(cfg: &Config) -> Vec<String> {
             "PLIMSOLL_GRANTS_FILE: profile {name} admits every caller (\"*\"); name the callers"
         ));
     }
-    if let Some(m) = cfg.metrics_addr
+    if let Some(m) = cfg.listeners.metrics_addr
         && !m.ip().is_loopback()
     {
         v.push(format!(
@@ -102,13 +104,13 @@ pub fn violations(cfg: &Config) -> Vec<String> {
     } else if q.burst > q.rate_per_min {
         v.push("SANDBOX_RATE_BURST: the burst may not exceed one minute's rate".into());
     }
-    if q.per_caller_concurrency == 0 || q.per_caller_concurrency >= cfg.max_concurrent {
+    if q.per_caller_concurrency == 0 || q.per_caller_concurrency >= cfg.providers.max_concurrent {
         v.push(
             "SANDBOX_PER_KEY_CONCURRENT: each caller needs a concurrency cap below SANDBOX_MAX_CONCURRENT".into(),
         );
     }
     if q.metered
-        && let Auth::Clients(_, file) = &cfg.auth
+        && let Auth::Clients(_, file) = &cfg.callers.auth
     {
         for c in file
             .clients

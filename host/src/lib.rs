@@ -1,28 +1,41 @@
 //! plimsoll: runs code that AI agents wrote inside a sandbox, and states the
 //! isolation tier that actually held.
 //!
-//! The daemon (`plimsolld`) is a thin binary over this library:
-//! `config` reads the environment, `api` speaks Connect over HTTP, `service`
-//! is the run pipeline (validate, admit, floor check, dispatch, record), and
-//! `providers` hold the backends and the evidence for their tiers.
+//! The daemon (`plimsolld`) is a thin binary over this library, in layers:
+//! - `api` speaks Connect over HTTP; `callers` says who is asking;
+//! - `pipeline` is the run pipeline (validate with `admission`, admit under
+//!   `quota`, check the floor, dispatch, seal the `record`, audit);
+//! - `providers` hold the backends and the evidence for their tiers: the
+//!   Disabled provider, `wasm` (QuickJS in this process), and plugins run by
+//!   the `plugin_host`, whose container capability drives a container
+//!   backend (`backends::docker`);
+//! - `grants` is the operator's API grants and the broker that serves them;
+//! - `config` puts together each part's settings into one closed list.
+//!
+//! `outcome`, `refusal`, `tier`, `text`, `env_vars`, `outbound` and
+//! `store_limits` are leaves every layer may use.
 
 pub mod admission;
 pub mod api;
+pub mod backends;
 pub mod callers;
 pub mod config;
+pub mod env_vars;
 pub mod grants;
 pub mod hardened;
-pub mod limits;
 pub mod metrics;
-pub mod plugins;
+pub mod outbound;
+pub mod outcome;
+pub mod pipeline;
+pub mod plugin_host;
 pub mod providers;
 pub mod quota;
 pub mod record;
 pub mod refusal;
-pub mod service;
+pub mod store_limits;
 pub mod text;
 pub mod tier;
 pub mod tls;
 pub mod wire;
 
-pub use service::Daemon;
+pub use pipeline::Daemon;

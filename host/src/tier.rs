@@ -3,7 +3,7 @@
 //! A tier is this daemon's observation of the boundary a run executes behind,
 //! never a remote attestation. The ordering is the whole point: a caller's
 //! `minimum_isolation` is compared against the provider's *current* evidence
-//! immediately before dispatch (see `admission::check_floor`).
+//! immediately before dispatch (see `pipeline::floor`).
 
 use std::fmt;
 

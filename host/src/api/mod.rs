@@ -25,11 +25,12 @@ use base64::Engine as _;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
+use crate::pipeline::{Daemon, RunError};
 use crate::refusal::{Code, Reason, Refusal};
-use crate::service::{Daemon, RunError};
 use crate::wire::{self, DescribeRequest, PROTOCOL, RunRequest};
 
 pub mod serve;
+pub mod settings;
 
 pub const REQUEST_ID_HEADER: &str = "plimsoll-request-id";
 pub const NOT_DISPATCHED_HEADER: &str = "plimsoll-not-dispatched";
@@ -579,7 +580,7 @@ mod mutation {
 
     #[test]
     fn mangled_requests_never_panic() {
-        let limits = Limits::wasm(8);
+        let limits = Limits::new(8);
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let mut accepted = 0usize;
         for round in 0..60_000 {

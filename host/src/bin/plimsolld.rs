@@ -2,17 +2,15 @@
 //! (`plimsolld -h` lists it); any other argument is refused, so a flag that
 //! looks like it sets something cannot be silently ignored.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use plimsoll::admission::Limits;
 use plimsoll::callers::Verifier;
-use plimsoll::config::{self, Auth, Config, LogFormat, ProviderKind};
-use plimsoll::plugins::{self, PluginConfig, PluginProvider, PluginSource};
-use plimsoll::providers::{Provider, wasm::WasmProvider};
-use plimsoll::tier::Tier;
-use plimsoll::{Daemon, api};
+use plimsoll::callers::settings::Auth;
+use plimsoll::config::{self, Config, LogFormat};
+use plimsoll::providers::ProviderKind;
+use plimsoll::{Daemon, api, plugin_host};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -38,8 +36,8 @@ fn main() -> ExitCode {
     };
     // A plugin that is not there is a configuration mistake, answered like an
     // unknown provider name: before anything starts, with what is there.
-    if let ProviderKind::Plugin(name) = &cfg.provider
-        && let Err(e) = plugins::locate(&plugin_dir(&cfg), name)
+    if let ProviderKind::Plugin(name) = &cfg.providers.kind
+        && let Err(e) = plugin_host::locate(&cfg.providers.plugin_dir(), name)
     {
         eprintln!("plimsolld: configuration error: {e}");
         return ExitCode::from(2);
@@ -94,16 +92,17 @@ fn main() -> ExitCode {
 async fn serve(cfg: Config) -> anyhow::Result<()> {
     // TLS material is read before any provider starts: a bad certificate
     // is a configuration error, not a half-started daemon.
-    let tls = match &cfg.tls {
+    let tls = match &cfg.listeners.tls {
         Some((cert, key)) => Some(plimsoll::tls::acceptor(cert, key).map_err(anyhow::Error::msg)?),
         None => None,
     };
     // Both listeners are bound before any provider starts: a port in use is
     // a configuration error, not a daemon with warm containers and no API.
-    let listener = tokio::net::TcpListener::bind(cfg.addr)
+    let addr = cfg.listeners.addr;
+    let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| anyhow::anyhow!("PLIMSOLL_ADDR {}: {e}", cfg.addr))?;
-    let metrics_listener = match cfg.metrics_addr {
+        .map_err(|e| anyhow::anyhow!("PLIMSOLL_ADDR {addr}: {e}"))?;
+    let metrics_listener = match cfg.listeners.metrics_addr {
         None => None,
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -111,81 +110,8 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("PLIMSOLL_METRICS_ADDR {addr}: {e}"))?,
         ),
     };
-    let (provider, limits) = match cfg.provider.clone() {
-        ProviderKind::Disabled => {
-            tracing::warn!("SANDBOX_PROVIDER is unset: the Disabled provider refuses every run");
-            (Provider::Disabled, Limits::wasm(cfg.max_concurrent))
-        }
-        ProviderKind::Wasm => {
-            tracing::warn!(
-                "the wasm provider is process-tier: an engine escape lands in this daemon; never use it for hostile code"
-            );
-            let limits = Limits::wasm(cfg.max_concurrent);
-            let (memory_mb, max, output) = (cfg.memory_mb, cfg.max_concurrent, limits.output_limit);
-            let w = tokio::task::spawn_blocking(move || WasmProvider::new(memory_mb, max, output))
-                .await??;
-            (Provider::Wasm(w), limits)
-        }
-        ProviderKind::Docker => {
-            let engine = cfg
-                .engine
-                .clone()
-                .ok_or_else(|| anyhow::anyhow!("the docker provider has no engine settings"))?;
-            check_guest_uid(engine.guest_uid)?;
-            let plugin = PluginProvider::load(PluginConfig {
-                name: "docker".into(),
-                source: PluginSource::Embedded(plugins::DOCKER_ADAPTER),
-                sha256_pin: None,
-                // The adapter ships with the daemon; its tier is what the
-                // engine's evidence stands behind.
-                max_tier: Tier::Vm,
-                http: None,
-                container_engine: Some(engine),
-                memory_mb: cfg.memory_mb,
-            })
-            .await?;
-            tracing::info!(
-                sha256 = plugin.sha256(),
-                isolation = plugin.tier().as_str(),
-                environment = %plugin.described().environment,
-                languages = ?plugin.described().languages,
-                "docker provider ready"
-            );
-            (
-                Provider::Plugin(plugin),
-                Limits::containers(cfg.max_concurrent),
-            )
-        }
-        ProviderKind::Plugin(name) => {
-            let settings = cfg.plugin.clone();
-            if let Some(engine) = &cfg.engine {
-                check_guest_uid(engine.guest_uid)?;
-            }
-            let plugin = PluginProvider::load(PluginConfig {
-                name,
-                source: PluginSource::Dir(plugin_dir(&cfg)),
-                sha256_pin: settings.sha256,
-                max_tier: settings.max_tier.unwrap_or(Tier::Process),
-                http: settings.http,
-                container_engine: cfg.engine.clone(),
-                memory_mb: cfg.memory_mb,
-            })
-            .await?;
-            tracing::info!(
-                plugin = plugin.name(),
-                sha256 = plugin.sha256(),
-                claimed = plugin.described().claimed_tier.as_str(),
-                isolation = plugin.tier().as_str(),
-                "provider plugin loaded"
-            );
-            let limits = if plugin.engine().is_some() {
-                Limits::containers(cfg.max_concurrent)
-            } else {
-                Limits::wasm(cfg.max_concurrent)
-            };
-            (Provider::Plugin(plugin), limits)
-        }
-    };
+    let provider = plimsoll::providers::start(&cfg.providers).await?;
+    let limits = Limits::new(cfg.providers.max_concurrent);
     release_startup_memory();
     if !cfg.grants.is_empty() {
         tracing::info!(profiles = cfg.grants.len(), "grant profiles loaded");
@@ -199,7 +125,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let metrics = Arc::new(plimsoll::metrics::Metrics::new()?);
     let daemon = Arc::new(Daemon::with(
         provider,
-        plimsoll::service::Options {
+        plimsoll::pipeline::Options {
             limits,
             grants: cfg.grants.clone(),
             quotas: cfg.quotas.clone(),
@@ -213,7 +139,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         daemon.shutdown().await;
         anyhow::bail!("hardened mode refuses to start: {v}");
     }
-    let verifier = Arc::new(match &cfg.auth {
+    let verifier = Arc::new(match &cfg.callers.auth {
         Auth::Clients(_, file) => Verifier::clients(file),
         Auth::Shared(token) => Verifier::shared(token),
         Auth::Open => Verifier::open(),
@@ -239,8 +165,8 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         sandbox = ev.sandbox,
         isolation = ev.tier.as_str(),
         environment = %ev.environment,
-        memory_mb = cfg.memory_mb,
-        max_concurrent = cfg.max_concurrent,
+        memory_mb = cfg.providers.memory_mb,
+        max_concurrent = cfg.providers.max_concurrent,
         per_caller_concurrency = cfg.quotas.per_caller_concurrency,
         rate_per_min = cfg.quotas.rate_per_min,
         rate_burst = cfg.quotas.burst,
@@ -254,12 +180,12 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             "open development mode: no caller authentication; anyone who can reach the API can run code"
         );
     }
-    if !cfg.addr.ip().is_loopback() && tls.is_none() {
-        tracing::warn!(addr = %cfg.addr, "the API listens beyond loopback without TLS");
+    if !cfg.listeners.addr.ip().is_loopback() && tls.is_none() {
+        tracing::warn!(addr = %cfg.listeners.addr, "the API listens beyond loopback without TLS");
     }
     // Two bodies may be in reading per run slot, as a client can send its
     // next request while the previous one runs.
-    let body_slots = 2 * cfg.max_concurrent as usize;
+    let body_slots = 2 * cfg.providers.max_concurrent as usize;
     // At the signal: stop accepting (both listeners), and at once release
     // what would outlive the process (warm containers) while answers in
     // progress drain: a client that keeps an idle connection open must not
@@ -322,22 +248,6 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// Where plugins are loaded from: `PLIMSOLL_PLUGIN_DIR`, or `plugins/`
-/// beside the build's `release/` directory, where `make plugins` puts them.
-fn plugin_dir(cfg: &Config) -> PathBuf {
-    if let Some(dir) = &cfg.plugin.dir {
-        return dir.clone();
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| {
-            exe.parent()
-                .and_then(|p| p.parent())
-                .map(|t| t.join("plugins"))
-        })
-        .unwrap_or_else(|| PathBuf::from("plugins"))
-}
-
 /// Compiling the guest component at start allocates tens of MiB across
 /// Cranelift's worker threads; glibc keeps the freed memory in per-thread
 /// arenas, where it would sit in the daemon's RSS for its whole life. Hand it
@@ -354,12 +264,4 @@ fn release_startup_memory() {
             malloc_trim(0);
         }
     }
-}
-
-/// Refuses a guest uid that is an account or group on this host (see
-/// `config::check_guest_uid`).
-fn check_guest_uid(uid: u32) -> anyhow::Result<()> {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    plimsoll::config::check_guest_uid(uid, &read("/etc/passwd"), &read("/etc/group"))
-        .map_err(anyhow::Error::msg)
 }

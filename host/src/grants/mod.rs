@@ -17,7 +17,14 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use crate::env_vars::{ConfigError, Env, Var, invalid, var};
 use route::Route;
+
+pub const VARIABLES: &[Var] = &[var(
+    "PLIMSOLL_GRANTS_FILE",
+    "(unset: no grants)",
+    "grant profiles (JSON, see docs/grants.md): the operator APIs runs may call through the broker",
+)];
 
 /// Per-run call budget when a profile sets none.
 pub const DEFAULT_MAX_CALLS: u32 = 256;
@@ -104,6 +111,17 @@ pub struct Grants {
 }
 
 impl Grants {
+    /// The grants file the operator named, if any, read and frozen.
+    pub fn from_env(env: &Env) -> Result<Grants, ConfigError> {
+        let Some(path) = env.get("PLIMSOLL_GRANTS_FILE") else {
+            return Ok(Grants::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid("PLIMSOLL_GRANTS_FILE", format!("reading {path}: {e}")))?;
+        let lookup = |name: &str| env.named(name).cloned();
+        Grants::parse(&text, &lookup).map_err(|why| invalid("PLIMSOLL_GRANTS_FILE", why))
+    }
+
     /// Parses and validates a grants file. `env` resolves the variables
     /// tokens name (read now: a missing secret is a startup error).
     pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Grants, String> {

@@ -4,15 +4,39 @@
 //! it is the absence of one, so no configuration mistake can make it execute
 //! code. Every run is refused with reason `unsupported` before any dispatch.
 
-use super::Evidence;
+use futures_util::future::{BoxFuture, ready};
+
+use super::{Evidence, Job, Offer, Output, Provider, not_offered};
+use crate::outcome::RunFailure;
+use crate::refusal::{Code, Reason, Refusal};
 use crate::tier::Tier;
 
-pub fn evidence() -> Evidence {
-    Evidence {
-        sandbox: "disabled".to_string(),
-        tier: Tier::None,
-        environment: String::new(),
-        software_identity: String::new(),
-        policy: String::new(),
+pub struct Disabled;
+
+impl Provider for Disabled {
+    fn evidence(&self) -> Evidence {
+        Evidence {
+            sandbox: "disabled".to_string(),
+            tier: Tier::None,
+            environment: String::new(),
+            software_identity: String::new(),
+            policy: String::new(),
+        }
+    }
+
+    fn offer(&self) -> Offer {
+        Offer::default()
+    }
+
+    fn refuses_everything(&self) -> Option<Refusal> {
+        Some(Refusal::new(
+            Code::FailedPrecondition,
+            Reason::Unsupported,
+            "no provider is configured (SANDBOX_PROVIDER is unset): this daemon runs nothing",
+        ))
+    }
+
+    fn run(&self, _job: Job) -> BoxFuture<'_, Result<Output, RunFailure>> {
+        Box::pin(ready(Err(not_offered())))
     }
 }

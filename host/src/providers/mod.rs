@@ -1,36 +1,30 @@
 //! Providers: the backends that actually run code, and the evidence each one
 //! holds for the tier it reports.
 //!
-//! Exactly one provider serves a daemon, chosen by `SANDBOX_PROVIDER`. The
-//! evidence a provider reports is read immediately before every dispatch, so
-//! a provider whose evidence weakens is held to the weaker tier at once.
+//! Exactly one provider serves a daemon, chosen by `SANDBOX_PROVIDER` and
+//! started by `start`. The pipeline talks to it only through `Provider`:
+//! what it can stand behind now (`evidence`, read immediately before every
+//! dispatch, so a provider whose evidence weakens is held to the weaker tier
+//! at once), what it runs and can carry a grant into (`offer`), its
+//! resource envelope, readiness, shutdown, and `run`. Which provider it is
+//! is known only inside this folder.
 
 pub mod disabled;
+pub mod docker;
+pub mod plugin;
+pub mod settings;
 pub mod wasm;
 
-use crate::plugins::PluginProvider;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, ready};
+
+use crate::grants::broker;
+use crate::outcome::{ProcessOutput, ProjectOutput, RunFailure};
 use crate::refusal::Refusal;
 use crate::tier::Tier;
-
-/// Why a run produced no result.
-#[derive(Debug)]
-pub enum RunFailure {
-    /// Nothing of the code ran; the host can stand behind that.
-    NotDispatched(Refusal),
-    /// The run may have started. Answered unmarked.
-    MayHaveRun(String),
-}
-
-/// Output of one process-like run, as the API reports it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProcessOutput {
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-    pub exit_code: i32,
-    pub timed_out: bool,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-}
+pub use settings::{ProviderKind, ProviderSettings};
 
 /// What a provider can stand behind right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,48 +43,115 @@ pub struct Evidence {
     pub policy: String,
 }
 
-/// The configured provider.
-pub enum Provider {
-    Disabled,
-    Wasm(wasm::WasmProvider),
-    Plugin(PluginProvider),
+/// What a provider runs, and which payloads it can carry a grant into.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Offer {
+    pub javascript: bool,
+    pub project: bool,
+    pub javascript_grants: bool,
+    pub project_grants: bool,
+    /// Interpreters a project's steps can use.
+    pub project_languages: Vec<String>,
 }
 
-impl Provider {
-    /// Whether the provider runs JavaScript snippets.
-    pub fn runs_javascript(&self) -> bool {
-        match self {
-            Provider::Disabled => false,
-            Provider::Wasm(_) => true,
-            Provider::Plugin(p) => p.described().runs_javascript,
-        }
+/// The resource envelope each run gets, as Describe reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Resources {
+    pub memory_mb: u32,
+    pub cpus: f64,
+    pub pids: u32,
+    pub disk_mb: u32,
+}
+
+/// A validated project, as a provider receives it.
+#[derive(Debug, Clone)]
+pub struct ProjectInput {
+    pub files: Vec<(String, String)>,
+    pub steps: Vec<String>,
+    pub artifacts: Vec<String>,
+}
+
+/// What one admitted run carries.
+pub enum Payload {
+    JavaScript(String),
+    Project(ProjectInput),
+}
+
+/// One admitted run, with its budget and its grant's broker session.
+pub struct Job {
+    pub payload: Payload,
+    pub timeout: Duration,
+    /// Bytes kept per output stream.
+    pub output_limit: usize,
+    pub grant: Option<Arc<broker::Session>>,
+}
+
+/// What a run produced.
+pub enum Output {
+    JavaScript(ProcessOutput),
+    Project(ProjectOutput),
+}
+
+/// A configured provider, as the pipeline sees it.
+pub trait Provider: Send + Sync {
+    /// What the provider can stand behind now.
+    fn evidence(&self) -> Evidence;
+
+    /// What it runs and which payloads can carry a grant.
+    fn offer(&self) -> Offer;
+
+    /// The envelope each run gets, where the provider enforces one.
+    fn resources(&self) -> Option<Resources> {
+        None
     }
 
-    /// Whether the provider runs projects.
-    pub fn runs_project(&self) -> bool {
-        match self {
-            Provider::Plugin(p) => p.described().runs_project,
-            Provider::Disabled | Provider::Wasm(_) => false,
-        }
+    /// A refusal for every run, for a daemon that has no way to run
+    /// anything.
+    fn refuses_everything(&self) -> Option<Refusal> {
+        None
     }
 
-    pub fn evidence(&self) -> Evidence {
-        match self {
-            Provider::Disabled => disabled::evidence(),
-            Provider::Wasm(w) => Evidence {
-                sandbox: "wasm".to_string(),
-                tier: Tier::Process,
-                environment: w.identity().to_string(),
-                software_identity: w.identity().to_string(),
-                policy: String::new(),
-            },
-            Provider::Plugin(p) => Evidence {
-                sandbox: p.name().to_string(),
-                tier: p.tier(),
-                environment: p.described().environment.clone(),
-                software_identity: String::new(),
-                policy: format!("plugin:sha256:{}", p.sha256()),
-            },
-        }
+    /// Whether runs can be dispatched now, checked afresh.
+    fn check_ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(ready(Ok(())))
     }
+
+    /// Releases what would outlive the process, before a clean exit.
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(ready(()))
+    }
+
+    /// Runs one admitted job. Only payloads the offer names are passed.
+    fn run(&self, job: Job) -> BoxFuture<'_, Result<Output, RunFailure>>;
+}
+
+/// Why a provider did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Wasm(#[from] wasm::WasmError),
+    #[error(transparent)]
+    Plugin(#[from] crate::plugin_host::PluginError),
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// Starts the configured provider: compiles, connects, verifies and
+/// smoke-tests whatever it rests on. Nothing is returned half-started.
+pub async fn start(settings: &ProviderSettings) -> Result<Arc<dyn Provider>, StartError> {
+    Ok(match &settings.kind {
+        ProviderKind::Disabled => {
+            tracing::warn!("SANDBOX_PROVIDER is unset: the Disabled provider refuses every run");
+            Arc::new(disabled::Disabled)
+        }
+        ProviderKind::Wasm => Arc::new(wasm::start(settings).await?),
+        ProviderKind::Docker => Arc::new(docker::start(settings).await?),
+        ProviderKind::Plugin(name) => Arc::new(plugin::start(name, settings).await?),
+    })
+}
+
+/// The not-dispatched answer for a payload a provider was handed but does
+/// not run (unreachable: the pipeline checks the offer first).
+fn not_offered() -> RunFailure {
+    RunFailure::NotDispatched(Refusal::unsupported("no provider for this dispatch path"))
 }

@@ -12,6 +12,8 @@
 //! match nor its position shows in the timing. The file is read once at
 //! start; a change needs a restart.
 
+pub mod settings;
+
 use std::path::Path;
 use std::sync::Arc;
 

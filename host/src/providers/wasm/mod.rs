@@ -12,18 +12,28 @@
 //! is capped by a limiter that traps on the first growth past the cap, so a
 //! script cannot catch its way around it.
 
+mod output;
+mod snapshot;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::{
+    Evidence, Job, Offer, Output, Payload, Provider, ProviderSettings, Resources, not_offered,
+};
+use crate::admission::OUTPUT_LIMIT;
 use crate::grants::broker;
-use crate::limits::{EpochTicker, MemoryCap, ticks};
-use crate::providers::{ProcessOutput, RunFailure};
+use crate::outcome::{ProcessOutput, RunFailure};
 use crate::refusal::Refusal;
+use crate::store_limits::{EpochTicker, MemoryCap, ticks};
+use crate::tier::Tier;
+use output::Capped;
 
 mod generated {
     wasmtime::component::bindgen!({
@@ -41,7 +51,7 @@ static GUEST_JS: &[u8] = include_bytes!(env!("PLIMSOLL_GUEST_JS_WASM"));
 
 /// Epoch tick. Deadlines are rounded up to it, so a run overruns its budget by
 /// at most one tick.
-const TICK: Duration = Duration::from_millis(5);
+pub(super) const TICK: Duration = Duration::from_millis(5);
 const TICKER_NAME: &str = "plimsoll-epoch";
 
 /// Native stack wasm code may use; see `Config::max_wasm_stack` above.
@@ -70,13 +80,28 @@ pub enum WasmError {
     Snapshot(String),
 }
 
+/// The compiled, snapshotted guest. Cheap to clone: clones share the
+/// engine, the pre-linked component and the epoch ticker.
+#[derive(Clone)]
 pub struct WasmProvider {
     engine: Engine,
     pre: generated::GuestPre<RunState>,
-    identity: String,
+    identity: Arc<str>,
     memory_limit: usize,
     output_limit: usize,
-    _ticker: EpochTicker,
+    _ticker: Arc<EpochTicker>,
+}
+
+/// Starts the wasm provider: compiling the guest takes about a second of
+/// Cranelift, so it happens on a blocking thread.
+pub async fn start(settings: &ProviderSettings) -> Result<WasmProvider, WasmError> {
+    tracing::warn!(
+        "the wasm provider is process-tier: an engine escape lands in this daemon; never use it for hostile code"
+    );
+    let (memory_mb, max) = (settings.memory_mb, settings.max_concurrent);
+    tokio::task::spawn_blocking(move || WasmProvider::new(memory_mb, max, OUTPUT_LIMIT))
+        .await
+        .map_err(|e| WasmError::Engine(format!("the start-up thread failed: {e}")))?
 }
 
 impl WasmProvider {
@@ -131,7 +156,8 @@ impl WasmProvider {
         generated::Guest::add_to_linker::<RunState, HasSelf<RunState>>(&mut linker, |s| s)
             .map_err(|e| WasmError::Link(format!("{e:#}")))?;
 
-        let snapshot = pre_initialize(&engine, &linker, bytes, memory_limit, output_limit)?;
+        let snapshot =
+            snapshot::pre_initialize(&engine, &linker, bytes, memory_limit, output_limit)?;
         let component =
             Component::new(&engine, &snapshot).map_err(|e| WasmError::Compile(format!("{e:#}")))?;
         let pre = linker
@@ -144,10 +170,13 @@ impl WasmProvider {
         Ok(WasmProvider {
             engine,
             pre,
-            identity: format!("quickjs-wasm:sha256:{}", hex::encode(Sha256::digest(bytes))),
+            identity: Arc::from(format!(
+                "quickjs-wasm:sha256:{}",
+                hex::encode(Sha256::digest(bytes))
+            )),
             memory_limit,
             output_limit,
-            _ticker: ticker,
+            _ticker: Arc::new(ticker),
         })
     }
 
@@ -240,6 +269,54 @@ impl WasmProvider {
     }
 }
 
+impl Provider for WasmProvider {
+    fn evidence(&self) -> Evidence {
+        Evidence {
+            sandbox: "wasm".to_string(),
+            tier: Tier::Process,
+            environment: self.identity.to_string(),
+            software_identity: self.identity.to_string(),
+            policy: String::new(),
+        }
+    }
+
+    fn offer(&self) -> Offer {
+        Offer {
+            javascript: true,
+            javascript_grants: true,
+            ..Offer::default()
+        }
+    }
+
+    fn resources(&self) -> Option<Resources> {
+        Some(Resources {
+            memory_mb: (self.memory_limit >> 20) as u32,
+            ..Resources::default()
+        })
+    }
+
+    fn run(&self, job: Job) -> BoxFuture<'_, Result<Output, RunFailure>> {
+        let Payload::JavaScript(code) = job.payload else {
+            return Box::pin(std::future::ready(Err(not_offered())));
+        };
+        let me = self.clone();
+        let handle = tokio::runtime::Handle::current();
+        Box::pin(async move {
+            // The guest is called synchronously, on a blocking-pool thread
+            // with a stack large enough for the wasm stack (see
+            // RUN_THREAD_STACK).
+            let joined = tokio::task::spawn_blocking(move || {
+                me.run_granted(&code, job.timeout, job.grant.map(|s| (s, handle)))
+            })
+            .await;
+            match joined {
+                Ok(answer) => answer.map(Output::JavaScript),
+                Err(join) => Err(RunFailure::MayHaveRun(format!("run task failed: {join}"))),
+            }
+        })
+    }
+}
+
 /// Everything one run's store holds.
 struct RunState {
     wasi: WasiCtx,
@@ -252,7 +329,7 @@ struct RunState {
 }
 
 impl RunState {
-    fn new(memory_limit: usize, output_limit: usize) -> Self {
+    pub(super) fn new(memory_limit: usize, output_limit: usize) -> Self {
         RunState {
             wasi: WasiCtx::builder().build(),
             table: ResourceTable::new(),
@@ -260,139 +337,6 @@ impl RunState {
             stdout: Capped::new(output_limit),
             stderr: Capped::new(output_limit),
             broker: None,
-        }
-    }
-}
-
-/// Builds the snapshot every run starts from: the component is instrumented
-/// so its state can be read back, instantiated once, its `initialize` export
-/// builds the QuickJS runtime and context, and the resulting memory and
-/// globals are written into a new component (wizer). The snapshot is derived
-/// from the embedded bytes at every start and never stored, so the identity
-/// Describe reports still names exactly the bytes that run.
-fn pre_initialize(
-    engine: &Engine,
-    linker: &Linker<RunState>,
-    bytes: &[u8],
-    memory_limit: usize,
-    output_limit: usize,
-) -> Result<Vec<u8>, WasmError> {
-    let err = |e: wasmtime::Error| WasmError::Snapshot(format!("{e:#}"));
-    let mut wizer = wasmtime_wizer::Wizer::new();
-    wizer.init_func("initialize").keep_init_func(true);
-    let (cx, instrumented) = wizer.instrument_component(bytes).map_err(err)?;
-    let component = Component::new(engine, &instrumented).map_err(err)?;
-    let mut store = Store::new(engine, RunState::new(memory_limit, output_limit));
-    store.limiter(|s| &mut s.limits);
-    // Initialisation is bounded like a run, so a broken guest cannot hang start.
-    store.set_epoch_deadline(ticks(Duration::from_secs(30), TICK));
-    store.epoch_deadline_trap();
-    let instance = linker.instantiate(&mut store, &component).map_err(err)?;
-    let init = instance
-        .get_typed_func::<(), ()>(&mut store, "initialize")
-        .map_err(err)?;
-    init.call(&mut store, ()).map_err(err)?;
-    if !store.data().stdout.buf.is_empty() || !store.data().stderr.buf.is_empty() {
-        return Err(WasmError::Snapshot(
-            "initialize wrote output; the snapshot would carry it".into(),
-        ));
-    }
-    let mut state = SnapshotAccess {
-        store: &mut store,
-        instance,
-    };
-    poll_ready(wizer.snapshot_component(&cx, &mut state)).map_err(err)
-}
-
-/// The state reads wizer's snapshot makes, served by synchronous calls into
-/// the instrumented instance, so every future it awaits is already ready.
-struct SnapshotAccess<'a> {
-    store: &'a mut Store<RunState>,
-    instance: wasmtime::component::Instance,
-}
-
-impl SnapshotAccess<'_> {
-    fn call<R>(&mut self, instance: &str, func: &str) -> R
-    where
-        R: wasmtime::component::Lift + Send + Sync + 'static,
-    {
-        let found = self
-            .instance
-            .get_export_index(&mut *self.store, None, instance)
-            .and_then(|i| {
-                self.instance
-                    .get_export_index(&mut *self.store, Some(&i), func)
-            })
-            .and_then(|f| {
-                self.instance
-                    .get_typed_func::<(), (R,)>(&mut *self.store, f)
-                    .ok()
-            });
-        // wizer only asks for accessors its own instrumentation added, so a
-        // missing one is a bug in this start-up path, not input to handle.
-        let Some(f) = found else {
-            panic!("wizer accessor {instance}#{func} missing")
-        };
-        match f.call(&mut *self.store, ()) {
-            Ok((r,)) => r,
-            Err(e) => panic!("wizer accessor {instance}#{func} failed: {e:#}"),
-        }
-    }
-}
-
-impl wasmtime_wizer::ComponentInstanceState for SnapshotAccess<'_> {
-    fn call_func_ret_list_u8(
-        &mut self,
-        instance: &str,
-        func: &str,
-        contents: impl FnOnce(&[u8]) + Send,
-    ) -> impl Future<Output = ()> + Send {
-        let list: wasmtime::component::WasmList<u8> = self.call(instance, func);
-        contents(list.as_le_slice(&*self.store));
-        std::future::ready(())
-    }
-
-    fn call_func_ret_s32(
-        &mut self,
-        instance: &str,
-        func: &str,
-    ) -> impl Future<Output = i32> + Send {
-        std::future::ready(self.call::<i32>(instance, func))
-    }
-
-    fn call_func_ret_s64(
-        &mut self,
-        instance: &str,
-        func: &str,
-    ) -> impl Future<Output = i64> + Send {
-        std::future::ready(self.call::<i64>(instance, func))
-    }
-
-    fn call_func_ret_f32(
-        &mut self,
-        instance: &str,
-        func: &str,
-    ) -> impl Future<Output = u32> + Send {
-        std::future::ready(self.call::<f32>(instance, func).to_bits())
-    }
-
-    fn call_func_ret_f64(
-        &mut self,
-        instance: &str,
-        func: &str,
-    ) -> impl Future<Output = u64> + Send {
-        std::future::ready(self.call::<f64>(instance, func).to_bits())
-    }
-}
-
-/// Drives to completion a future whose every await point is ready at once
-/// (see `SnapshotAccess`); there is nothing to wait for, so no executor.
-fn poll_ready<F: Future>(fut: F) -> F::Output {
-    let mut fut = std::pin::pin!(fut);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    loop {
-        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
         }
     }
 }
@@ -453,100 +397,5 @@ impl broker_if::Host for RunState {
             Err(broker::CallError::Shed) => Err(broker_if::CallError::Shed),
             Err(broker::CallError::Upstream(why)) => Err(broker_if::CallError::UpstreamFailed(why)),
         }
-    }
-}
-
-/// An output stream that keeps at most `limit` bytes and remembers whether it
-/// dropped any. Cut on a UTF-8 boundary so the kept part stays text.
-struct Capped {
-    buf: Vec<u8>,
-    limit: usize,
-    truncated: bool,
-}
-
-impl Capped {
-    fn new(limit: usize) -> Self {
-        Capped {
-            buf: Vec::new(),
-            limit,
-            truncated: false,
-        }
-    }
-
-    fn push_str(&mut self, s: &str) {
-        if self.truncated {
-            return;
-        }
-        let room = self.limit - self.buf.len();
-        if s.len() <= room {
-            self.buf.extend_from_slice(s.as_bytes());
-            return;
-        }
-        let mut cut = room;
-        while cut > 0 && !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        self.buf.extend_from_slice(&s.as_bytes()[..cut]);
-        self.truncated = true;
-    }
-
-    /// The daemon's own closing line (deadline, memory cap): always kept,
-    /// even on a full stream, by giving up the end of the guest's output,
-    /// which the truncated flag already says is incomplete.
-    fn push_notice(&mut self, notice: &str) {
-        let notice = &notice.as_bytes()[..notice.len().min(self.limit)];
-        if notice.len() > self.limit - self.buf.len() {
-            // The buffer holds whole UTF-8 text, so a cut that does not land
-            // on a continuation byte (0b10xx_xxxx) leaves it whole.
-            let mut keep = self.limit - notice.len();
-            while keep > 0 && keep < self.buf.len() && (self.buf[keep] & 0xC0) == 0x80 {
-                keep -= 1;
-            }
-            self.buf.truncate(keep);
-            self.truncated = true;
-        }
-        self.buf.extend_from_slice(notice);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn capped_keeps_limit_and_flags() {
-        let mut c = Capped::new(5);
-        c.push_str("abc");
-        c.push_str("déf");
-        assert_eq!(c.buf, b"abcd");
-        assert!(c.truncated);
-        c.push_str("x");
-        assert_eq!(c.buf, b"abcd");
-    }
-
-    #[test]
-    fn notices_survive_a_full_stream() {
-        let mut c = Capped::new(10);
-        c.push_str("ééééé");
-        c.push_notice("stop\n");
-        assert_eq!(c.buf.len(), 9, "{:?}", String::from_utf8_lossy(&c.buf));
-        assert_eq!(
-            std::str::from_utf8(&c.buf).expect("utf-8"),
-            "éé".to_string() + "stop\n"
-        );
-        assert!(c.truncated);
-        let mut c = Capped::new(10);
-        c.push_str("ab");
-        c.push_notice("stop\n");
-        assert_eq!(c.buf, b"abstop\n");
-        assert!(!c.truncated);
-    }
-
-    #[test]
-    fn capped_exact_fit_is_not_truncated() {
-        let mut c = Capped::new(3);
-        c.push_str("abc");
-        assert!(!c.truncated);
-        assert_eq!(c.buf, b"abc");
     }
 }

@@ -1,4 +1,5 @@
-//! The `http` capability: outbound requests for hosted-service adapters.
+//! The `http` capability's policy: which requests a plugin may send, and
+//! what the host adds to them.
 //!
 //! The order of checks is the point. The allowlist is checked on the URL
 //! exactly as the plugin gave it, before anything parses it into another form,
@@ -7,8 +8,6 @@
 //! request itself: no redirects are followed, no proxy settings are read from
 //! the environment, TLS is verified, size and time are bounded, and the
 //! provider's API key is added by the host, so the plugin never holds it.
-
-use std::time::Duration;
 
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -82,9 +81,10 @@ fn is_loopback(url: &Url) -> bool {
     }
 }
 
-/// What the operator granted one plugin.
+/// What the operator allowed one plugin: where it may go, and the key the
+/// host adds.
 #[derive(Debug, Clone)]
-pub struct HttpGrant {
+pub struct HttpAllowance {
     pub origins: Vec<Origin>,
     /// Header the host adds to every request, carrying the provider's key.
     pub api_key: Option<(HeaderName, HeaderValue)>,
@@ -117,7 +117,6 @@ const RESERVED: &[&str] = &[
 
 pub const MAX_REQUEST_BODY: usize = 8 << 20;
 pub const MAX_RESPONSE_BODY: usize = 8 << 20;
-pub const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A refusal, with the rule that was broken (never the URL or headers: a
 /// plugin could put a snippet in either).
@@ -137,7 +136,7 @@ pub struct Checked {
 
 /// Every check, in order, before anything is sent.
 pub fn check(
-    grant: Option<&HttpGrant>,
+    grant: Option<&HttpAllowance>,
     method: &str,
     url: &str,
     headers: &[(String, String)],
@@ -208,17 +207,6 @@ pub fn check(
     })
 }
 
-/// The one client every plugin call shares: no redirects, no proxies, TLS
-/// verified against the system's roots.
-pub fn client() -> Result<reqwest::Client, reqwest::Error> {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .timeout(TIMEOUT)
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-}
-
 /// Sends a checked request and reads at most MAX_RESPONSE_BODY of the answer.
 pub async fn send(
     client: &reqwest::Client,
@@ -284,8 +272,8 @@ fn describe(e: &reqwest::Error) -> String {
 mod tests {
     use super::*;
 
-    fn grant() -> HttpGrant {
-        HttpGrant {
+    fn grant() -> HttpAllowance {
+        HttpAllowance {
             origins: vec![
                 Origin::parse("https://api.example.com").expect("origin"),
                 Origin::parse("http://127.0.0.1:8080").expect("origin"),

@@ -9,15 +9,19 @@
 
 use std::path::{Component, Path};
 
-/// What the operator configured for containers.
+/// What a container spec is held to: the backend's verified facts and the
+/// directories the host made for the current call.
 #[derive(Debug, Clone)]
-pub struct EnginePolicy {
+pub struct ContainerPolicy {
     /// The only OCI runtime containers may use ("" is the engine's default,
     /// runc; "runsc" for gVisor).
     pub runtime: String,
     /// The image ID the host verified at start; the only image a spec may
     /// name.
     pub image: String,
+    /// The guest `uid:gid` the operator configured: not merely a non-root
+    /// user, this one.
+    pub user: String,
     /// Directories the host created for the current call; the only sources a
     /// mount may name. Empty until the host creates per-run directories.
     pub run_dirs: Vec<String>,
@@ -41,7 +45,7 @@ pub struct Spec<'a> {
 
 /// Checks `spec` against `policy`. `Err` names the first rule broken, in words
 /// fit for the plugin's error and the operator's log (no spec contents).
-pub fn check(spec: &Spec<'_>, policy: &EnginePolicy) -> Result<(), &'static str> {
+pub fn check(spec: &Spec<'_>, policy: &ContainerPolicy) -> Result<(), &'static str> {
     if spec.privileged {
         return Err("privileged containers are never created");
     }
@@ -61,6 +65,9 @@ pub fn check(spec: &Spec<'_>, policy: &EnginePolicy) -> Result<(), &'static str>
         return Err("the runtime must be exactly the one the operator configured");
     }
     check_user(spec.user)?;
+    if spec.user != policy.user {
+        return Err("the user must be the guest uid:gid the operator configured");
+    }
     check_image(spec.image)?;
     if spec.image != policy.image {
         return Err("the image must be exactly the one the host verified at start");
@@ -76,7 +83,7 @@ pub fn check(spec: &Spec<'_>, policy: &EnginePolicy) -> Result<(), &'static str>
         if !key_ok || e.contains('\0') {
             return Err("environment keys must be [A-Za-z0-9_]+ and values free of NUL");
         }
-        if super::engine::loader_var(key) {
+        if loader_var(key) {
             return Err(
                 "loader-affecting environment variables (LD_*, GLIBC_TUNABLES, ...) are not allowed",
             );
@@ -86,6 +93,15 @@ pub fn check(spec: &Spec<'_>, policy: &EnginePolicy) -> Result<(), &'static str>
         check_mount(m, policy)?;
     }
     Ok(())
+}
+
+/// Environment variables that change how the dynamic loader or libc behave.
+pub fn loader_var(key: &str) -> bool {
+    key.starts_with("LD_")
+        || matches!(
+            key,
+            "GLIBC_TUNABLES" | "LOCPATH" | "NLSPATH" | "GCONV_PATH" | "MALLOC_CONF" | "HOSTALIASES"
+        )
 }
 
 fn check_user(user: &str) -> Result<(), &'static str> {
@@ -114,7 +130,7 @@ fn check_image(image: &str) -> Result<(), &'static str> {
     }
 }
 
-fn check_mount(m: &str, policy: &EnginePolicy) -> Result<(), &'static str> {
+fn check_mount(m: &str, policy: &ContainerPolicy) -> Result<(), &'static str> {
     let Some((source, target)) = m.split_once(':') else {
         return Err("mounts must be source:target");
     };
@@ -140,10 +156,11 @@ mod tests {
 
     const IMAGE: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
-    fn policy() -> EnginePolicy {
-        EnginePolicy {
+    fn policy() -> ContainerPolicy {
+        ContainerPolicy {
             runtime: "runsc".into(),
             image: IMAGE.into(),
+            user: "61000:61000".into(),
             run_dirs: vec!["/var/lib/plimsoll/runs/abc".into()],
         }
     }
@@ -257,14 +274,29 @@ mod tests {
 
     #[test]
     fn no_mount_is_allowed_before_the_host_creates_run_dirs() {
-        let p = EnginePolicy {
+        let p = ContainerPolicy {
             runtime: "runsc".into(),
             image: IMAGE.into(),
+            user: "61000:61000".into(),
             run_dirs: vec![],
         };
         assert!(check(&Owned::good().spec(), &p).is_err());
         let mut o = Owned::good();
         o.mounts.clear();
         assert_eq!(check(&o.spec(), &p), Ok(()));
+    }
+
+    #[test]
+    fn loader_variables() {
+        for k in [
+            "LD_PRELOAD",
+            "LD_LIBRARY_PATH",
+            "GLIBC_TUNABLES",
+            "GCONV_PATH",
+        ] {
+            assert!(loader_var(k), "{k}");
+        }
+        assert!(!loader_var("PATH"));
+        assert!(!loader_var("NODE_ENV"));
     }
 }

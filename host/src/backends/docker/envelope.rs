@@ -1,0 +1,135 @@
+//! The envelope: how every container is created, whatever the plugin
+//! asked for. The plugin's approved command and environment are the only
+//! inputs it controls; the image ID, user, runtime, network, mounts, limits
+//! and labels are the host's.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+
+use super::settings::{SHM_MB, Settings, TMP_MB};
+use super::{DockerEngine, EXPIRES_LABEL, LABEL, OWNER_LABEL};
+use crate::grants::socket::MOUNT_POINT;
+use crate::plugin_host::capabilities::container_engine::backend::Approved;
+
+/// Per-process open files inside a container.
+const NOFILE: i64 = 4096;
+
+impl DockerEngine {
+    pub(super) fn create_body(
+        &self,
+        spec: &Approved,
+        expires: u64,
+        grant_dir: Option<&Path>,
+    ) -> ContainerCreateBody {
+        create_body(&self.settings, self.image_id(), spec, expires, grant_dir)
+    }
+}
+
+/// The whole create request for one container. Pure, so the envelope is
+/// tested without an engine.
+pub(super) fn create_body(
+    s: &Settings,
+    image_id: &str,
+    spec: &Approved,
+    expires: u64,
+    grant_dir: Option<&Path>,
+) -> ContainerCreateBody {
+    {
+        let memory = i64::from(s.memory_mb) << 20;
+        let (entrypoint, cmd) = match spec.command.split_first() {
+            Some((first, rest)) => (vec![first.clone()], rest.to_vec()),
+            None => (vec![], vec![]),
+        };
+        let mut security_opt = vec!["no-new-privileges".to_string()];
+        if !s.gvisor()
+            && let Some(profile) = &s.seccomp
+        {
+            security_opt.push(format!("seccomp={profile}"));
+        }
+        let scratch = |mb: u32, extra: &str| format!("rw,noexec,nosuid,nodev,size={mb}m{extra}");
+        ContainerCreateBody {
+            image: Some(image_id.to_string()),
+            entrypoint: Some(entrypoint),
+            cmd: Some(cmd),
+            env: Some(spec.env.clone()),
+            user: Some(s.user()),
+            working_dir: Some("/work".into()),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
+            tty: Some(false),
+            network_disabled: Some(true),
+            labels: Some(HashMap::from([
+                (LABEL.to_string(), "1".to_string()),
+                (EXPIRES_LABEL.to_string(), expires.to_string()),
+                (OWNER_LABEL.to_string(), std::process::id().to_string()),
+            ])),
+            host_config: Some(HostConfig {
+                network_mode: Some("none".into()),
+                // The only host path a container ever sees: the run's broker
+                // directory, read-only, made by the host for this run.
+                binds: grant_dir.map(|d| vec![format!("{}:{}:ro", d.display(), MOUNT_POINT)]),
+                readonly_rootfs: Some(true),
+                privileged: Some(false),
+                cap_drop: Some(vec!["ALL".into()]),
+                security_opt: Some(security_opt),
+                memory: Some(memory),
+                memory_swap: Some(memory),
+                nano_cpus: Some(s.nano_cpus),
+                // This runsc build crashes when docker passes a pids limit;
+                // under gVisor the limit is on the sandbox's host cgroup.
+                pids_limit: if s.gvisor() { None } else { Some(s.pids) },
+                tmpfs: Some(HashMap::from([
+                    ("/tmp".to_string(), scratch(TMP_MB, "")),
+                    // Owned by the guest user: runc here keeps the mode of
+                    // the directory it mounts over, so mode=1777 is not
+                    // enough to make it writable.
+                    (
+                        "/work".to_string(),
+                        scratch(s.work_mb(), &format!(",uid={0},gid={0}", s.guest_uid)),
+                    ),
+                ])),
+                shm_size: Some(i64::from(SHM_MB) << 20),
+                // Named even for runc: the engine's default could change
+                // under a running daemon, and the tier rests on the runtime.
+                runtime: Some(if s.runtime.is_empty() {
+                    "runc".to_string()
+                } else {
+                    s.runtime.clone()
+                }),
+                ulimits: Some(vec![
+                    ResourcesUlimits {
+                        name: Some("core".into()),
+                        soft: Some(0),
+                        hard: Some(0),
+                    },
+                    // POSIX message queues are the one writable thing in
+                    // /dev a run would otherwise have; their memory is
+                    // counted per uid, which every run shares.
+                    ResourcesUlimits {
+                        name: Some("msgqueue".into()),
+                        soft: Some(0),
+                        hard: Some(0),
+                    },
+                    ResourcesUlimits {
+                        name: Some("nofile".into()),
+                        soft: Some(NOFILE),
+                        hard: Some(NOFILE),
+                    },
+                ]),
+                ipc_mode: Some("private".into()),
+                log_config: Some(HostConfigLogConfig {
+                    typ: Some("none".into()),
+                    config: None,
+                }),
+                auto_remove: Some(false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}

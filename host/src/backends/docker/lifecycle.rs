@@ -1,0 +1,284 @@
+//! One container's life: created with the envelope, attached, started
+//! waiting on its stdin, fed its input while its output is read, killed at
+//! its deadline, removed. Failures before the engine is asked to start are
+//! `BeforeStart` (nothing ran); from then on `AfterStart`.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bollard::container::{AttachContainerResults, LogOutput};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, InspectContainerOptions,
+    KillContainerOptionsBuilder, RemoveContainerOptionsBuilder, WaitContainerOptions,
+};
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use super::verify::PidsCgroup;
+use super::{DockerEngine, short};
+use crate::outcome::ProcessOutput;
+use crate::plugin_host::capabilities::container_engine::backend::{Approved, EngineFailure};
+
+/// A container started and waiting on its stdin.
+pub(super) struct Warm {
+    /// The engine's ID for the container: every later call names it by
+    /// this, and under gVisor it is also the name of its host cgroup.
+    pub(super) id: String,
+    pub(super) io: AttachContainerResults,
+    pub(super) born: Instant,
+}
+
+impl DockerEngine {
+    /// Creates, attaches and starts a container whose command waits on its
+    /// stdin, with every limit in place. On any failure the container is
+    /// removed and nothing of its command has had input.
+    pub(super) async fn start_waiting(
+        &self,
+        spec: &Approved,
+        expires: u64,
+    ) -> Result<Warm, EngineFailure> {
+        self.start_waiting_with(spec, expires, None).await
+    }
+
+    pub(super) async fn start_waiting_with(
+        &self,
+        spec: &Approved,
+        expires: u64,
+        grant_dir: Option<&Path>,
+    ) -> Result<Warm, EngineFailure> {
+        let mut id = [0u8; 8];
+        let _ = getrandom::fill(&mut id);
+        let name = format!("plimsoll-{}", hex::encode(id));
+        let body = self.create_body(spec, expires, grant_dir);
+        let options = CreateContainerOptionsBuilder::default().name(&name).build();
+        let created = match self.docker.create_container(Some(options), body).await {
+            Ok(c) => c,
+            Err(e) => {
+                // The engine may have created it even so (a timeout on the
+                // answer): remove by name, or it outlives every deadline.
+                self.remove(&name).await;
+                return Err(EngineFailure::BeforeStart(format!(
+                    "creating the container: {}",
+                    short(&e)
+                )));
+            }
+        };
+        match self.attach_and_start(&created.id).await {
+            Ok(io) => Ok(Warm {
+                id: created.id,
+                io,
+                born: Instant::now(),
+            }),
+            Err(why) => {
+                self.remove(&created.id).await;
+                Err(why)
+            }
+        }
+    }
+
+    /// Failures before `start_container` is asked are `BeforeStart`; from
+    /// then on the engine may have started the command (one that does not
+    /// wait on stdin would be running), so they are `AfterStart`.
+    pub(super) async fn attach_and_start(
+        &self,
+        id: &str,
+    ) -> Result<AttachContainerResults, EngineFailure> {
+        if let PidsCgroup::Host { root, .. } = &self.pids {
+            // Before start: the sandbox joins a cgroup that is already
+            // limited, so there is no moment without the limit.
+            let dir = root.join(id);
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(dir.join("pids.max"), self.settings.pids.to_string()))
+                .map_err(|e| {
+                    EngineFailure::BeforeStart(format!(
+                        "limiting the sandbox's host cgroup {}: {e}",
+                        dir.display()
+                    ))
+                })?;
+        }
+        let attach = AttachContainerOptionsBuilder::default()
+            .stream(true)
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .build();
+        let io = self
+            .docker
+            .attach_container(id, Some(attach))
+            .await
+            .map_err(|e| EngineFailure::BeforeStart(format!("attaching: {}", short(&e))))?;
+        self.docker
+            .start_container(id, None)
+            .await
+            .map_err(|e| EngineFailure::AfterStart(format!("starting: {}", short(&e))))?;
+        if let PidsCgroup::Host { .. } = &self.pids {
+            self.check_host_pids(id)
+                .await
+                .map_err(EngineFailure::AfterStart)?;
+        }
+        Ok(io)
+    }
+
+    /// Under gVisor: the sandbox process is in the cgroup the host limited,
+    /// and the limit is the configured one. Read from the host, where the
+    /// sandbox cannot reach.
+    async fn check_host_pids(&self, id: &str) -> Result<(), String> {
+        let PidsCgroup::Host { root, parent } = &self.pids else {
+            return Ok(());
+        };
+        let inspect = self
+            .docker
+            .inspect_container(id, None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| format!("inspecting the sandbox: {}", short(&e)))?;
+        let pid = inspect
+            .state
+            .and_then(|s| s.pid)
+            .filter(|p| *p > 0)
+            .ok_or("the sandbox has no host process")?;
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .map_err(|e| format!("reading the sandbox's cgroups: {e}"))?;
+        let expected = format!("{parent}/{id}");
+        let joined = cgroups.lines().any(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
+            let is_pids =
+                controllers.is_some_and(|c| c.is_empty() || c.split(',').any(|c| c == "pids"));
+            is_pids && path == Some(expected.as_str())
+        });
+        if !joined {
+            return Err(
+                "the sandbox is not in the host cgroup that carries its process limit".into(),
+            );
+        }
+        let max = std::fs::read_to_string(root.join(id).join("pids.max"))
+            .map_err(|e| format!("reading the sandbox's process limit: {e}"))?;
+        if max.trim() != self.settings.pids.to_string() {
+            return Err(format!(
+                "the sandbox's host process limit is {}, not {}",
+                max.trim(),
+                self.settings.pids
+            ));
+        }
+        Ok(())
+    }
+
+    /// Removes a container, named by its ID (or by its name when create
+    /// failed before an ID was known, when no cgroup was made either).
+    pub(super) async fn remove(&self, name_or_id: &str) -> bool {
+        let remove = RemoveContainerOptionsBuilder::default().force(true).build();
+        let removed = match self.docker.remove_container(name_or_id, Some(remove)).await {
+            Ok(()) => true,
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => true,
+            Err(e) => {
+                // The reconciler removes it later by its label.
+                tracing::warn!(container = %name_or_id, error = %short(&e), "removing a run container failed");
+                false
+            }
+        };
+        if let PidsCgroup::Host { root, .. } = &self.pids {
+            // Empty once the sandbox is gone; a busy one is left and named.
+            if let Err(e) = std::fs::remove_dir(root.join(name_or_id))
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::debug!(error = %e, "removing a sandbox's host cgroup failed");
+            }
+        }
+        removed
+    }
+
+    /// Feeds the container its input and collects its output until it exits
+    /// or its deadline, when the whole container is killed.
+    pub(super) async fn drive(
+        &self,
+        warm: Warm,
+        stdin: Vec<u8>,
+        timeout: Duration,
+        output_limit: usize,
+    ) -> Result<ProcessOutput, EngineFailure> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut out = ProcessOutput::default();
+        let Warm { id: name, io, .. } = warm;
+        let mut output = io.output;
+        // Input is fed while output is read: a container that prints a lot
+        // before it reads all its input must not stall until the deadline.
+        let mut input = io.input;
+        let feeder = tokio::spawn(async move {
+            input.write_all(&stdin).await?;
+            input.shutdown().await
+        });
+        let collect = async {
+            while let Some(frame) = output.next().await {
+                match frame {
+                    Ok(LogOutput::StdOut { message }) => keep(
+                        &mut out.stdout,
+                        &mut out.stdout_truncated,
+                        &message,
+                        output_limit,
+                    ),
+                    Ok(LogOutput::StdErr { message }) => keep(
+                        &mut out.stderr,
+                        &mut out.stderr_truncated,
+                        &message,
+                        output_limit,
+                    ),
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+        };
+        let timed_out = tokio::time::timeout_at(deadline, collect).await.is_err();
+        // Input that never reached the container means this is not the
+        // run's result (a stream cut under it); it may have run partly.
+        let delivered = if feeder.is_finished() {
+            matches!(feeder.await, Ok(Ok(())))
+        } else {
+            feeder.abort();
+            // Still writing when output ended: only a timeout explains it.
+            timed_out
+        };
+        if !delivered {
+            let kill = KillContainerOptionsBuilder::default()
+                .signal("SIGKILL")
+                .build();
+            let _ = self.docker.kill_container(&name, Some(kill)).await;
+            return Err(EngineFailure::AfterStart(
+                "the run's input could not be delivered to the container".into(),
+            ));
+        }
+        if timed_out {
+            out.timed_out = true;
+            let kill = KillContainerOptionsBuilder::default()
+                .signal("SIGKILL")
+                .build();
+            let _ = self.docker.kill_container(&name, Some(kill)).await;
+        }
+        let mut wait = self
+            .docker
+            .wait_container(&name, None::<WaitContainerOptions>);
+        let waited = tokio::time::timeout(Duration::from_secs(10), wait.next()).await;
+        out.exit_code = match waited {
+            Ok(Some(Ok(w))) => i32::try_from(w.status_code).unwrap_or(i32::MAX),
+            // bollard reports a non-zero exit as an error carrying the code.
+            Ok(Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. }))) => {
+                i32::try_from(code).unwrap_or(i32::MAX)
+            }
+            _ => {
+                return Err(EngineFailure::AfterStart(
+                    "the container's exit status could not be read".into(),
+                ));
+            }
+        };
+        Ok(out)
+    }
+}
+
+fn keep(buf: &mut Vec<u8>, truncated: &mut bool, data: &[u8], limit: usize) {
+    let room = limit.saturating_sub(buf.len());
+    if data.len() > room {
+        *truncated = true;
+    }
+    buf.extend_from_slice(&data[..data.len().min(room)]);
+}

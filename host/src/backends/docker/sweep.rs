@@ -1,0 +1,94 @@
+//! Upkeep for the daemon's life: readiness re-checked, the warm pool topped
+//! up, and run containers left past their expiry removed, whichever daemon
+//! left them (one that crashed, or was killed mid-run). Expiry decides, not
+//! mere presence, so a second daemon on the same engine never loses a
+//! container it is still running.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bollard::query_parameters::ListContainersOptionsBuilder;
+
+use super::{DockerEngine, EXPIRES_LABEL, LABEL, short, unix_now};
+
+/// How often the pool is topped up and aged, and readiness re-checked.
+const MAINTAIN_EVERY: Duration = Duration::from_secs(2);
+/// How often the host looks for run containers left past their expiry.
+pub(super) const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+impl DockerEngine {
+    /// Keeps readiness current, the pool topped up, and expired containers
+    /// swept, for the daemon's life.
+    pub(super) fn spawn_maintenance(&self, sweep_every: Duration) {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let mut last_sweep: Option<Instant> = None;
+            loop {
+                let ready = engine.check_ready_now().await.is_ok();
+                if !ready {
+                    // Warm containers may be dead, and their attached
+                    // streams are: drop them (removed now, or once the
+                    // engine answers again).
+                    engine.drain_pool().await;
+                } else {
+                    let orphans = engine.pool.lock().map_or(0, |p| p.orphans.len());
+                    if orphans > 0 {
+                        engine.drain_pool().await;
+                    }
+                    engine.top_up().await;
+                }
+                if last_sweep.is_none_or(|t| t.elapsed() >= sweep_every) {
+                    last_sweep = Some(Instant::now());
+                    match engine.sweep().await {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            tracing::warn!(
+                                removed = n,
+                                "removed run containers left past their expiry"
+                            )
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "sweeping for leftover run containers failed")
+                        }
+                    }
+                }
+                tokio::time::sleep(MAINTAIN_EVERY).await;
+            }
+        });
+    }
+
+    /// Removes every container this host's label marks whose expiry has
+    /// passed: the ones a daemon that crashed, or was killed mid-run, left
+    /// behind. Expiry, not mere presence, decides, so a second daemon on the
+    /// same engine never loses a container it is still running. Returns how
+    /// many were removed.
+    async fn sweep(&self) -> Result<usize, String> {
+        let filters = HashMap::from([("label", vec![format!("{LABEL}=1")])]);
+        let options = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let found = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| short(&e))?;
+        let now = unix_now();
+        let mut removed = 0;
+        for c in found {
+            let expires = c
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(EXPIRES_LABEL))
+                .and_then(|v| v.parse::<u64>().ok())
+                // A container with our run label but no readable expiry is
+                // not one this host made whole; it is old enough to go.
+                .unwrap_or(0);
+            let Some(id) = c.id else { continue };
+            if expires <= now && self.remove(&id).await {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}

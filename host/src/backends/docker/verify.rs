@@ -1,0 +1,141 @@
+//! What the tier rests on, checked against the engine itself: the runtime
+//! it resolves (and for gVisor the executable behind it), where the
+//! sandbox's process limit lives, and the image, pinned by ID with nothing
+//! in it that changes how programs load.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use bollard::Docker;
+use bollard::models::{SystemInfoCgroupDriverEnum, SystemInfoCgroupVersionEnum};
+
+use super::settings::Settings;
+use super::short;
+use crate::plugin_host::capabilities::container_engine::policy::loader_var;
+
+/// Where the host keeps the sandbox's process limit under gVisor, whose
+/// emulated cgroup files inside the sandbox do not show the host's limit.
+#[derive(Debug, Clone)]
+pub(super) enum PidsCgroup {
+    /// Set by the engine from the container's config (runc).
+    Engine,
+    /// `<root>/<id>` on the host, created and limited before start (gVisor).
+    Host { root: PathBuf, parent: String },
+}
+
+/// The runtime is the one configured, and for gVisor the engine resolves it
+/// to an executable named runsc on this host. Returns that executable.
+pub(super) fn verify_runtime(
+    settings: &Settings,
+    info: &bollard::models::SystemInfo,
+) -> Result<Option<PathBuf>, String> {
+    match settings.runtime.as_str() {
+        "" => {
+            // The container tier rests on runc's namespaces and cgroups; an
+            // engine whose default is something else is not what we verify.
+            let default = info.default_runtime.as_deref().unwrap_or("");
+            if default != "runc" {
+                return Err(format!(
+                    "the docker engine's default runtime is {default:?}, not runc; set SANDBOX_DOCKER_RUNTIME to a runtime plimsoll verifies"
+                ));
+            }
+            Ok(None)
+        }
+        "runsc" => {
+            let runtimes = info.runtimes.clone().unwrap_or_default();
+            let Some(rt) = runtimes.get("runsc") else {
+                return Err("the docker engine does not register the runtime runsc".into());
+            };
+            let path = rt.path.clone().unwrap_or_default();
+            let resolved = resolve_executable(&path)
+                .ok_or_else(|| format!("the engine's runsc runtime points at {path:?}, which is not an executable on this host"))?;
+            if resolved.file_name().and_then(|n| n.to_str()) != Some("runsc") {
+                return Err(format!(
+                    "the engine's runsc runtime resolves to {}, not an executable named runsc",
+                    resolved.display()
+                ));
+            }
+            Ok(Some(resolved))
+        }
+        other => Err(format!(
+            "SANDBOX_DOCKER_RUNTIME={other:?}: plimsoll verifies runc (unset) and runsc only"
+        )),
+    }
+}
+
+/// A path as the engine would run it: absolute, or searched on PATH; then
+/// symlinks resolved, and it must be an executable file.
+fn resolve_executable(path: &str) -> Option<PathBuf> {
+    if path.is_empty() {
+        return None;
+    }
+    let candidate = if path.contains('/') {
+        PathBuf::from(path)
+    } else {
+        [
+            "/usr/local/sbin",
+            "/usr/local/bin",
+            "/usr/sbin",
+            "/usr/bin",
+            "/sbin",
+            "/bin",
+        ]
+        .iter()
+        .map(|d| Path::new(d).join(path))
+        .find(|p| p.is_file())?
+    };
+    let real = std::fs::canonicalize(candidate).ok()?;
+    let meta = std::fs::metadata(&real).ok()?;
+    (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(real)
+}
+
+/// Where gVisor sandboxes' process limits go: the host's pids cgroup under
+/// the engine's cgroupfs parent.
+pub(super) fn pids_cgroup_root(info: &bollard::models::SystemInfo) -> Result<PidsCgroup, String> {
+    if info.cgroup_driver != Some(SystemInfoCgroupDriverEnum::CGROUPFS) {
+        return Err(
+            "the process limit under runsc needs the docker engine's cgroupfs cgroup driver".into(),
+        );
+    }
+    let parent = "/docker".to_string();
+    let root = match info.cgroup_version {
+        Some(SystemInfoCgroupVersionEnum::_2) => PathBuf::from("/sys/fs/cgroup/docker"),
+        _ => PathBuf::from("/sys/fs/cgroup/pids/docker"),
+    };
+    if !root.is_dir() {
+        return Err(format!("no pids cgroup at {}", root.display()));
+    }
+    Ok(PidsCgroup::Host { root, parent })
+}
+
+/// Resolves the configured image to its ID and checks what it declares.
+pub(super) async fn resolve_image(
+    docker: &Docker,
+    image: &str,
+) -> Result<(String, Vec<String>), String> {
+    let inspected = docker.inspect_image(image).await.map_err(|e| {
+        format!(
+            "the image {image:?} is not in the engine (images/build-sandbox-image.sh builds it): {}",
+            short(&e)
+        )
+    })?;
+    let id = inspected
+        .id
+        .ok_or("the engine reported the image without an ID")?;
+    let config = inspected.config.unwrap_or_default();
+    if config.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(format!(
+            "the image {image:?} declares VOLUMEs, which would be writable outside the disk budget"
+        ));
+    }
+    let env = config.env.unwrap_or_default();
+    for e in &env {
+        let key = e.split_once('=').map_or(e.as_str(), |(k, _)| k);
+        if loader_var(key) {
+            return Err(format!(
+                "the image {image:?} sets {key}, which changes how programs load; refused"
+            ));
+        }
+    }
+    Ok((id, env))
+}

@@ -1,0 +1,394 @@
+//! The run pipeline, independent of HTTP: validate, admit, check the floor
+//! against current evidence, dispatch to the provider, seal the record.
+//!
+//! The order is the security argument. Everything that can refuse a run does
+//! so before dispatch, and each refusal is a typed `Refusal` (nothing ran).
+//! The isolation floor is compared with the provider's evidence as the very
+//! last step before the provider is called (`floor`), after admission, so no
+//! wait in a queue can sit between the check and the run. Every dispatched
+//! run gets one audit line (`audit`), whatever became of it.
+
+pub mod answer;
+pub mod audit;
+pub mod floor;
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Semaphore;
+
+use crate::admission::{self, Limits};
+use crate::callers::Caller;
+use crate::grants::{Grants, Profile, broker};
+use crate::metrics::Metrics;
+use crate::outcome::RunFailure;
+use crate::providers::{Evidence, Job, Payload, ProjectInput, Provider};
+use crate::quota::{QuotaSettings, Quotas, Shed};
+use crate::refusal::Refusal;
+use crate::wire::{
+    DescribeResponse, PROTOCOL, PayloadEnvironment, RunRequest, RunResources, RunResponse,
+};
+use audit::AuditLine;
+
+pub use floor::check_floor;
+
+/// A run that produced no result.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Nothing ran; the answer carries the not-dispatched mark.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// The run may have started. Unmarked: a client must not retry blindly.
+    /// `id` joins the caller's answer to the detailed log line.
+    #[error("internal error {id}")]
+    Internal { id: String, detail: String },
+}
+
+pub struct Daemon {
+    provider: Arc<dyn Provider>,
+    limits: Limits,
+    in_flight: Arc<Semaphore>,
+    grants: Arc<Grants>,
+    /// The broker's upstream client: no redirects, no proxy. None if it
+    /// could not be built, and then every grant is refused.
+    broker_client: Option<reqwest::Client>,
+    quotas: Arc<Quotas>,
+    metrics: Arc<Metrics>,
+}
+
+/// Everything a daemon is built from besides its provider.
+pub struct Options {
+    pub limits: Limits,
+    pub grants: Arc<Grants>,
+    pub quotas: QuotaSettings,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Daemon {
+    pub fn with(provider: Arc<dyn Provider>, o: Options) -> Self {
+        let in_flight = Arc::new(Semaphore::new(o.limits.max_concurrent as usize));
+        let broker_client = match crate::outbound::client() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::error!(error = %e, "the broker's HTTP client could not be built; grants are refused");
+                None
+            }
+        };
+        Daemon {
+            provider,
+            limits: o.limits,
+            in_flight,
+            grants: o.grants,
+            broker_client,
+            quotas: Quotas::new(o.quotas),
+            metrics: o.metrics,
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The profile a request names, if this caller may use it and this
+    /// provider can carry it; an unknown profile, a forbidden one and one
+    /// the provider cannot carry get the same answer.
+    fn grant_for(
+        &self,
+        name: &str,
+        project: bool,
+        caller: &str,
+    ) -> Result<Option<Arc<Profile>>, Refusal> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        let offer = self.provider.offer();
+        let carries = if project {
+            offer.project_grants
+        } else {
+            offer.javascript_grants
+        };
+        match self.grants.for_caller(name, caller) {
+            Some(p) if carries => Ok(Some(p)),
+            _ => Err(Refusal::permission(
+                "grant profile is unknown or not permitted for this caller",
+            )),
+        }
+    }
+
+    pub fn evidence(&self) -> Evidence {
+        self.provider.evidence()
+    }
+
+    /// Releases what the provider holds that would outlive the process
+    /// (warm containers), before a clean exit.
+    pub async fn shutdown(&self) {
+        self.provider.shutdown().await;
+    }
+
+    /// Whether runs can be dispatched now (for /readyz): checked afresh.
+    pub async fn check_ready(&self) -> Result<(), String> {
+        self.provider.check_ready().await
+    }
+
+    pub fn describe(&self) -> DescribeResponse {
+        let ev = self.provider.evidence();
+        let offer = self.provider.offer();
+        let mut d = DescribeResponse {
+            sandbox: ev.sandbox.clone(),
+            isolation: ev.tier.as_str().to_string(),
+            protocol: PROTOCOL,
+            ..Default::default()
+        };
+        if offer.javascript {
+            d.javascript_environment = Some(PayloadEnvironment {
+                identity: ev.environment.clone(),
+                max_timeout_ms: self.limits.max_timeout.as_millis() as u32,
+                software_identity: ev.software_identity.clone(),
+                languages: vec!["javascript".to_string()],
+            });
+        }
+        if offer.project {
+            d.supports_project = true;
+            d.project_environment = Some(PayloadEnvironment {
+                identity: ev.environment.clone(),
+                max_timeout_ms: self.limits.project_max_timeout.as_millis() as u32,
+                software_identity: ev.software_identity.clone(),
+                languages: offer.project_languages,
+            });
+        }
+        d.resources = self.provider.resources().map(|r| RunResources {
+            memory_mb: r.memory_mb,
+            cpus: r.cpus,
+            pids: r.pids,
+            disk_mb: r.disk_mb,
+        });
+        d.policy = ev.policy;
+        d
+    }
+
+    /// One `Run` call for an authenticated caller, from parsed request to
+    /// sealed answer.
+    ///
+    /// Everything from admission on runs in a task of its own, which the
+    /// caller only waits for: if the caller goes away (a dropped connection
+    /// cancels the HTTP handler), the run that was admitted still holds its
+    /// slot until it ends, and its audit line is still written. A run is
+    /// never left executing without being counted and recorded.
+    pub async fn run(
+        self: &Arc<Self>,
+        req: RunRequest,
+        caller: Arc<Caller>,
+    ) -> Result<RunResponse, RunError> {
+        // 1. The request on its own: malformed or out of bounds is `request`.
+        let checked = admission::validate(&req, &self.limits)?;
+
+        // 2. What this daemon can do at all.
+        if let Some(refusal) = self.provider.refuses_everything() {
+            return Err(refusal.into());
+        }
+        let offer = self.provider.offer();
+        let work = match &checked.payload {
+            admission::Payload::JavaScript {
+                code,
+                grant_profile,
+            } if offer.javascript => Work {
+                payload: Payload::JavaScript(code.clone()),
+                profile: self.grant_for(grant_profile, false, &caller.id)?,
+            },
+            admission::Payload::Project(p) if offer.project => Work {
+                profile: self.grant_for(&p.grant_profile, true, &caller.id)?,
+                payload: Payload::Project(ProjectInput {
+                    files: p
+                        .files
+                        .iter()
+                        .map(|f| (f.path.clone(), f.content.clone()))
+                        .collect(),
+                    steps: p.steps.clone(),
+                    artifacts: p.artifacts.clone(),
+                }),
+            },
+            payload => {
+                return Err(Refusal::unsupported(format!(
+                    "the {} provider does not run {} payloads",
+                    self.provider.evidence().sandbox,
+                    payload.kind()
+                ))
+                .into());
+            }
+        };
+
+        // 3. Admission: a daemon slot, then the caller's limits (so a full
+        //    daemon spends nobody's rate), now or a capacity refusal now (no
+        //    queue). A metered run reserves its whole budget of paid
+        //    seconds up front and is refunded what it did not use.
+        let shed = |why: Shed| {
+            self.metrics.shed.with_label_values(&[why.label()]).inc();
+            Refusal::capacity(why.text())
+        };
+        let slot = self
+            .in_flight
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| shed(Shed::AtCapacity))?;
+        let reserved = checked.timeout.as_millis().div_ceil(1000) as u64;
+        let caller_slot = self
+            .quotas
+            .admit(&caller.id, caller.paid_seconds_per_day, reserved)
+            .map_err(shed)?;
+
+        let daemon = self.clone();
+        let task = tokio::spawn(async move {
+            let _slot = slot;
+            let _caller_slot = caller_slot;
+            let _inflight = InFlight::new(&daemon.metrics);
+            let started = Instant::now();
+            let answer = daemon.admitted(req, checked, work, &caller).await;
+            // Whole seconds, and nothing for a run refused before it ran.
+            let used = match &answer {
+                Err(RunError::Refused(_)) => 0,
+                _ => started.elapsed().as_millis().div_ceil(1000) as u64,
+            };
+            daemon.quotas.settle(&caller.id, reserved, used);
+            if matches!(answer, Err(RunError::Internal { .. })) {
+                daemon.metrics.runs_failed.inc();
+            }
+            answer
+        });
+        match task.await {
+            Ok(answer) => answer,
+            Err(join) => Err(internal(format!("run task failed: {join}"))),
+        }
+    }
+
+    /// Steps 4 to 6 of a run that holds a slot.
+    async fn admitted(
+        &self,
+        req: RunRequest,
+        checked: admission::Checked,
+        work: Work,
+        caller: &Caller,
+    ) -> Result<RunResponse, RunError> {
+        // 4. The wall: current evidence against the floor and the software
+        //    rule, immediately before dispatch.
+        let ev = self.provider.evidence();
+        floor::check(checked.floor, req.software_rule.as_ref(), &ev)?;
+
+        // The run's credential is minted here, after every check and
+        // immediately before dispatch; it lives in the session only.
+        let op = work.payload_kind();
+        let session = match (work.profile, &self.broker_client) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(
+                    Refusal::environment("the broker is not available on this daemon").into(),
+                );
+            }
+            (Some(p), Some(client)) => Some(Arc::new(
+                broker::Session::open(p, &caller.id, checked.timeout, client.clone()).map_err(
+                    |_| Refusal::environment("the grant's credential could not be minted"),
+                )?,
+            )),
+        };
+
+        // 5. Dispatch.
+        self.metrics.runs.inc();
+        let started_wall = unix_ms();
+        let started = Instant::now();
+        let dispatched = self
+            .provider
+            .run(Job {
+                payload: work.payload,
+                timeout: checked.timeout,
+                output_limit: self.limits.output_limit,
+                grant: session.clone(),
+            })
+            .await
+            .map_err(failed);
+        let call_trace = session.as_ref().map(|s| s.trace());
+        let grant_profile = session.as_ref().map(|s| s.profile().name.clone());
+        if let (Some(t), Some(p)) = (&call_trace, &grant_profile) {
+            self.metrics.record_calls(p, t);
+        }
+        let elapsed_ms = started.elapsed().as_millis() as i64;
+        let audit = AuditLine::new(
+            op,
+            &caller.id,
+            &ev,
+            &req,
+            checked.trace_id.as_deref().unwrap_or(""),
+            checked.trace_id_rejected,
+            elapsed_ms,
+        )
+        .with_grant(grant_profile.as_deref(), call_trace.as_ref());
+        let output = match dispatched {
+            Ok(out) => out,
+            Err(e) => {
+                if let RunError::Internal { id, .. } = &e {
+                    audit.failed(id);
+                }
+                return Err(e);
+            }
+        };
+
+        // 6. The answer and its record.
+        let sealed = answer::seal(&req, &ev, output, call_trace, started_wall, elapsed_ms);
+        audit.answered(sealed.exit_code, sealed.timed_out, sealed.outcome);
+        Ok(sealed.response)
+    }
+}
+
+/// Counts a run in the in-flight gauge for as long as it lives, whatever
+/// path it leaves by.
+struct InFlight(prometheus::IntGauge);
+
+impl InFlight {
+    fn new(m: &Metrics) -> InFlight {
+        m.inflight.inc();
+        InFlight(m.inflight.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// What a run will do, once step 2 accepted it.
+struct Work {
+    payload: Payload,
+    profile: Option<Arc<Profile>>,
+}
+
+impl Work {
+    fn payload_kind(&self) -> &'static str {
+        match self.payload {
+            Payload::JavaScript(_) => "javascript",
+            Payload::Project(_) => "project",
+        }
+    }
+}
+
+/// A provider's failure as the API answers it: a refusal stays marked,
+/// anything that may have run becomes an unmarked internal error.
+fn failed(f: RunFailure) -> RunError {
+    match f {
+        RunFailure::NotDispatched(r) => r.into(),
+        RunFailure::MayHaveRun(detail) => internal(detail),
+    }
+}
+
+fn internal(detail: String) -> RunError {
+    let mut id = [0u8; 8];
+    // Without randomness the ID is only a join key; zeros still answer.
+    let _ = getrandom::fill(&mut id);
+    let id = hex::encode(id);
+    tracing::error!(error_id = %id, detail = %crate::text::truncate(&detail, 4096), "internal error during a run");
+    RunError::Internal { id, detail }
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

@@ -1,0 +1,231 @@
+//! One call into a plugin: a fresh store (fresh instance, fresh memory)
+//! holding the call's capability state, a memory cap counted over the whole
+//! store, and an epoch deadline that yields the thread every tick and traps
+//! at the end; then one call of one adapter export, with a wall-clock
+//! backstop that also bounds time spent inside host functions.
+//!
+//! Fresh store per call, rather than a long-lived supervised instance: a
+//! plugin then carries no state from one run to the next that another caller
+//! could influence, and a trap needs no recovery logic. Instantiation from a
+//! pre-linked component costs microseconds next to a provider call.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{Component, ComponentExportIndex, ResourceTable};
+use wasmtime::{Engine, Store, Trap};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::PluginPre;
+use super::capabilities::container_engine::{
+    ContainerEngine, ContainerEngineState, ContainerEngineView,
+};
+use super::capabilities::http::{HttpCapability, HttpView};
+use super::capabilities::log::{LogState, LogView};
+use super::capabilities::project_report::{ProjectReport, ProjectReportView};
+use super::capabilities::{CallContext, CallView};
+use crate::store_limits::{EpochTicker, MemoryCap};
+
+/// WASI resources one plugin call may hold at once.
+const MAX_RESOURCES: usize = 4096;
+const TICK: Duration = Duration::from_millis(10);
+const TICKER_NAME: &str = "plimsoll-plugin-epoch";
+
+/// The capabilities one plugin was granted, for its whole life.
+#[derive(Default, Clone)]
+pub struct Granted {
+    pub http: Option<Arc<HttpCapability>>,
+    pub container_engine: Option<Arc<ContainerEngine>>,
+}
+
+/// Where the adapter's exports are, found once per component.
+#[derive(Clone, Copy)]
+pub(super) struct AdapterExports {
+    pub describe: ComponentExportIndex,
+    pub preflight: ComponentExportIndex,
+    pub run: ComponentExportIndex,
+}
+
+impl AdapterExports {
+    pub(super) fn find(component: &Component) -> Option<AdapterExports> {
+        let (_, adapter) = component.get_export(None, "plimsoll:provider/adapter@0.1.0")?;
+        let (_, describe) = component.get_export(Some(&adapter), "describe")?;
+        let (_, preflight) = component.get_export(Some(&adapter), "preflight")?;
+        let (_, run) = component.get_export(Some(&adapter), "run")?;
+        Some(AdapterExports {
+            describe,
+            preflight,
+            run,
+        })
+    }
+}
+
+/// A plugin compiled, checked and linked: everything needed to call it.
+pub struct Runner {
+    pub(super) name: Arc<str>,
+    wasm: Engine,
+    pre: PluginPre<PluginState>,
+    pub(super) exports: AdapterExports,
+    pub(super) granted: Granted,
+    memory_limit: usize,
+    _ticker: EpochTicker,
+}
+
+impl Runner {
+    pub(super) fn new(
+        name: Arc<str>,
+        wasm: Engine,
+        pre: PluginPre<PluginState>,
+        exports: AdapterExports,
+        granted: Granted,
+        memory_limit: usize,
+    ) -> Runner {
+        let ticker = EpochTicker::start(&wasm, TICK, TICKER_NAME);
+        Runner {
+            name,
+            wasm,
+            pre,
+            exports,
+            granted,
+            memory_limit,
+            _ticker: ticker,
+        }
+    }
+
+    /// A fresh store for one call, with the memory cap and a deadline.
+    pub(super) fn store(&self, deadline: Duration) -> Store<PluginState> {
+        let ends = Instant::now() + deadline;
+        let mut table = ResourceTable::new();
+        // WASI resources (streams, pollables) a plugin may hold at once; the
+        // default allows about a million, each costing host memory.
+        table.set_max_capacity(MAX_RESOURCES);
+        let state = PluginState {
+            wasi: WasiCtx::builder().build(),
+            table,
+            limits: MemoryCap::new(self.memory_limit),
+            call: CallContext::new(self.name.clone(), ends),
+            log: LogState::new(self.name.clone()),
+            report: ProjectReport::default(),
+            http: self.granted.http.clone(),
+            engine: self
+                .granted
+                .container_engine
+                .clone()
+                .map(ContainerEngineState::new),
+        };
+        let mut store = Store::new(&self.wasm, state);
+        store.limiter(|s| &mut s.limits);
+        // Every tick, hand the thread back to the executor: a plugin
+        // spinning in wasm must not hold one of the runtime's few worker
+        // threads. At the deadline, trap.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if Instant::now() >= ends {
+                Err(Trap::Interrupt.into())
+            } else {
+                Ok(wasmtime::UpdateDeadline::Yield(1))
+            }
+        });
+        store
+    }
+
+    /// One call into a fresh instance's adapter export. The store's epoch
+    /// deadline stops the plugin's own code; this wall-clock backstop, a
+    /// second past it, also bounds time spent inside host functions.
+    pub(super) async fn call<P, R>(
+        &self,
+        store: &mut Store<PluginState>,
+        limit: Duration,
+        export: ComponentExportIndex,
+        params: P,
+    ) -> Result<wasmtime::Result<R>, tokio::time::error::Elapsed>
+    where
+        P: wasmtime::component::ComponentNamedList
+            + wasmtime::component::Lower
+            + Send
+            + Sync
+            + 'static,
+        R: wasmtime::component::ComponentNamedList
+            + wasmtime::component::Lift
+            + Send
+            + Sync
+            + 'static,
+    {
+        tokio::time::timeout(limit + Duration::from_secs(1), async {
+            let instance = self
+                .pre
+                .instance_pre()
+                .instantiate_async(&mut *store)
+                .await?;
+            let f = instance.get_typed_func::<P, R>(&mut *store, export)?;
+            f.call_async(&mut *store, params).await
+        })
+        .await
+    }
+}
+
+/// What went wrong in a call, as a class: the plugin's own error text may
+/// carry anything, so only the host's classification is passed on.
+pub(super) fn classify(e: &wasmtime::Error, store: &Store<PluginState>) -> String {
+    if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+        "it ran past its deadline".into()
+    } else if store.data().limits.denied() {
+        "it exceeded its memory limit".into()
+    } else if let Some(trap) = e.downcast_ref::<Trap>() {
+        format!("it trapped ({trap})")
+    } else {
+        "it failed to instantiate or was stopped".into()
+    }
+}
+
+/// One call's store data: WASI with an empty context (no files, sockets,
+/// environment or arguments), the memory cap, and each capability's state.
+pub struct PluginState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: MemoryCap,
+    pub(super) call: CallContext,
+    pub(super) log: LogState,
+    pub(super) report: ProjectReport,
+    http: Option<Arc<HttpCapability>>,
+    engine: Option<ContainerEngineState>,
+}
+
+impl WasiView for PluginState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl CallView for PluginState {
+    fn call(&mut self) -> &mut CallContext {
+        &mut self.call
+    }
+}
+
+impl LogView for PluginState {
+    fn log(&mut self) -> &mut LogState {
+        &mut self.log
+    }
+}
+
+impl ProjectReportView for PluginState {
+    fn report(&mut self) -> &mut ProjectReport {
+        &mut self.report
+    }
+}
+
+impl HttpView for PluginState {
+    fn http(&self) -> Option<Arc<HttpCapability>> {
+        self.http.clone()
+    }
+}
+
+impl ContainerEngineView for PluginState {
+    fn container_engine(&mut self) -> (&mut CallContext, Option<&mut ContainerEngineState>) {
+        (&mut self.call, self.engine.as_mut())
+    }
+}

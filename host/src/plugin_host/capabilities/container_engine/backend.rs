@@ -1,0 +1,118 @@
+//! The seam between the `container-engine` capability and whatever runs
+//! containers.
+//!
+//! The capability owns this trait; a backend (Docker, in `backends/docker`)
+//! implements it. The split is the reference monitor's: the capability
+//! decides *whether* a spec may run (`policy`) and keeps the dispatched
+//! mark; a backend decides nothing about isolation that a plugin could
+//! influence. It puts every container in the envelope it verified at start,
+//! and reports what it verified as `BackendFacts`, which are the host's
+//! evidence for the tier. A second backend (podman, a microVM runner) is a
+//! new implementation of this trait, with no change to the plugin host or
+//! the pipeline.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use crate::outcome::ProcessOutput;
+use crate::tier::Tier;
+
+/// What a plugin asked for, once the policy approved it: the only parts of
+/// a container a plugin chooses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approved {
+    pub command: Vec<String>,
+    pub env: Vec<String>,
+}
+
+/// A granted run's broker directory, mounted read-only at
+/// `grants::socket::MOUNT_POINT`, and the environment that points the guest
+/// clients at it.
+#[derive(Debug, Clone)]
+pub struct GrantMount {
+    pub dir: PathBuf,
+    pub env: Vec<String>,
+}
+
+/// How a run through a backend failed.
+#[derive(Debug)]
+pub enum EngineFailure {
+    /// Nothing of the container's code ran (the engine is unreachable or not
+    /// ready, create or start failed, a limit could not be put in place).
+    BeforeStart(String),
+    /// The container's code may have run.
+    AfterStart(String),
+}
+
+/// The resource envelope every container gets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Envelope {
+    pub memory_mb: u32,
+    pub cpus: f64,
+    pub pids: u32,
+    /// The writable budget across the container's scratch mounts.
+    pub disk_mb: u32,
+}
+
+/// What a backend verified at start and holds every container to. The
+/// policy checks specs against it; plugins build their specs from it.
+#[derive(Debug, Clone)]
+pub struct BackendFacts {
+    /// The content-addressed image every container uses.
+    pub image: String,
+    /// The image as the operator configured it (a tag or an ID), for logs.
+    pub configured_image: String,
+    /// The image's own environment, already checked for loader variables.
+    pub image_env: Vec<String>,
+    /// The unprivileged uid (and gid) every container runs as.
+    pub guest_uid: u32,
+    /// The OCI runtime ("" is the engine's default, runc).
+    pub runtime: String,
+    /// Interpreters the backend's smoke test ran.
+    pub languages: Vec<String>,
+    /// The tier the backend's evidence stands behind.
+    pub tier: Tier,
+    /// One line per smoke check, for the operator's log.
+    pub checks: Vec<String>,
+    pub envelope: Envelope,
+}
+
+impl BackendFacts {
+    /// `uid:gid`, as a spec must name it.
+    pub fn user(&self) -> String {
+        format!("{0}:{0}", self.guest_uid)
+    }
+}
+
+/// A container engine the capability can drive.
+pub trait ContainerBackend: Send + Sync + 'static {
+    /// What was verified at start; fixed for the backend's life.
+    fn facts(&self) -> &BackendFacts;
+
+    /// The last readiness verdict, without asking the engine.
+    fn ready(&self) -> Result<(), String>;
+
+    /// Readiness checked afresh (backends may rate-limit the probe).
+    fn check_ready(&self) -> BoxFuture<'_, Result<(), String>>;
+
+    /// Runs one approved container to completion or its deadline, removing
+    /// it on every path, even if the returned future is dropped. Its command
+    /// may not run before every limit is in place.
+    fn run(
+        &self,
+        spec: Approved,
+        stdin: Vec<u8>,
+        timeout: Duration,
+        output_limit: usize,
+        grant: Option<GrantMount>,
+    ) -> BoxFuture<'static, Result<ProcessOutput, EngineFailure>>;
+
+    /// Registers the spec single runs use and keeps containers of it ready.
+    /// Returns the pool size (0: no pooling).
+    fn prewarm(&self, spec: Approved) -> u32;
+
+    /// Releases what would outlive the daemon (warm containers).
+    fn shutdown(&self) -> BoxFuture<'_, ()>;
+}

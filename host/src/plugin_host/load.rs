@@ -1,0 +1,417 @@
+//! Loading a plugin, in stages, each a type of its own so nothing
+//! half-built can be used:
+//!
+//! 1. `read`: the bytes, from the plugin directory or the daemon itself,
+//!    and their SHA-256, held to the operator's pin;
+//! 2. `Pinned::compile`: a Wasm component, whose every import is a
+//!    capability the operator granted (or WASI, linked with nothing in it);
+//! 3. `Checked::link`: the granted capabilities linked and the component
+//!    pre-instantiated;
+//! 4. `Linked::describe`: what the plugin says it is, and the tier the host
+//!    will report for it;
+//! 5. `Described::preflight`: the plugin's own smoke test through its
+//!    capabilities, after which it is a provider.
+//!
+//! Between 2 and 3 the caller connects what the capabilities need (a
+//! container backend), so nothing is reached for a plugin that would be
+//! refused anyway, and the plugin reaches nothing before it is linked.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine};
+
+use super::bindings::{PluginPre, types};
+use super::call::{AdapterExports, Granted, PluginState, Runner, classify};
+use super::capabilities;
+use super::results::{effective_tier, tier_of};
+use super::{Described as Facts, MESSAGE_BYTES, PluginProvider};
+use crate::text::{sanitize, truncate};
+use crate::tier::Tier;
+
+/// Names the daemon's built-in providers use; a plugin may not take them.
+pub const BUILT_IN: &[&str] = &["disabled", "wasm", "docker"];
+
+/// Time a plugin gets to describe itself.
+const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a plugin's start-up smoke test gets.
+const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Where a plugin's component comes from.
+#[derive(Debug, Clone)]
+pub enum PluginSource {
+    /// `<name>.wasm` in the operator's plugin directory.
+    Dir(PathBuf),
+    /// Shipped inside the daemon.
+    Embedded(&'static [u8]),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("plugin name {0:?} must be 1-32 of [a-z0-9-] and not a built-in provider name")]
+    BadName(String),
+    #[error("no plugin {path}; built-in providers: {builtin}; plugins found: {found}", builtin = BUILT_IN.join(", "))]
+    NotFound { path: String, found: String },
+    #[error("reading plugin {0}: {1}")]
+    Read(String, std::io::Error),
+    #[error("plugin {name} has SHA-256 {actual}, but SANDBOX_PLUGIN_SHA256 pins {expected}")]
+    PinMismatch {
+        name: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("plugin {0} is not a valid Wasm component: {1}")]
+    NotComponent(String, String),
+    #[error("plugin {0} imports {1}, which the operator did not grant it")]
+    Ungranted(String, String),
+    #[error("plugin {0} imports {1}, which no plimsoll plugin can have")]
+    UnknownImport(String, String),
+    #[error("plugin {0} does not match the plimsoll:provider plugin world: {1}")]
+    Mismatch(String, String),
+    #[error("plugin {0} failed to describe itself: {1}")]
+    Describe(String, String),
+    #[error("plugin {0}'s startup smoke test failed: {1}")]
+    Preflight(String, String),
+    #[error("engine: {0}")]
+    Engine(String),
+}
+
+pub(super) fn valid_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !BUILT_IN.contains(&name)
+}
+
+/// The plugins a directory holds, for error messages.
+pub fn list_dir(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter_map(|f| f.strip_suffix(".wasm").map(str::to_string))
+        .filter(|n| valid_name(n))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The file a plugin name refers to, if it is there.
+pub fn locate(dir: &Path, name: &str) -> Result<PathBuf, PluginError> {
+    if !valid_name(name) {
+        return Err(PluginError::BadName(name.to_string()));
+    }
+    let path = dir.join(format!("{name}.wasm"));
+    if !path.is_file() {
+        let found = list_dir(dir);
+        return Err(PluginError::NotFound {
+            path: path.display().to_string(),
+            found: if found.is_empty() {
+                "none".into()
+            } else {
+                found.join(", ")
+            },
+        });
+    }
+    Ok(path)
+}
+
+/// Stage 1: the bytes and their digest, held to the pin.
+pub struct Pinned {
+    name: String,
+    bytes: Vec<u8>,
+    sha256: String,
+}
+
+pub fn read(name: &str, source: &PluginSource, pin: Option<&str>) -> Result<Pinned, PluginError> {
+    let bytes = match source {
+        PluginSource::Embedded(bytes) => bytes.to_vec(),
+        PluginSource::Dir(dir) => {
+            let path = locate(dir, name)?;
+            std::fs::read(&path).map_err(|e| PluginError::Read(path.display().to_string(), e))?
+        }
+    };
+    let sha256 = hex::encode(Sha256::digest(&bytes));
+    if let Some(pin) = pin
+        && !pin.eq_ignore_ascii_case(&sha256)
+    {
+        return Err(PluginError::PinMismatch {
+            name: name.to_string(),
+            expected: pin.to_ascii_lowercase(),
+            actual: sha256,
+        });
+    }
+    Ok(Pinned {
+        name: name.to_string(),
+        bytes,
+        sha256,
+    })
+}
+
+/// Which capabilities the operator grants, by interface.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Grants {
+    pub http: bool,
+    pub container_engine: bool,
+}
+
+/// Stage 2: a component whose imports are all granted.
+pub struct Checked {
+    name: String,
+    sha256: String,
+    wasm: Engine,
+    component: Component,
+    exports: AdapterExports,
+    grants: Grants,
+}
+
+impl Pinned {
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    pub fn compile(self, grants: Grants) -> Result<Checked, PluginError> {
+        let mut wcfg = Config::new();
+        wcfg.wasm_component_model(true);
+        wcfg.epoch_interruption(true);
+        let wasm = Engine::new(&wcfg).map_err(|e| PluginError::Engine(format!("{e:#}")))?;
+        let component = Component::new(&wasm, &self.bytes)
+            .map_err(|e| PluginError::NotComponent(self.name.clone(), format!("{e:#}")))?;
+        check_imports(&self.name, grants, &component, &wasm)?;
+        let exports = AdapterExports::find(&component).ok_or_else(|| {
+            PluginError::Mismatch(
+                self.name.clone(),
+                "no plimsoll:provider/adapter export".into(),
+            )
+        })?;
+        Ok(Checked {
+            name: self.name,
+            sha256: self.sha256,
+            wasm,
+            component,
+            exports,
+            grants,
+        })
+    }
+}
+
+/// Checks the component's imports against the operator's grants: WASI is
+/// linked with an empty context (no files, no sockets, no environment), the
+/// plugin interfaces only where granted, anything else is refused.
+fn check_imports(
+    name: &str,
+    grants: Grants,
+    component: &Component,
+    engine: &Engine,
+) -> Result<(), PluginError> {
+    for (import, _) in component.component_type().imports(engine) {
+        let interface = import.split('@').next().unwrap_or(import);
+        let granted = match interface {
+            _ if interface.starts_with("wasi:") => true,
+            capabilities::TYPES | capabilities::LOG | capabilities::PROJECT_REPORT => true,
+            capabilities::HTTP => grants.http,
+            capabilities::CONTAINER_ENGINE => grants.container_engine,
+            _ => {
+                return Err(PluginError::UnknownImport(
+                    name.to_string(),
+                    import.to_string(),
+                ));
+            }
+        };
+        if !granted {
+            return Err(PluginError::Ungranted(
+                name.to_string(),
+                interface.to_string(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Stage 3: linked with its capabilities, ready to call.
+pub struct Linked {
+    sha256: String,
+    runner: Runner,
+}
+
+impl Checked {
+    /// `granted` must hold exactly the capabilities `compile` checked for.
+    pub fn link(self, granted: Granted, memory_mb: u32) -> Result<Linked, PluginError> {
+        let holds = Grants {
+            http: granted.http.is_some(),
+            container_engine: granted.container_engine.is_some(),
+        };
+        if holds != self.grants {
+            return Err(PluginError::Engine(format!(
+                "the capabilities linked for plugin {} differ from those its imports were checked against",
+                self.name
+            )));
+        }
+        let engine_err = |e: wasmtime::Error| PluginError::Engine(format!("{e:#}"));
+        let mut linker: Linker<PluginState> = Linker::new(&self.wasm);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(engine_err)?;
+        capabilities::add_to_linker(&mut linker).map_err(engine_err)?;
+        let mismatch =
+            |e: wasmtime::Error| PluginError::Mismatch(self.name.clone(), format!("{e:#}"));
+        let pre = linker.instantiate_pre(&self.component).map_err(mismatch)?;
+        let pre = PluginPre::new(pre).map_err(mismatch)?;
+        let runner = Runner::new(
+            Arc::from(self.name.as_str()),
+            self.wasm,
+            pre,
+            self.exports,
+            granted,
+            (memory_mb as usize) << 20,
+        );
+        Ok(Linked {
+            sha256: self.sha256,
+            runner,
+        })
+    }
+}
+
+/// Stage 4: what the plugin says it is, and the tier the host reports.
+pub struct Described {
+    linked: Linked,
+    facts: Facts,
+    tier: Tier,
+}
+
+impl Linked {
+    /// `max_tier` is the strongest tier the operator lets this plugin
+    /// report; a backend's verified tier caps it further.
+    pub async fn describe(self, max_tier: Tier) -> Result<Described, PluginError> {
+        let runner = &self.runner;
+        let name = runner.name.to_string();
+        let fail = |e: String| PluginError::Describe(name.clone(), e);
+        let mut store = runner.store(DESCRIBE_TIMEOUT);
+        let result = runner
+            .call::<(), (types::Description,)>(
+                &mut store,
+                DESCRIBE_TIMEOUT,
+                runner.exports.describe,
+                (),
+            )
+            .await;
+        let d = match result {
+            Ok(Ok((d,))) => d,
+            Ok(Err(e)) => return Err(fail(classify(&e, &store))),
+            Err(_) => return Err(fail("timed out".into())),
+        };
+        if d.name != name {
+            return Err(PluginError::Describe(
+                name,
+                format!("it calls itself {:?}", truncate(&d.name, 64)),
+            ));
+        }
+        let facts = Facts {
+            claimed_tier: tier_of(d.tier),
+            environment: sanitize(&d.environment, 256),
+            runs_javascript: d.payloads.contains(&types::PayloadKind::Javascript),
+            runs_project: d.payloads.contains(&types::PayloadKind::Project),
+            languages: vec![],
+        };
+        let tier = effective_tier(
+            facts.claimed_tier,
+            max_tier,
+            runner
+                .granted
+                .container_engine
+                .as_ref()
+                .map(|e| e.backend.facts().tier),
+        );
+        Ok(Described {
+            linked: self,
+            facts,
+            tier,
+        })
+    }
+}
+
+impl Described {
+    /// Stage 5: the smoke test; a plugin that fails it does not start.
+    pub async fn preflight(self) -> Result<PluginProvider, PluginError> {
+        let Described {
+            linked,
+            mut facts,
+            tier,
+        } = self;
+        let runner = &linked.runner;
+        let fail = |e: String| PluginError::Preflight(runner.name.to_string(), e);
+        let mut store = runner.store(PREFLIGHT_TIMEOUT);
+        // Returned values are copied whole (the plugin frees them right
+        // after the call); the WIT keeps them flat so the copy is bounded by
+        // the plugin's memory.
+        let result = runner
+            .call::<(), (Result<types::PreflightReport, String>,)>(
+                &mut store,
+                PREFLIGHT_TIMEOUT,
+                runner.exports.preflight,
+                (),
+            )
+            .await;
+        let report = match result {
+            Ok(Ok((Ok(report),))) => report,
+            Ok(Ok((Err(why),))) => return Err(fail(sanitize(&why, MESSAGE_BYTES))),
+            Ok(Err(e)) => return Err(fail(classify(&e, &store))),
+            Err(_) => return Err(fail("timed out".into())),
+        };
+        // At most 64 check lines of 200 bytes are kept.
+        let checks: Vec<String> = report
+            .checks
+            .lines()
+            .take(64)
+            .map(|l| sanitize(l, 200))
+            .collect();
+        if !report.passed {
+            let failed: Vec<&str> = checks.iter().take(8).map(String::as_str).collect();
+            return Err(fail(format!("it reported failure: {}", failed.join("; "))));
+        }
+        for l in &report.languages {
+            let name = match l {
+                types::Language::Javascript => "javascript",
+                types::Language::Python => "python",
+            };
+            if !facts.languages.iter().any(|x| x == name) {
+                facts.languages.push(name.to_string());
+            }
+        }
+        for check in &checks {
+            tracing::info!(target: "plimsoll::plugin", plugin = %runner.name, check = %check, "preflight");
+        }
+        Ok(PluginProvider {
+            runner: linked.runner,
+            sha256: linked.sha256,
+            described: facts,
+            tier,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for good in ["example", "remote-plimsoll", "e2b", "a"] {
+            assert!(valid_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "wasm",
+            "disabled",
+            "Upper",
+            "../x",
+            "a.b",
+            "x".repeat(33).as_str(),
+        ] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! The plugin host: provider adapters loaded as Wasm components, each
+//! running in wasmtime with only the capabilities the operator granted it.
+//!
+//! The host stays in charge of everything the security promises rest on:
+//! - what a plugin can reach (`capabilities`): every capability is linked,
+//!   each refuses a plugin the operator did not grant it, and a plugin whose
+//!   component *imports* an ungranted capability is refused at start
+//!   (`load`);
+//! - the tier (`results::effective_tier`): the plugin states one, the host
+//!   caps it with what the operator allows and what a container backend's
+//!   evidence stands behind;
+//! - the not-dispatched mark (`dispatch_mark`): a refusal is marked only if
+//!   the host saw the plugin use no capability that could have started
+//!   execution;
+//! - containment (`call`): every call gets a fresh store (fresh instance,
+//!   fresh memory) with an epoch deadline and a memory cap, so a plugin that
+//!   traps, loops, panics or exhausts memory fails that call and nothing
+//!   else; and everything it passes or returns is copied under a budget
+//!   (`lazy`).
+
+pub mod bindings;
+pub mod call;
+pub mod capabilities;
+pub mod dispatch_mark;
+mod lazy;
+pub mod load;
+pub mod results;
+pub mod settings;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::grants::broker;
+use crate::outcome::{ProcessOutput, ProjectOutput, RunFailure};
+use crate::refusal::Refusal;
+use crate::text::sanitize;
+use crate::tier::Tier;
+use bindings::types;
+use call::Runner;
+use capabilities::container_engine::backend::ContainerBackend;
+pub use load::{PluginError, PluginSource, locate};
+
+/// Extra time a run call gets over the run's own budget, for the plugin's
+/// set-up and tear-down around it.
+const CALL_MARGIN: Duration = Duration::from_secs(2);
+/// Longest plugin-supplied message passed on to a caller.
+const MESSAGE_BYTES: usize = 512;
+
+/// What a loaded plugin stated about itself, after the host's checks.
+#[derive(Debug, Clone)]
+pub struct Described {
+    pub claimed_tier: Tier,
+    pub environment: String,
+    pub runs_javascript: bool,
+    pub runs_project: bool,
+    pub languages: Vec<String>,
+}
+
+/// A validated project, as the host hands it to a plugin.
+pub struct ProjectPayloadIn {
+    pub files: Vec<(String, String)>,
+    pub steps: Vec<String>,
+    pub artifacts: Vec<String>,
+}
+
+/// A plugin that loaded, described itself and passed its smoke test.
+pub struct PluginProvider {
+    runner: Runner,
+    sha256: String,
+    described: Described,
+    tier: Tier,
+}
+
+/// What a plugin's run produced, copied out of its memory under budget.
+enum PluginResult {
+    Javascript(ProcessOutput),
+    Project(ProjectOutput),
+}
+
+impl PluginProvider {
+    pub fn name(&self) -> &str {
+        &self.runner.name
+    }
+
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    pub fn described(&self) -> &Described {
+        &self.described
+    }
+
+    /// The container backend, when this plugin drives one.
+    pub fn backend(&self) -> Option<&Arc<dyn ContainerBackend>> {
+        self.runner
+            .granted
+            .container_engine
+            .as_ref()
+            .map(|e| &e.backend)
+    }
+
+    /// The last readiness verdict, without asking the backend.
+    fn ready(&self) -> Result<(), String> {
+        self.backend().map_or(Ok(()), |b| b.ready())
+    }
+
+    /// Runs one JavaScript snippet through the plugin. The output the plugin
+    /// returns is read in place and capped here: the host never trusts a
+    /// plugin to keep to a limit it could enforce itself, and never copies
+    /// more than the cap out of the plugin's memory.
+    pub async fn run_javascript(
+        &self,
+        code: String,
+        timeout: Duration,
+        output_limit: usize,
+        grant: Option<Arc<broker::Session>>,
+    ) -> Result<ProcessOutput, RunFailure> {
+        match self
+            .run(
+                types::Payload::Javascript(code),
+                timeout,
+                output_limit,
+                grant,
+            )
+            .await?
+        {
+            PluginResult::Javascript(out) => Ok(out),
+            PluginResult::Project(_) => Err(RunFailure::MayHaveRun(format!(
+                "plugin {} answered a snippet with a project result",
+                self.name()
+            ))),
+        }
+    }
+
+    pub async fn run_project(
+        &self,
+        project: ProjectPayloadIn,
+        timeout: Duration,
+        output_limit: usize,
+        grant: Option<Arc<broker::Session>>,
+    ) -> Result<ProjectOutput, RunFailure> {
+        let project = types::ProjectPayload {
+            files: project
+                .files
+                .into_iter()
+                .map(|(path, content)| types::ProjectFile { path, content })
+                .collect(),
+            steps: project.steps,
+            artifacts: project.artifacts,
+        };
+        match self
+            .run(
+                types::Payload::Project(project),
+                timeout,
+                output_limit,
+                grant,
+            )
+            .await?
+        {
+            PluginResult::Project(out) => Ok(out),
+            PluginResult::Javascript(_) => Err(RunFailure::MayHaveRun(format!(
+                "plugin {} answered a project with a snippet result",
+                self.name()
+            ))),
+        }
+    }
+
+    async fn run(
+        &self,
+        payload: types::Payload,
+        timeout: Duration,
+        output_limit: usize,
+        grant: Option<Arc<broker::Session>>,
+    ) -> Result<PluginResult, RunFailure> {
+        // A plugin whose backend is not ready never gets the run: nothing is
+        // dispatched, and the refusal says why.
+        if let Err(why) = self.ready() {
+            return Err(RunFailure::NotDispatched(Refusal::environment(why)));
+        }
+        let runner = &self.runner;
+        let deadline = timeout + CALL_MARGIN;
+        let mut store = runner.store(deadline);
+        let request = types::RunRequest {
+            timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+            output_limit: u32::try_from(output_limit).unwrap_or(u32::MAX),
+            payload,
+        };
+        store.data_mut().report.output_limit = output_limit;
+        store.data_mut().call.grant = grant;
+        let outcome = runner
+            .call::<(types::RunRequest,), (Result<types::RunResult, types::RunError>,)>(
+                &mut store,
+                deadline,
+                runner.exports.run,
+                (request,),
+            )
+            .await
+            .map(|r| r.map(|(r,)| r));
+        store.data().log.report_dropped();
+        let name = self.name();
+        let mark = &store.data().call.mark;
+        match outcome {
+            Err(_) => Err(mark.failed(name, "the call overran its deadline")),
+            Ok(Err(e)) => Err(mark.failed(name, &call::classify(&e, &store))),
+            Ok(Ok(Ok(types::RunResult::Javascript(out)))) => Ok(PluginResult::Javascript(
+                results::cap_output(out, output_limit),
+            )),
+            Ok(Ok(Ok(types::RunResult::Project(summary)))) => {
+                let report = std::mem::take(&mut store.data_mut().report);
+                Ok(PluginResult::Project(ProjectOutput {
+                    steps: report.steps,
+                    outcome: results::outcome_of(summary.outcome),
+                    outcome_detail: sanitize(&summary.outcome_detail, MESSAGE_BYTES),
+                    artifacts: report.artifacts,
+                    artifacts_truncated: summary.artifacts_truncated || report.refused_artifacts,
+                }))
+            }
+            Ok(Ok(Err(types::RunError::MayHaveRun(_)))) => Err(RunFailure::MayHaveRun(format!(
+                "plugin {name} reported that the run may have happened (its detail is not logged)"
+            ))),
+            Ok(Ok(Err(types::RunError::NotDispatched(r)))) => {
+                Err(mark.refused(name, results::refusal_of(r)))
+            }
+        }
+    }
+}

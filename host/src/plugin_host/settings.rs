@@ -1,0 +1,168 @@
+//! What the operator configures for a plugin provider: where plugins are,
+//! the pin, the tier cap, and which capabilities the plugin is granted.
+
+use std::path::PathBuf;
+
+use super::capabilities::http::policy::{HttpAllowance, Origin};
+use crate::env_vars::{ConfigError, Env, Var, invalid, var};
+use crate::tier::Tier;
+
+pub const VARIABLES: &[Var] = &[
+    var(
+        "PLIMSOLL_PLUGIN_DIR",
+        "(target/plugins beside the build's target/release)",
+        "where provider plugins (<name>.wasm) are loaded from",
+    ),
+    var(
+        "SANDBOX_PLUGIN_SHA256",
+        "(unset)",
+        "pins the selected plugin: its SHA-256 must equal this or the daemon does not start",
+    ),
+    var(
+        "SANDBOX_PLUGIN_MAX_TIER",
+        "process",
+        "strongest tier the selected plugin may report: process, container, kernel or vm",
+    ),
+    var(
+        "SANDBOX_PLUGIN_HTTP_ORIGINS",
+        "(unset: no network)",
+        "grants the plugin the http capability for these origins (comma-separated https://host[:port]; http only on loopback IPs)",
+    ),
+    var(
+        "SANDBOX_PLUGIN_API_KEY_ENV",
+        "(unset)",
+        "name of the variable holding the provider's API key, which the host adds to the plugin's requests",
+    ),
+    var(
+        "SANDBOX_PLUGIN_API_KEY_HEADER",
+        "authorization",
+        "header carrying that key (authorization sends Bearer <key>; any other sends the key as is)",
+    ),
+    var(
+        "SANDBOX_PLUGIN_CONTAINER_ENGINE",
+        "0",
+        "1 grants the plugin the container-engine capability (policed by the host)",
+    ),
+];
+
+/// What the operator configured for a plugin provider.
+#[derive(Debug, Clone, Default)]
+pub struct PluginSettings {
+    pub dir: Option<PathBuf>,
+    pub sha256: Option<String>,
+    pub max_tier: Option<Tier>,
+    pub http: Option<HttpAllowance>,
+    /// Whether the operator granted the plugin the container engine.
+    pub container_engine: bool,
+}
+
+impl PluginSettings {
+    /// Whether any plugin setting is made (they need a plugin provider).
+    pub fn any_set(&self) -> bool {
+        self.sha256.is_some()
+            || self.max_tier.is_some()
+            || self.http.is_some()
+            || self.container_engine
+    }
+
+    /// The variable the operator named to hold the API key: read, so not
+    /// unknown, whatever its name.
+    pub fn key_variable<'a>(env: &Env<'a>) -> Option<&'a str> {
+        env.get("SANDBOX_PLUGIN_API_KEY_ENV")
+    }
+
+    pub fn from_env(env: &Env) -> Result<PluginSettings, ConfigError> {
+        let sha256 = match env.get("SANDBOX_PLUGIN_SHA256") {
+            None => None,
+            Some(s) if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                Some(s.to_ascii_lowercase())
+            }
+            Some(_) => return Err(invalid("SANDBOX_PLUGIN_SHA256", "must be 64 hex digits")),
+        };
+        let max_tier = match env.get("SANDBOX_PLUGIN_MAX_TIER") {
+            None => None,
+            Some(s) => match Tier::parse_floor(s) {
+                Ok(Some(t)) => Some(t),
+                _ => {
+                    return Err(invalid(
+                        "SANDBOX_PLUGIN_MAX_TIER",
+                        "must be process, container, kernel or vm",
+                    ));
+                }
+            },
+        };
+        let http = match env.get("SANDBOX_PLUGIN_HTTP_ORIGINS") {
+            None => None,
+            Some(list) => {
+                let origins = list
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|o| !o.is_empty())
+                    .map(Origin::parse)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|why| invalid("SANDBOX_PLUGIN_HTTP_ORIGINS", why))?;
+                let api_key = api_key(env)?;
+                if api_key.is_some() && origins.iter().any(|o| !o.is_https()) {
+                    return Err(invalid(
+                        "SANDBOX_PLUGIN_API_KEY_ENV",
+                        "an API key is only ever sent over https; remove the plain-http origins",
+                    ));
+                }
+                Some(HttpAllowance { origins, api_key })
+            }
+        };
+        if http.is_none() && env.is_set("SANDBOX_PLUGIN_API_KEY_ENV") {
+            return Err(invalid(
+                "SANDBOX_PLUGIN_API_KEY_ENV",
+                "an API key needs SANDBOX_PLUGIN_HTTP_ORIGINS to be sent anywhere",
+            ));
+        }
+        let container_engine = env.flag("SANDBOX_PLUGIN_CONTAINER_ENGINE")?;
+        Ok(PluginSettings {
+            dir: env.get("PLIMSOLL_PLUGIN_DIR").map(PathBuf::from),
+            sha256,
+            max_tier,
+            http,
+            container_engine,
+        })
+    }
+}
+
+/// The header the host adds to a plugin's requests, from the variable the
+/// operator named. The value is marked sensitive so no debug output of a
+/// header map ever prints it.
+fn api_key(
+    env: &Env,
+) -> Result<Option<(axum::http::HeaderName, axum::http::HeaderValue)>, ConfigError> {
+    let Some(name_var) = env.get("SANDBOX_PLUGIN_API_KEY_ENV") else {
+        return Ok(None);
+    };
+    let bad = |why: &str| invalid("SANDBOX_PLUGIN_API_KEY_ENV", why);
+    let key = env
+        .named(name_var)
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| bad("names a variable that is unset or empty"))?;
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad("names a variable whose value is not visible ASCII"));
+    }
+    let header = env
+        .get("SANDBOX_PLUGIN_API_KEY_HEADER")
+        .unwrap_or("authorization")
+        .to_ascii_lowercase();
+    let name = axum::http::HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
+        invalid(
+            "SANDBOX_PLUGIN_API_KEY_HEADER",
+            "is not a valid header name",
+        )
+    })?;
+    let text = if name == axum::http::header::AUTHORIZATION {
+        format!("Bearer {key}")
+    } else {
+        key.to_string()
+    };
+    let mut value = axum::http::HeaderValue::from_str(&text)
+        .map_err(|_| bad("the key is not a valid header value"))?;
+    value.set_sensitive(true);
+    Ok(Some((name, value)))
+}

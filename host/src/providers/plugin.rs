@@ -1,0 +1,166 @@
+//! A provider plugin as a provider: loading one through the plugin host's
+//! stages with the capabilities the operator granted, and the `Provider`
+//! face of a loaded plugin.
+
+use std::sync::Arc;
+
+use futures_util::future::{BoxFuture, ready};
+
+use super::{
+    Evidence, Job, Offer, Output, Payload, Provider, ProviderSettings, Resources, StartError,
+};
+use crate::backends::docker::{self, DockerEngine};
+use crate::outcome::RunFailure;
+use crate::plugin_host::call::Granted;
+use crate::plugin_host::capabilities::container_engine::ContainerEngine;
+use crate::plugin_host::capabilities::http::HttpCapability;
+use crate::plugin_host::capabilities::http::policy::HttpAllowance;
+use crate::plugin_host::load::{self, Grants, PluginSource};
+use crate::plugin_host::{PluginError, PluginProvider, ProjectPayloadIn};
+use crate::tier::Tier;
+
+/// Starts the plugin `name` from the plugin directory, with what the
+/// operator granted it.
+pub async fn start(name: &str, settings: &ProviderSettings) -> Result<PluginProvider, StartError> {
+    let p = &settings.plugin;
+    let plugin = load_plugin(
+        name,
+        PluginSource::Dir(settings.plugin_dir()),
+        p.sha256.as_deref(),
+        p.max_tier.unwrap_or(Tier::Process),
+        p.http.clone(),
+        settings.docker.as_ref(),
+        settings.memory_mb,
+    )
+    .await?;
+    tracing::info!(
+        plugin = plugin.name(),
+        sha256 = plugin.sha256(),
+        claimed = plugin.described().claimed_tier.as_str(),
+        isolation = plugin.tier().as_str(),
+        "provider plugin loaded"
+    );
+    Ok(plugin)
+}
+
+/// The plugin host's loading stages, with the container backend connected
+/// (and verified, and smoke-tested) between the import check and linking.
+pub(super) async fn load_plugin(
+    name: &str,
+    source: PluginSource,
+    pin: Option<&str>,
+    max_tier: Tier,
+    http: Option<HttpAllowance>,
+    docker: Option<&docker::Settings>,
+    memory_mb: u32,
+) -> Result<PluginProvider, StartError> {
+    if let Some(d) = docker {
+        d.check_guest_uid_on_host().map_err(StartError::Backend)?;
+    }
+    let checked = load::read(name, &source, pin)?.compile(Grants {
+        http: http.is_some(),
+        container_engine: docker.is_some(),
+    })?;
+    let http = match http {
+        None => None,
+        Some(allowance) => Some(Arc::new(HttpCapability {
+            allowance,
+            client: crate::outbound::client()
+                .map_err(|e| PluginError::Engine(format!("http client: {e}")))?,
+        })),
+    };
+    // The backend is reached (and a configured runtime found registered
+    // there) before the plugin can ask for anything.
+    let container_engine = match docker {
+        None => None,
+        Some(d) => {
+            let engine = DockerEngine::connect(d.clone())
+                .await
+                .map_err(|e| PluginError::Engine(e))?;
+            Some(Arc::new(ContainerEngine::new(Arc::new(engine))))
+        }
+    };
+    let linked = checked.link(
+        Granted {
+            http,
+            container_engine,
+        },
+        memory_mb,
+    )?;
+    Ok(linked.describe(max_tier).await?.preflight().await?)
+}
+
+impl Provider for PluginProvider {
+    fn evidence(&self) -> Evidence {
+        Evidence {
+            sandbox: self.name().to_string(),
+            tier: self.tier(),
+            environment: self.described().environment.clone(),
+            software_identity: String::new(),
+            policy: format!("plugin:sha256:{}", self.sha256()),
+        }
+    }
+
+    fn offer(&self) -> Offer {
+        let d = self.described();
+        // Grants reach a run only through a container's broker socket.
+        let carries = self.backend().is_some();
+        Offer {
+            javascript: d.runs_javascript,
+            project: d.runs_project,
+            javascript_grants: carries,
+            project_grants: carries,
+            project_languages: d.languages.clone(),
+        }
+    }
+
+    fn resources(&self) -> Option<Resources> {
+        self.backend().map(|b| {
+            let e = b.facts().envelope;
+            Resources {
+                memory_mb: e.memory_mb,
+                cpus: e.cpus,
+                pids: e.pids,
+                disk_mb: e.disk_mb,
+            }
+        })
+    }
+
+    fn check_ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        match self.backend() {
+            Some(b) => b.check_ready(),
+            None => Box::pin(ready(Ok(()))),
+        }
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        match self.backend() {
+            Some(b) => b.shutdown(),
+            None => Box::pin(ready(())),
+        }
+    }
+
+    fn run(&self, job: Job) -> BoxFuture<'_, Result<Output, RunFailure>> {
+        Box::pin(async move {
+            match job.payload {
+                Payload::JavaScript(code) => self
+                    .run_javascript(code, job.timeout, job.output_limit, job.grant)
+                    .await
+                    .map(Output::JavaScript),
+                Payload::Project(p) => self
+                    .run_project(
+                        ProjectPayloadIn {
+                            files: p.files,
+                            steps: p.steps,
+                            artifacts: p.artifacts,
+                        },
+                        job.timeout,
+                        job.output_limit,
+                        job.grant,
+                    )
+                    .await
+                    .map(Output::Project),
+            }
+        })
+    }
+}

@@ -1,0 +1,158 @@
+//! Which provider runs the code, and everything it needs configured: the
+//! provider's own variables, the plugin host's and the docker backend's
+//! (each parsed by its part), and the rules between them. A setting that
+//! would not take effect for the chosen provider is refused, never ignored:
+//! an operator who sets a limit must get it.
+
+use std::path::PathBuf;
+
+use crate::backends::docker;
+use crate::env_vars::{ConfigError, Env, Var, var};
+use crate::plugin_host::settings::PluginSettings;
+
+pub const VARIABLES: &[Var] = &[
+    var(
+        "SANDBOX_PROVIDER",
+        "(unset: disabled)",
+        "provider: disabled, wasm, docker, or the name of a plugin in PLIMSOLL_PLUGIN_DIR; unset runs nothing, ever",
+    ),
+    var(
+        "SANDBOX_MEMORY_MB",
+        "256",
+        "per-run memory cap in MiB (wasm: linear memory, hard trap on growth past it)",
+    ),
+    var(
+        "SANDBOX_MAX_CONCURRENT",
+        "8",
+        "runs in flight at once, 1-1024; more are refused as capacity",
+    ),
+];
+
+/// Which provider runs the code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// The default: refuses every run.
+    Disabled,
+    /// QuickJS as a Wasm component in this process (process tier).
+    Wasm,
+    /// The docker adapter shipped inside the daemon, driving the local
+    /// engine (container tier under runc, kernel under verified runsc).
+    Docker,
+    /// A provider plugin of this name, from the plugin directory.
+    Plugin(String),
+}
+
+impl ProviderKind {
+    pub const KNOWN: &'static [&'static str] = &["disabled", "wasm", "docker"];
+
+    /// How a refusal names this provider.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ProviderKind::Disabled => "disabled",
+            ProviderKind::Wasm => "wasm",
+            ProviderKind::Docker => "docker",
+            ProviderKind::Plugin(_) => "plugin",
+        }
+    }
+
+    /// Whether this provider runs code at all.
+    pub fn runs_code(&self) -> bool {
+        *self != ProviderKind::Disabled
+    }
+
+    /// Whether this provider has a way to carry a grant into a run.
+    pub fn carries_grants(&self) -> bool {
+        matches!(self, ProviderKind::Wasm | ProviderKind::Docker)
+    }
+}
+
+const DEFAULT_MEMORY_MB: u32 = 256;
+/// The wasm32 address space is 4 GiB; anything near it is a mistake.
+const MAX_MEMORY_MB: u32 = 4095;
+
+#[derive(Debug, Clone)]
+pub struct ProviderSettings {
+    pub kind: ProviderKind,
+    pub memory_mb: u32,
+    pub max_concurrent: u32,
+    pub plugin: PluginSettings,
+    /// The docker backend's settings, when the provider drives one.
+    pub docker: Option<docker::Settings>,
+}
+
+impl ProviderSettings {
+    pub fn from_env(env: &Env) -> Result<ProviderSettings, ConfigError> {
+        let kind = match env
+            .get("SANDBOX_PROVIDER")
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("disabled") => ProviderKind::Disabled,
+            Some("wasm") => ProviderKind::Wasm,
+            Some("docker") => ProviderKind::Docker,
+            Some(name) if valid_plugin_name(name) => ProviderKind::Plugin(name.to_string()),
+            Some(other) => {
+                return Err(ConfigError::UnknownProvider {
+                    name: other.to_string(),
+                    known: ProviderKind::KNOWN,
+                });
+            }
+        };
+        let memory_mb = env
+            .u32_in("SANDBOX_MEMORY_MB", 1, MAX_MEMORY_MB)?
+            .unwrap_or(DEFAULT_MEMORY_MB);
+        let max_concurrent = env.u32_in("SANDBOX_MAX_CONCURRENT", 1, 1024)?.unwrap_or(8);
+
+        let plugin = PluginSettings::from_env(env)?;
+        if plugin.any_set() && !matches!(kind, ProviderKind::Plugin(_)) {
+            return Err(ConfigError::Invalid {
+                name: "SANDBOX_PLUGIN_*",
+                why: "plugin settings are set but SANDBOX_PROVIDER does not name a plugin".into(),
+            });
+        }
+
+        let uses_docker = kind == ProviderKind::Docker
+            || (matches!(kind, ProviderKind::Plugin(_)) && plugin.container_engine);
+        let docker = if uses_docker {
+            Some(docker::Settings::from_env(env, memory_mb)?)
+        } else {
+            if let Some(v) = docker::settings::VARIABLES
+                .iter()
+                .find(|v| env.is_set(v.name))
+            {
+                return Err(ConfigError::Unenforceable(v.name, kind.label()));
+            }
+            None
+        };
+        Ok(ProviderSettings {
+            kind,
+            memory_mb,
+            max_concurrent,
+            plugin,
+            docker,
+        })
+    }
+
+    /// Where plugins are loaded from: `PLIMSOLL_PLUGIN_DIR`, or `plugins/`
+    /// beside the build's `release/` directory, where `make guest` puts them.
+    pub fn plugin_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.plugin.dir {
+            return dir.clone();
+        }
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| {
+                exe.parent()
+                    .and_then(|p| p.parent())
+                    .map(|t| t.join("plugins"))
+            })
+            .unwrap_or_else(|| PathBuf::from("plugins"))
+    }
+}
+
+fn valid_plugin_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
