@@ -14,33 +14,33 @@ use std::time::Duration;
 use crate::callers::{Caller, Verifier};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
-use base64::Engine as _;
-use serde::Serialize;
 use tokio::sync::Semaphore;
 
 use crate::pipeline::{Daemon, RunError};
-use crate::refusal::{Code, Reason, Refusal};
-use crate::wire::{self, DescribeRequest, PROTOCOL, RunRequest};
+use crate::refusal::{Code, Refusal};
+use crate::wire::{self, DescribeRequest, RunRequest};
 
+mod body;
+mod connect;
+#[cfg(test)]
+mod mutation_tests;
 pub mod serve;
 pub mod settings;
+
+pub use body::MAX_REQUEST_BYTES;
+use body::{CallerBodies, check_headers, read_body};
+use connect::{connect_error, json_ok, refusal_from};
+pub use connect::{parse_run, refusal_response};
 
 pub const REQUEST_ID_HEADER: &str = "plimsoll-request-id";
 pub const NOT_DISPATCHED_HEADER: &str = "plimsoll-not-dispatched";
 const SERVICE_PREFIX: &str = "plimsoll.v1.SandboxService";
-
-/// Largest request body, raw. A project at its 4 MiB file budget fits unless
-/// its text is mostly characters JSON must escape.
-pub const MAX_REQUEST_BYTES: usize = 8 << 20;
-/// A client that cannot deliver its body in this long is holding a slot.
-const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the HTTP layer shares between requests.
 #[derive(Clone)]
@@ -55,53 +55,6 @@ pub struct Api {
     /// Body slots per caller: one caller with slow uploads must not hold
     /// every slot and lock the others out.
     caller_bodies: Arc<CallerBodies>,
-}
-
-/// Counts the bodies each caller is sending; at most `cap` at once.
-pub struct CallerBodies {
-    cap: usize,
-    held: std::sync::Mutex<std::collections::HashMap<String, usize>>,
-}
-
-/// One caller's body slot; released when dropped.
-pub struct CallerBody {
-    bodies: Arc<CallerBodies>,
-    caller: String,
-}
-
-impl CallerBodies {
-    pub fn new(cap: usize) -> Arc<CallerBodies> {
-        Arc::new(CallerBodies {
-            cap: cap.max(1),
-            held: std::sync::Mutex::new(std::collections::HashMap::new()),
-        })
-    }
-
-    pub fn try_take(self: &Arc<Self>, caller: &str) -> Option<CallerBody> {
-        let mut held = self.held.lock().ok()?;
-        let n = held.entry(caller.to_string()).or_insert(0);
-        if *n >= self.cap {
-            return None;
-        }
-        *n += 1;
-        Some(CallerBody {
-            bodies: self.clone(),
-            caller: caller.to_string(),
-        })
-    }
-}
-
-impl Drop for CallerBody {
-    fn drop(&mut self) {
-        if let Ok(mut held) = self.bodies.held.lock()
-            && let Some(n) = held.get_mut(&self.caller)
-        {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                held.remove(&self.caller);
-            }
-        }
-    }
 }
 
 /// Refused credentials, counted and logged at most every 30 s: a flood of
@@ -285,93 +238,6 @@ async fn procedure(
     }
 }
 
-/// Content type, encoding and declared length, all before any body byte is
-/// read. Boxed: a response is large and this is the error path.
-fn check_headers(h: &HeaderMap) -> Result<(), Box<Response>> {
-    let refuse =
-        |status, why: &str| Err(Box::new(refusal_response(status, &Refusal::request(why))));
-    let ctype = h
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        });
-    if ctype.as_deref() != Some("application/json") {
-        return refuse(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "this daemon speaks the Connect protocol with the JSON codec: Content-Type must be application/json",
-        );
-    }
-    if let Some(v) = h.get("connect-protocol-version")
-        && v.as_bytes() != b"1"
-    {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            "unsupported Connect-Protocol-Version (want 1)",
-        );
-    }
-    if let Some(enc) = h.get(header::CONTENT_ENCODING)
-        && !enc.as_bytes().eq_ignore_ascii_case(b"identity")
-    {
-        return refuse(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "compressed request bodies are not accepted",
-        );
-    }
-    if let Some(len) = h.get(header::CONTENT_LENGTH) {
-        match len.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
-            Some(n) if n > MAX_REQUEST_BYTES as u64 => return Err(Box::new(too_large())),
-            Some(_) => {}
-            None => return refuse(StatusCode::BAD_REQUEST, "malformed Content-Length"),
-        }
-    }
-    Ok(())
-}
-
-fn too_large() -> Response {
-    refusal_response(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        &Refusal::new(
-            Code::ResourceExhausted,
-            Reason::Request,
-            format!("request body exceeds {MAX_REQUEST_BYTES} bytes"),
-        ),
-    )
-}
-
-async fn read_body(body: Body) -> Result<Bytes, Box<Response>> {
-    match tokio::time::timeout(
-        BODY_READ_TIMEOUT,
-        axum::body::to_bytes(body, MAX_REQUEST_BYTES),
-    )
-    .await
-    {
-        Ok(Ok(b)) => Ok(b),
-        Ok(Err(e)) => {
-            let over_limit = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if over_limit {
-                Err(Box::new(too_large()))
-            } else {
-                // The connection broke mid-body: nothing ran, and probably
-                // nobody is left to read this.
-                Err(Box::new(refusal_response(
-                    StatusCode::BAD_REQUEST,
-                    &Refusal::request("the request body could not be read"),
-                )))
-            }
-        }
-        Err(_) => Err(Box::new(refusal_response(
-            StatusCode::REQUEST_TIMEOUT,
-            &Refusal::request("the request body did not arrive in time"),
-        ))),
-    }
-}
-
 fn describe(daemon: &Daemon, body: &[u8]) -> Response {
     let parsed = wire::shape_of_describe(body)
         .and_then(|()| serde_json::from_slice::<DescribeRequest>(body));
@@ -391,243 +257,5 @@ async fn run(daemon: &Arc<Daemon>, req: RunRequest, caller: Arc<Caller>) -> Resp
         Err(RunError::Internal { id, .. }) => {
             connect_error(Code::Internal, &format!("internal error {id}"), None)
         }
-    }
-}
-
-/// Parses a Run body. The protocol number is checked before anything in the
-/// payload counts: a request from a client of another protocol is refused as
-/// `protocol` even when its payload would not parse here.
-pub fn parse_run(body: &[u8]) -> Result<RunRequest, Refusal> {
-    let stated = wire::shape_of_run(body)
-        .map_err(|e| Refusal::request(format!("malformed RunRequest: {e}")))?;
-    match stated {
-        Ok(0) => {
-            return Err(Refusal::new(
-                Code::InvalidArgument,
-                Reason::Protocol,
-                format!(
-                    "the request states no protocol number; this daemon serves protocol {PROTOCOL}"
-                ),
-            ));
-        }
-        Ok(p) if p != PROTOCOL => {
-            return Err(Refusal::new(
-                Code::Unimplemented,
-                Reason::Protocol,
-                format!("this daemon serves protocol {PROTOCOL}, the request states {p}"),
-            ));
-        }
-        Ok(_) => {}
-        Err(why) => return Err(Refusal::new(Code::InvalidArgument, Reason::Protocol, why)),
-    }
-    serde_json::from_slice::<RunRequest>(body)
-        .map_err(|e| Refusal::request(format!("malformed RunRequest: {e}")))
-}
-
-fn json_ok<T: Serialize>(v: &T) -> Response {
-    match serde_json::to_vec(v) {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(_) => connect_error(
-            Code::Internal,
-            "internal error: encoding the answer failed",
-            None,
-        ),
-    }
-}
-
-fn refusal_from(r: &Refusal) -> Response {
-    let status = StatusCode::from_u16(r.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-    refusal_response(status, r)
-}
-
-/// A marked refusal: the header and the Connect detail both say nothing ran.
-pub fn refusal_response(status: StatusCode, r: &Refusal) -> Response {
-    let mut resp = connect_error(r.code, &r.message, Some(r.reason));
-    *resp.status_mut() = status;
-    resp
-}
-
-#[derive(Serialize)]
-struct ConnectError<'a> {
-    code: &'a str,
-    message: &'a str,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    details: Vec<ConnectDetail>,
-}
-
-#[derive(Serialize)]
-struct ConnectDetail {
-    #[serde(rename = "type")]
-    type_: &'static str,
-    value: String,
-}
-
-fn connect_error(code: Code, message: &str, reason: Option<Reason>) -> Response {
-    let details = reason
-        .map(|r| {
-            vec![ConnectDetail {
-                type_: "plimsoll.v1.NotDispatched",
-                value: base64::engine::general_purpose::STANDARD_NO_PAD.encode(r.detail_bytes()),
-            }]
-        })
-        .unwrap_or_default();
-    let body = serde_json::to_vec(&ConnectError {
-        code: code.as_str(),
-        message,
-        details,
-    })
-    .unwrap_or_else(|_| br#"{"code":"internal"}"#.to_vec());
-    let status =
-        StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
-    if let Some(r) = reason {
-        resp.headers_mut()
-            .insert(NOT_DISPATCHED_HEADER, HeaderValue::from_static(r.as_str()));
-    }
-    resp
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn protocol_is_checked_before_payload() {
-        let r = parse_run(br#"{"protocol":3,"javascript":{"code":1,"junk":true}}"#)
-            .expect_err("refused");
-        assert_eq!(r.reason, Reason::Protocol);
-        assert_eq!(r.code, Code::Unimplemented);
-        let r = parse_run(br#"{"javascript":{"code":"1"}}"#).expect_err("refused");
-        assert_eq!(
-            (r.reason, r.code),
-            (Reason::Protocol, Code::InvalidArgument)
-        );
-        let r = parse_run(br#"{"protocol":4,"javascript":{"code":"1","junk":true}}"#)
-            .expect_err("refused");
-        assert_eq!(r.reason, Reason::Request);
-        assert!(parse_run(br#"{"protocol":4,"javascript":{"code":"1"}}"#).is_ok());
-        let r = parse_run(b"[1,2]").expect_err("refused");
-        assert_eq!(r.reason, Reason::Request);
-        let r = parse_run(br#"[4,"","",0,null,{"code":"1"}]"#).expect_err("refused");
-        assert_eq!(r.reason, Reason::Request);
-    }
-
-    #[test]
-    fn one_caller_cannot_hold_every_body_slot() {
-        let bodies = CallerBodies::new(2);
-        let a1 = bodies.try_take("alice").expect("first");
-        let _a2 = bodies.try_take("alice").expect("second");
-        assert!(bodies.try_take("alice").is_none(), "alice is at her cap");
-        assert!(bodies.try_take("bob").is_some(), "bob is not affected");
-        drop(a1);
-        assert!(bodies.try_take("alice").is_some(), "released on drop");
-    }
-}
-
-#[cfg(test)]
-mod mutation {
-    //! Mangled requests through the parser and admission: whatever the
-    //! bytes, the answer is a clean refusal or a request that validates, and
-    //! nothing panics. A deterministic generator, so a failure reproduces.
-    use super::*;
-    use crate::admission::{Limits, validate};
-
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            // xorshift64*: enough spread for mutation, and reproducible.
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n.max(1) as u64) as usize
-        }
-    }
-
-    const SEEDS: &[&str] = &[
-        r#"{"protocol":4,"javascript":{"code":"console.log(1)","grantProfile":"p"}}"#,
-        r#"{"protocol":"4","minimumIsolation":"kernel","traceId":"a:b","timeoutMs":"1500","softwareRule":{"mode":"approved","identities":["a:1","b:2"]},"javascript":{"code":"x"}}"#,
-        r#"{"protocol":4,"project":{"files":[{"path":"a/b.txt","content":"hi"}],"steps":["cat a/b.txt"],"artifacts":["a/b.txt"]}}"#,
-        r#"{"protocol":4,"module":{"model":"m1","rows":[{"values":[1,2.5,"NaN"]}],"endTime":1,"step":0.1}}"#,
-        r#"{"protocol":4,"cell":{"language":"javascript","code":"1","files":[]}}"#,
-    ];
-    const TOKENS: &[&str] = &[
-        "{",
-        "}",
-        "[",
-        "]",
-        ",",
-        ":",
-        "\"",
-        "null",
-        "true",
-        "-0",
-        "1e309",
-        "4.0",
-        "\"4\"",
-        "\\u0000",
-        "\\ud800",
-        "\"javascript\"",
-        "\"protocol\"",
-        "\"files\"",
-        "[[]]",
-        "{}",
-        "9223372036854775808",
-        "\u{feff}",
-    ];
-
-    #[test]
-    fn mangled_requests_never_panic() {
-        let limits = Limits::new(8);
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-        let mut accepted = 0usize;
-        for round in 0..60_000 {
-            let seed = SEEDS[round % SEEDS.len()].as_bytes();
-            let mut body = seed.to_vec();
-            for _ in 0..=rng.below(4) {
-                let at = rng.below(body.len() + 1);
-                match rng.below(4) {
-                    0 if !body.is_empty() => {
-                        let end = (at + 1 + rng.below(8)).min(body.len());
-                        body.drain(at.min(end)..end);
-                    }
-                    1 => {
-                        let t = TOKENS[rng.below(TOKENS.len())].as_bytes();
-                        body.splice(at..at, t.iter().copied()).for_each(drop);
-                    }
-                    2 if at < body.len() => body[at] = rng.next() as u8,
-                    _ => body.insert(at, rng.next() as u8),
-                };
-            }
-            match parse_run(&body) {
-                Ok(req) => {
-                    // A request that parses either validates or is refused
-                    // as a request; it never reaches anything else.
-                    if let Err(r) = validate(&req, &limits) {
-                        assert_eq!(
-                            r.reason,
-                            Reason::Request,
-                            "{}",
-                            String::from_utf8_lossy(&body)
-                        );
-                    } else {
-                        accepted += 1;
-                    }
-                }
-                Err(r) => assert!(
-                    matches!(r.reason, Reason::Request | Reason::Protocol),
-                    "{:?} for {}",
-                    r.reason,
-                    String::from_utf8_lossy(&body)
-                ),
-            }
-        }
-        // The generator is not so destructive that nothing gets through.
-        assert!(
-            accepted > 1_000,
-            "only {accepted} mutated requests were valid"
-        );
     }
 }

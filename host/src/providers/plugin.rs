@@ -76,7 +76,7 @@ pub(super) async fn load_plugin(
         Some(d) => {
             let engine = DockerEngine::connect(d.clone())
                 .await
-                .map_err(|e| PluginError::Engine(e))?;
+                .map_err(PluginError::Engine)?;
             Some(Arc::new(ContainerEngine::new(Arc::new(engine))))
         }
     };

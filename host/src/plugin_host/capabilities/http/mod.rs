@@ -139,9 +139,7 @@ pub async fn send(
         request.body,
     )
     .map_err(|e| {
-        let rule = match e {
-            policy::HttpRefusal::Forbidden(rule) => rule,
-        };
+        let policy::HttpRefusal::Forbidden(rule) = e;
         refuse(call, rule)
     })?;
     let Some(capability) = capability else {

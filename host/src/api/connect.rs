@@ -1,0 +1,132 @@
+//! The Connect protocol's unary JSON forms: parsing a Run body (protocol
+//! number first) and writing answers and errors. Every refusal carries the
+//! not-dispatched mark twice: the `Plimsoll-Not-Dispatched` header and the
+//! `plimsoll.v1.NotDispatched` error detail.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde::Serialize;
+
+use super::NOT_DISPATCHED_HEADER;
+use crate::refusal::{Code, Reason, Refusal};
+use crate::wire::{self, PROTOCOL, RunRequest};
+
+/// Parses a Run body. The protocol number is checked before anything in the
+/// payload counts: a request from a client of another protocol is refused as
+/// `protocol` even when its payload would not parse here.
+pub fn parse_run(body: &[u8]) -> Result<RunRequest, Refusal> {
+    let stated = wire::shape_of_run(body)
+        .map_err(|e| Refusal::request(format!("malformed RunRequest: {e}")))?;
+    match stated {
+        Ok(0) => {
+            return Err(Refusal::new(
+                Code::InvalidArgument,
+                Reason::Protocol,
+                format!(
+                    "the request states no protocol number; this daemon serves protocol {PROTOCOL}"
+                ),
+            ));
+        }
+        Ok(p) if p != PROTOCOL => {
+            return Err(Refusal::new(
+                Code::Unimplemented,
+                Reason::Protocol,
+                format!("this daemon serves protocol {PROTOCOL}, the request states {p}"),
+            ));
+        }
+        Ok(_) => {}
+        Err(why) => return Err(Refusal::new(Code::InvalidArgument, Reason::Protocol, why)),
+    }
+    serde_json::from_slice::<RunRequest>(body)
+        .map_err(|e| Refusal::request(format!("malformed RunRequest: {e}")))
+}
+
+pub(super) fn json_ok<T: Serialize>(v: &T) -> Response {
+    match serde_json::to_vec(v) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(_) => connect_error(
+            Code::Internal,
+            "internal error: encoding the answer failed",
+            None,
+        ),
+    }
+}
+
+pub(super) fn refusal_from(r: &Refusal) -> Response {
+    let status = StatusCode::from_u16(r.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+    refusal_response(status, r)
+}
+
+/// A marked refusal: the header and the Connect detail both say nothing ran.
+pub fn refusal_response(status: StatusCode, r: &Refusal) -> Response {
+    let mut resp = connect_error(r.code, &r.message, Some(r.reason));
+    *resp.status_mut() = status;
+    resp
+}
+
+#[derive(Serialize)]
+struct ConnectError<'a> {
+    code: &'a str,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    details: Vec<ConnectDetail>,
+}
+
+#[derive(Serialize)]
+struct ConnectDetail {
+    #[serde(rename = "type")]
+    type_: &'static str,
+    value: String,
+}
+
+pub(super) fn connect_error(code: Code, message: &str, reason: Option<Reason>) -> Response {
+    let details = reason
+        .map(|r| {
+            vec![ConnectDetail {
+                type_: "plimsoll.v1.NotDispatched",
+                value: base64::engine::general_purpose::STANDARD_NO_PAD.encode(r.detail_bytes()),
+            }]
+        })
+        .unwrap_or_default();
+    let body = serde_json::to_vec(&ConnectError {
+        code: code.as_str(),
+        message,
+        details,
+    })
+    .unwrap_or_else(|_| br#"{"code":"internal"}"#.to_vec());
+    let status =
+        StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    if let Some(r) = reason {
+        resp.headers_mut()
+            .insert(NOT_DISPATCHED_HEADER, HeaderValue::from_static(r.as_str()));
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_is_checked_before_payload() {
+        let r = parse_run(br#"{"protocol":3,"javascript":{"code":1,"junk":true}}"#)
+            .expect_err("refused");
+        assert_eq!(r.reason, Reason::Protocol);
+        assert_eq!(r.code, Code::Unimplemented);
+        let r = parse_run(br#"{"javascript":{"code":"1"}}"#).expect_err("refused");
+        assert_eq!(
+            (r.reason, r.code),
+            (Reason::Protocol, Code::InvalidArgument)
+        );
+        let r = parse_run(br#"{"protocol":4,"javascript":{"code":"1","junk":true}}"#)
+            .expect_err("refused");
+        assert_eq!(r.reason, Reason::Request);
+        assert!(parse_run(br#"{"protocol":4,"javascript":{"code":"1"}}"#).is_ok());
+        let r = parse_run(b"[1,2]").expect_err("refused");
+        assert_eq!(r.reason, Reason::Request);
+        let r = parse_run(br#"[4,"","",0,null,{"code":"1"}]"#).expect_err("refused");
+        assert_eq!(r.reason, Reason::Request);
+    }
+}
