@@ -4,6 +4,7 @@
 # And for developers:
 #   make audit  fmt check, clippy with warnings denied, then the tests
 #   make bench  the benchmarks recorded in docs/benchmarks.md
+#   make soak   many mixed runs against real daemons, leaks measured
 
 CARGO_TARGET_DIR ?= $(CURDIR)/target
 export CARGO_TARGET_DIR
@@ -14,7 +15,7 @@ PLIMSOLLD := $(CARGO_TARGET_DIR)/release/plimsolld
 export PLIMSOLLD_BIN := $(PLIMSOLLD)
 export PLIMSOLL_GUEST_JS_WASM := $(GUEST_WASM)
 
-.PHONY: setup image guest build demo test audit bench bench-docker clean
+.PHONY: setup image guest build demo test audit bench bench-docker soak clean
 
 setup:
 	@scripts/setup.sh
@@ -45,6 +46,7 @@ demo: build
 test: build image
 	$(CARGO) test --release -p plimsoll-host -p plimsoll-tests
 	.venv/bin/python -m pytest -q tests/compat
+	python3 scripts/soak.py --short
 	@left=$$(docker ps -aq --filter label=io.plimsoll.run | wc -l); \
 	if [ "$$left" -ne 0 ]; then echo "test: $$left run containers were left behind" >&2; exit 1; fi
 
@@ -62,6 +64,11 @@ bench: build
 # snippet, under runc and runsc (docs/benchmarks.md).
 bench-docker: build image
 	.venv/bin/python scripts/bench_docker.py
+
+# Tens of thousands of mixed runs; what each daemon holds before and after
+# (docs/benchmarks.md). Bounded in time, not a timed test.
+soak: build image
+	python3 scripts/soak.py
 
 clean:
 	$(CARGO) clean

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use plimsoll_tests::{Answer, Daemon, call, js_run};
+use plimsoll_tests::{Answer, Daemon, EngineRelay, RelayFaults, call, js_run};
 use serde_json::{Value, json};
 
 fn docker(runtime: &str, extra: &[(&str, &str)]) -> Daemon {
@@ -211,6 +211,95 @@ async fn runsc_is_verified_as_the_kernel_tier() {
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
     assert_ne!(a.stdout().trim(), host.trim(), "the host kernel answered");
     projects(&d).await;
+    // The startup evidence names the runtime and every argument the engine
+    // passes it.
+    assert!(
+        d.log_lines().iter().any(|l| l.contains("runtime runsc at")
+            && l.contains("--network=none")
+            && l.contains("--host-uds=open")),
+        "the runtime's arguments are not in the startup evidence"
+    );
+    assert_no_leftovers(d);
+}
+
+/// An engine that runs runsc with an argument outside the allowlist (here
+/// a host network, as the engine reports it) does not get the kernel tier:
+/// the daemon refuses to start and names the argument.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runsc_with_arguments_outside_the_allowlist_is_refused() {
+    let path = std::env::temp_dir().join(format!("plimsoll-args-{}.sock", std::process::id()));
+    let _relay = EngineRelay::start(
+        &path,
+        RelayFaults {
+            rewrite: Some(("--network=none", "--network=host")),
+            ..RelayFaults::default()
+        },
+    );
+    let socket = path.display().to_string();
+    let image = plimsoll_tests::sandbox_image();
+    let (code, text) = tokio::task::spawn_blocking(move || {
+        plimsoll_tests::run_to_exit(
+            &[],
+            &[
+                ("SANDBOX_PROVIDER", "docker"),
+                ("SANDBOX_DOCKER_RUNTIME", "runsc"),
+                ("SANDBOX_DOCKER_IMAGE", image.as_str()),
+                ("SANDBOX_DOCKER_SOCKET", socket.as_str()),
+            ],
+        )
+    })
+    .await
+    .expect("join");
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("--network=host"), "{text}");
+    assert!(!text.contains("plimsolld listening"), "{text}");
+}
+
+/// One deadline from before create: an engine slow to start a container
+/// cannot stretch the container's life past its run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_is_gone_at_its_deadline_even_when_start_is_slow() {
+    let path = std::env::temp_dir().join(format!("plimsoll-slow-{}.sock", std::process::id()));
+    let socket = path.display().to_string();
+    let _relay = EngineRelay::start(
+        &path,
+        RelayFaults {
+            delay: Some(("/start HTTP/1.1", Duration::from_secs(4))),
+            ..RelayFaults::default()
+        },
+    );
+    let d = docker(
+        "",
+        &[
+            ("SANDBOX_DOCKER_SOCKET", socket.as_str()),
+            ("SANDBOX_DOCKER_POOL", "0"),
+        ],
+    );
+    let pid = d.pid().expect("pid");
+    let mut req = js_run("console.log('ran')");
+    req["timeoutMs"] = json!(2000);
+    let t = Instant::now();
+    let a = call(&d, "Run", &req).await;
+    let answered = t.elapsed();
+    assert!(
+        answered < Duration::from_secs(3),
+        "answered after {answered:?}"
+    );
+    // The start never finished inside the budget, so the gate never
+    // opened: nothing ran, and the answer may say so.
+    assert_ne!(a.status, 200, "{:?}", a.body);
+    assert_eq!(a.mark(), Some("environment"), "{:?}", a.body);
+    // And nothing of it is left by the time the engine gets round to the
+    // delayed start.
+    let gone = Instant::now() + Duration::from_secs(2);
+    while plimsoll_tests::containers_of(pid) > 0 {
+        assert!(Instant::now() < gone, "the container outlived its run");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "removal came too late"
+    );
     assert_no_leftovers(d);
 }
 
@@ -384,53 +473,12 @@ async fn a_repointed_tag_refuses_runs_until_it_points_back() {
         .output();
 }
 
-/// A Unix-socket relay to the real engine that the test can cut and
-/// restore, standing in for an engine that goes away and comes back.
-struct Relay {
-    path: std::path::PathBuf,
-    task: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Relay {
-    fn start(path: &std::path::Path) -> Relay {
-        let _ = std::fs::remove_file(path);
-        let listener = tokio::net::UnixListener::bind(path).expect("bind relay");
-        let task = tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    break;
-                };
-                conns.spawn(async move {
-                    if let Ok(mut engine) =
-                        tokio::net::UnixStream::connect("/var/run/docker.sock").await
-                    {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut engine).await;
-                    }
-                });
-            }
-        });
-        Relay {
-            path: path.to_path_buf(),
-            task: Some(task),
-        }
-    }
-
-    /// Drops every connection and the socket: the engine is gone.
-    fn cut(&mut self) {
-        if let Some(t) = self.task.take() {
-            t.abort();
-        }
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
 // Multi-threaded: the relay must serve the engine while this thread waits
 // for the daemon to start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_engine_refuses_runs_and_recovers_on_its_own() {
     let path = std::env::temp_dir().join(format!("plimsoll-relay-{}.sock", std::process::id()));
-    let mut relay = Relay::start(&path);
+    let mut relay = EngineRelay::start(&path, RelayFaults::default());
     let socket = path.display().to_string();
     let mut d = docker("", &[("SANDBOX_DOCKER_SOCKET", socket.as_str())]);
     assert_eq!(js(&d, "console.log(1)").await.stdout(), "1\n");
@@ -441,7 +489,7 @@ async fn an_unreachable_engine_refuses_runs_and_recovers_on_its_own() {
     assert_eq!(a.mark(), Some("environment"), "{:?}", a.body);
     assert!(d.is_running());
 
-    let _relay = Relay::start(&path);
+    let _relay = EngineRelay::start(&path, RelayFaults::default());
     wait_ready(&d, 200).await;
     // The first run after recovery may find the pool still refilling; it
     // runs either way.

@@ -6,7 +6,7 @@
 //! bound in its "plimsolld listening" log line; its log is kept so tests can
 //! assert on the audit lines (and on what must never appear in them).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -375,10 +375,39 @@ pub fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String)
     // The same defaults as `Daemon::start`, so a test of one start-up check
     // is not answered by another.
     test_env(&mut cmd, env);
-    let out = cmd.output().expect("running plimsolld");
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&out.stderr));
-    (out.status.code(), text)
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("running plimsolld");
+    let read = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let out = read(Box::new(child.stdout.take().expect("stdout")));
+    let err = read(Box::new(child.stderr.take().expect("stderr")));
+    // A daemon that should have refused to start and did not would
+    // otherwise hold the test forever.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let code = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status.code();
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut text = out.join().unwrap_or_default();
+    text.push_str(&err.join().unwrap_or_default());
+    if code.is_none() {
+        text.push_str("\n(plimsolld did not exit within 120 s and was killed)");
+    }
+    (code, text)
 }
 
 /// One answer, as a test looks at it.
@@ -484,4 +513,230 @@ pub fn js_run(code: &str) -> Value {
 
 pub fn wasm_daemon() -> Daemon {
     Daemon::start(&[("SANDBOX_PROVIDER", "wasm")])
+}
+
+/// A temporary directory, removed when dropped.
+pub struct Scratch(pub PathBuf);
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let p = std::env::temp_dir().join(format!("plimsoll-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("scratch dir");
+        Scratch(p)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The metrics listener's `/metrics` URL, from its listening line.
+pub fn metrics_url(d: &Daemon) -> String {
+    let line = d
+        .log_lines()
+        .into_iter()
+        .find(|l| l.contains("metrics listening"))
+        .expect("a metrics listening line");
+    let v: Value = serde_json::from_str(&line).expect("json");
+    format!("http://{}/metrics", v["addr"].as_str().expect("addr"))
+}
+
+/// A test CA and a server certificate it signed for localhost and
+/// 127.0.0.1, made with openssl. Returns the server's cert and key; the CA
+/// is `ca.pem` in `dir`.
+pub fn certificate(dir: &Scratch) -> (PathBuf, PathBuf) {
+    let p = |n: &str| dir.path(n).display().to_string();
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let (ca_key, ca, key, csr, ext, cert) = (
+        p("ca.key"),
+        p("ca.pem"),
+        p("key.pem"),
+        p("server.csr"),
+        p("ext.cnf"),
+        p("cert.pem"),
+    );
+    let mut a = vec!["req", "-x509"];
+    a.extend(ec);
+    a.extend([
+        "-days",
+        "1",
+        "-subj",
+        "/CN=plimsoll test CA",
+        "-keyout",
+        &ca_key,
+        "-out",
+        &ca,
+    ]);
+    run(&a);
+    let mut a = vec!["req"];
+    a.extend(ec);
+    a.extend(["-subj", "/CN=localhost", "-keyout", &key, "-out", &csr]);
+    run(&a);
+    std::fs::write(
+        &ext,
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        &ext,
+        "-out",
+        &cert,
+    ]);
+    (dir.path("cert.pem"), dir.path("key.pem"))
+}
+
+pub fn test_ca(dir: &Scratch) -> reqwest::Certificate {
+    reqwest::Certificate::from_pem(&std::fs::read(dir.path("ca.pem")).expect("ca")).expect("pem")
+}
+
+/// What an `EngineRelay` does to the traffic it carries.
+#[derive(Clone, Default)]
+pub struct RelayFaults {
+    /// Requests (chunks from the daemon) containing this are held this long
+    /// before they are passed on: an engine slow to act on them.
+    pub delay: Option<(&'static str, Duration)>,
+    /// Answers from the engine have this replaced by that (same length, so
+    /// framing holds): an engine that reports something else.
+    pub rewrite: Option<(&'static str, &'static str)>,
+}
+
+/// A Unix-socket relay to the real engine, standing in for an engine that
+/// goes away and comes back (`cut`), is slow, or says something else.
+pub struct EngineRelay {
+    path: PathBuf,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl EngineRelay {
+    pub fn start(path: &std::path::Path, faults: RelayFaults) -> EngineRelay {
+        if let Some((from, to)) = faults.rewrite {
+            assert_eq!(from.len(), to.len(), "a rewrite keeps the length");
+        }
+        let _ = std::fs::remove_file(path);
+        let listener = tokio::net::UnixListener::bind(path).expect("bind relay");
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else {
+                    break;
+                };
+                let faults = faults.clone();
+                conns.spawn(async move {
+                    let Ok(engine) = tokio::net::UnixStream::connect("/var/run/docker.sock").await
+                    else {
+                        return;
+                    };
+                    let (mut from_daemon, mut to_daemon) = inbound.into_split();
+                    let (mut from_engine, mut to_engine) = engine.into_split();
+                    let up = async {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let mut buf = vec![0u8; 64 << 10];
+                        loop {
+                            let n = match from_daemon.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if let Some((pattern, hold)) = faults.delay
+                                && contains(&buf[..n], pattern.as_bytes())
+                            {
+                                tokio::time::sleep(hold).await;
+                            }
+                            if to_engine.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to_engine.shutdown().await;
+                    };
+                    let down = async {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let mut buf = vec![0u8; 64 << 10];
+                        loop {
+                            let n = match from_engine.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            let mut chunk = buf[..n].to_vec();
+                            if let Some((from, to)) = faults.rewrite {
+                                replace_all(&mut chunk, from.as_bytes(), to.as_bytes());
+                            }
+                            if to_daemon.write_all(&chunk).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to_daemon.shutdown().await;
+                    };
+                    tokio::join!(up, down);
+                });
+            }
+        });
+        EngineRelay {
+            path: path.to_path_buf(),
+            task: Some(task),
+        }
+    }
+
+    /// Drops every connection and the socket: the engine is gone.
+    pub fn cut(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for EngineRelay {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn replace_all(buf: &mut [u8], from: &[u8], to: &[u8]) {
+    let mut i = 0;
+    while i + from.len() <= buf.len() {
+        if &buf[i..i + from.len()] == from {
+            buf[i..i + from.len()].copy_from_slice(to);
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
 }

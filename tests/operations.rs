@@ -6,32 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use plimsoll_tests::{Daemon, js_run, run_to_exit};
+use plimsoll_tests::{Daemon, Scratch, certificate, js_run, metrics_url, run_to_exit, test_ca};
 use serde_json::{Value, json};
 
 fn cli() -> PathBuf {
     plimsoll_tests::plimsolld_path().with_file_name("plimsoll")
-}
-
-/// A scratch directory removed when dropped.
-struct Scratch(PathBuf);
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let p = std::env::temp_dir().join(format!("plimsoll-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).expect("scratch dir");
-        Scratch(p)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// `plimsoll callers create`: returns the printed token.
@@ -73,16 +52,6 @@ async fn post(
     let headers = r.headers().clone();
     let body = r.json().await.unwrap_or(Value::Null);
     (status, headers, body)
-}
-
-fn metrics_url(d: &Daemon) -> String {
-    let line = d
-        .log_lines()
-        .into_iter()
-        .find(|l| l.contains("metrics listening"))
-        .expect("a metrics listening line");
-    let v: Value = serde_json::from_str(&line).expect("json");
-    format!("http://{}/metrics", v["addr"].as_str().expect("addr"))
 }
 
 /// The daemon's /metrics, as text.
@@ -209,6 +178,18 @@ async fn callers_authenticate_and_their_tokens_appear_nowhere() {
         .output()
         .expect("create");
     assert!(!refused.status.success());
+    // And the daemon reads it through a handle on its directory too: a
+    // symlinked clients file stops it at start.
+    let link_path = link.display().to_string();
+    let (code, text) = run_to_exit(
+        &[],
+        &[
+            ("SANDBOX_PROVIDER", "wasm"),
+            ("PLIMSOLL_CLIENTS_FILE", link_path.as_str()),
+        ],
+    );
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("PLIMSOLL_CLIENTS_FILE"), "{text}");
 }
 
 /// Runs the load generator (its own process) and returns its answers.
@@ -355,83 +336,6 @@ async fn a_metered_provider_stops_a_caller_at_its_daily_allowance() {
         metrics.contains("plimsoll_shed_total{reason=\"paid_caller\"} 1"),
         "{metrics}"
     );
-}
-
-/// A test CA and a server certificate it signed for localhost and
-/// 127.0.0.1, made with openssl. Returns the server's cert and key; the CA
-/// is `ca.pem` in `dir`.
-fn certificate(dir: &Scratch) -> (PathBuf, PathBuf) {
-    let p = |n: &str| dir.path(n).display().to_string();
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .output()
-            .expect("openssl");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-    ];
-    let (ca_key, ca, key, csr, ext, cert) = (
-        p("ca.key"),
-        p("ca.pem"),
-        p("key.pem"),
-        p("server.csr"),
-        p("ext.cnf"),
-        p("cert.pem"),
-    );
-    let mut a = vec!["req", "-x509"];
-    a.extend(ec);
-    a.extend([
-        "-days",
-        "1",
-        "-subj",
-        "/CN=plimsoll test CA",
-        "-keyout",
-        &ca_key,
-        "-out",
-        &ca,
-    ]);
-    run(&a);
-    let mut a = vec!["req"];
-    a.extend(ec);
-    a.extend(["-subj", "/CN=localhost", "-keyout", &key, "-out", &csr]);
-    run(&a);
-    std::fs::write(
-        &ext,
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("ext");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        &csr,
-        "-CA",
-        &ca,
-        "-CAkey",
-        &ca_key,
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        &ext,
-        "-out",
-        &cert,
-    ]);
-    (dir.path("cert.pem"), dir.path("key.pem"))
-}
-
-fn test_ca(dir: &Scratch) -> reqwest::Certificate {
-    reqwest::Certificate::from_pem(&std::fs::read(dir.path("ca.pem")).expect("ca")).expect("pem")
 }
 
 #[tokio::test]

@@ -158,6 +158,28 @@ fn a_missing_plugin_is_a_configuration_error_listing_what_exists() {
     );
 }
 
+/// The plugin is read through a handle on the plugin directory: a name
+/// that leads out of it is refused, not followed.
+#[test]
+fn a_plugin_file_that_leads_out_of_the_plugin_directory_is_refused() {
+    let dir = plimsoll_tests::Scratch::new("plugin-link");
+    std::os::unix::fs::symlink(
+        test_plugin_dir().join("hostile.wasm"),
+        dir.path("hostile.wasm"),
+    )
+    .expect("symlink");
+    let path = dir.0.display().to_string();
+    let (code, text) = run_to_exit(
+        &[],
+        &[
+            ("SANDBOX_PROVIDER", "hostile"),
+            ("PLIMSOLL_PLUGIN_DIR", path.as_str()),
+        ],
+    );
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("reading plugin"), "{text}");
+}
+
 #[test]
 fn a_plugin_importing_an_ungranted_capability_is_refused_at_start() {
     let dir = test_plugin_dir().display().to_string();
@@ -174,6 +196,10 @@ fn a_plugin_importing_an_ungranted_capability_is_refused_at_start() {
 }
 
 fn hostile(origin: &str) -> Daemon {
+    hostile_with_pool(origin, "0")
+}
+
+fn hostile_with_pool(origin: &str, pool: &str) -> Daemon {
     let dir = test_plugin_dir().display().to_string();
     let image = plimsoll_tests::sandbox_image();
     Daemon::start(&[
@@ -182,9 +208,107 @@ fn hostile(origin: &str) -> Daemon {
         ("SANDBOX_PLUGIN_HTTP_ORIGINS", origin),
         ("SANDBOX_PLUGIN_CONTAINER_ENGINE", "1"),
         ("SANDBOX_DOCKER_IMAGE", image.as_str()),
-        ("SANDBOX_DOCKER_POOL", "0"),
+        ("SANDBOX_DOCKER_POOL", pool),
         ("SANDBOX_MEMORY_MB", "64"),
     ])
+}
+
+/// IDs of the containers a daemon has now.
+fn container_ids(pid: u32) -> Vec<String> {
+    let out = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--no-trunc",
+            "--filter",
+            &format!("label=io.plimsoll.owner={pid}"),
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// CPU seconds each process of a container has used (`docker top`, whose
+/// lines are `PID TIME`, the time as `[[dd-]hh:]mm:ss`).
+fn cpu_seconds(id: &str) -> Vec<u64> {
+    let out = std::process::Command::new("docker")
+        .args(["top", id, "-o", "pid,time"])
+        .output()
+        .expect("docker top");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .map(|t| {
+            t.split([':', '-'])
+                .filter_map(|p| p.parse::<u64>().ok())
+                .fold(0, |acc, p| acc * 60 + p)
+        })
+        .collect()
+}
+
+/// A plugin that asks for warm containers of a spin loop, then says nothing
+/// ran: only the host's gate runs in warm containers, so that is true, the
+/// mark stands, and no loop burns a CPU outside admission and the audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prewarm_runs_nothing_a_plugin_chose() {
+    let (origin, _) = recording_server().await;
+    let d = hostile_with_pool(&origin, "2");
+    let pid = d.pid().expect("pid");
+    let before = d.audit_after_sentinel().await;
+    let a = call(&d, "Run", &js_run("prewarm-loop")).await;
+    assert_eq!(a.status, 429, "{:?}", a.body);
+    assert_eq!(a.mark(), Some("capacity"), "{:?}", a.body);
+    // The pool fills with containers of the loop's spec...
+    let filled = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while container_ids(pid).len() < 2 {
+        assert!(std::time::Instant::now() < filled, "the pool did not fill");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // ...and after three seconds none of them has used a CPU second: the
+    // loop never started.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    for id in container_ids(pid) {
+        let cpu = cpu_seconds(&id);
+        assert!(!cpu.is_empty(), "no processes listed for {id}");
+        assert!(cpu.iter().all(|s| *s == 0), "{id} used {cpu:?} CPU seconds");
+    }
+    assert_eq!(
+        d.audit_after_sentinel().await,
+        before + 1,
+        "only the sentinel was audited"
+    );
+}
+
+/// A plugin that changes its warm-container spec again and again gets a
+/// few changes a minute, and never more than the pool size alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_spec_changes_are_bounded() {
+    let (origin, _) = recording_server().await;
+    let d = hostile_with_pool(&origin, "2");
+    let pid = d.pid().expect("pid");
+    let watcher = tokio::spawn(async move {
+        let mut most = 0;
+        for _ in 0..60 {
+            most = most.max(container_ids(pid).len());
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        most
+    });
+    let a = call(&d, "Run", &js_run("prewarm-churn")).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    let out = a.stdout();
+    let accepted = out.lines().filter(|l| l.ends_with(" 2")).count();
+    let refused = out.lines().filter(|l| l.ends_with(" 0")).count();
+    assert_eq!((accepted, refused), (6, 4), "{out}");
+    let most = watcher.await.expect("watcher");
+    assert!(
+        most <= 2,
+        "{most} containers were alive at once with a pool of 2"
+    );
 }
 
 #[tokio::test]

@@ -75,7 +75,7 @@ pub struct Config {
 
 impl Config {
     /// Reads the process environment.
-    pub fn from_env() -> Result<Config, ConfigError> {
+    pub fn from_env() -> Result<Config, ConfigErrors> {
         let mut vars = BTreeMap::new();
         for (k, v) in std::env::vars_os() {
             let Ok(k) = k.into_string() else { continue };
@@ -86,7 +86,7 @@ impl Config {
                 // Reading a non-UTF-8 value as "unset" could silently drop a
                 // limit; one of ours that is not text is an error instead.
                 Err(_) if has_our_prefix(&k) => {
-                    return Err(ConfigError::NotText(k));
+                    return Err(ConfigErrors(vec![ConfigError::NotText(k)]));
                 }
                 Err(_) => {}
             }
@@ -94,43 +94,75 @@ impl Config {
         Config::from_map(&vars)
     }
 
-    /// Parses a given environment; separate from `from_env` so it is testable.
-    pub fn from_map(vars: &BTreeMap<String, String>) -> Result<Config, ConfigError> {
+    /// Parses a given environment; separate from `from_env` so it is
+    /// testable. Every part is parsed, and every error is reported, the
+    /// provider's first: an operator fixes them in one go, and a misspelt
+    /// provider is never reported as some other part's problem.
+    pub fn from_map(vars: &BTreeMap<String, String>) -> Result<Config, ConfigErrors> {
         let env = Env::new(vars);
-        let log_format = match env.get("PLIMSOLL_LOG_FORMAT") {
-            None | Some("json") => LogFormat::Json,
-            Some("text") => LogFormat::Text,
-            Some(_) => return Err(invalid("PLIMSOLL_LOG_FORMAT", "must be json or text")),
-        };
-        let providers = ProviderSettings::from_env(&env)?;
-        let listeners = ListenerSettings::from_env(&env)?;
-        let grants = Grants::from_env(&env)?;
-        if !grants.is_empty() && !providers.kind.carries_grants() {
-            return Err(invalid(
+        let mut errors = Vec::new();
+        let providers = part(&mut errors, ProviderSettings::from_env(&env));
+        let log_format = part(
+            &mut errors,
+            match env.get("PLIMSOLL_LOG_FORMAT") {
+                None | Some("json") => Ok(LogFormat::Json),
+                Some("text") => Ok(LogFormat::Text),
+                Some(_) => Err(invalid("PLIMSOLL_LOG_FORMAT", "must be json or text")),
+            },
+        );
+        let hardened = part(&mut errors, env.flag("PLIMSOLL_HARDENED"));
+        let listeners = part(&mut errors, ListenerSettings::from_env(&env));
+        let grants = part(&mut errors, Grants::from_env(&env));
+        let callers = part(&mut errors, CallerSettings::from_env(&env));
+        let quotas = part(&mut errors, QuotaSettings::from_env(&env));
+
+        // The rules between parts, where both parts parsed.
+        if let (Some(p), Some(g)) = (&providers, &grants)
+            && !g.is_empty()
+            && !p.kind.carries_grants()
+        {
+            errors.push(invalid(
                 "PLIMSOLL_GRANTS_FILE",
                 "grant profiles are configured, but this provider has no way to carry a grant (wasm and docker do)",
             ));
         }
-        let callers = CallerSettings::from_env(&env)?;
         // In hardened mode this is one of the violations it names together.
-        let hardened_asked = matches!(env.get("PLIMSOLL_HARDENED"), Some("1"));
-        if matches!(callers.auth, Auth::Open)
-            && providers.kind.runs_code()
-            && !callers.insecure
-            && !hardened_asked
+        if let (Some(p), Some(c)) = (&providers, &callers)
+            && matches!(c.auth, Auth::Open)
+            && p.kind.runs_code()
+            && !c.insecure
+            && hardened != Some(true)
         {
-            return Err(invalid(
+            errors.push(invalid(
                 "PLIMSOLL_CLIENTS_FILE",
                 "no authentication is configured (no clients file, no PLIMSOLL_TOKEN), and this provider runs code: configure callers, or set PLIMSOLL_INSECURE=1 for development on loopback",
             ));
         }
-        let hardened = env.flag("PLIMSOLL_HARDENED")?;
-        let quotas = QuotaSettings::from_env(&env)?;
-        if quotas.metered && !matches!(providers.kind, ProviderKind::Plugin(_)) {
-            return Err(invalid(
+        if let (Some(p), Some(q)) = (&providers, &quotas)
+            && q.metered
+            && !matches!(p.kind, ProviderKind::Plugin(_))
+        {
+            errors.push(invalid(
                 "SANDBOX_PLUGIN_METERED",
                 "only a plugin provider's service can be metered",
             ));
+        }
+        let (
+            Some(providers),
+            Some(log_format),
+            Some(hardened),
+            Some(listeners),
+            Some(grants),
+            Some(callers),
+            Some(quotas),
+        ) = (
+            providers, log_format, hardened, listeners, grants, callers, quotas,
+        )
+        else {
+            return Err(ConfigErrors(errors));
+        };
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
         }
 
         // The variable an operator named to hold the API key is read, not
@@ -159,6 +191,33 @@ impl Config {
             unknown,
         })
     }
+}
+
+/// Everything wrong with a configuration, in the order found: the
+/// provider's part first.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl std::fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_slice() {
+            [one] => write!(f, "{one}"),
+            all => {
+                write!(f, "{} problems:", all.len())?;
+                for e in all {
+                    write!(f, "\n  - {e}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// One part's settings, or its error kept for the report.
+fn part<T>(errors: &mut Vec<ConfigError>, r: Result<T, ConfigError>) -> Option<T> {
+    r.map_err(|e| errors.push(e)).ok()
 }
 
 fn has_our_prefix(name: &str) -> bool {
@@ -261,7 +320,10 @@ mod tests {
         for name in ["SANDBOX_CPUS", "SANDBOX_PIDS", "SANDBOX_DISK_MB"] {
             let e = Config::from_map(&env(&[("SANDBOX_PROVIDER", "wasm"), (name, "1")]))
                 .expect_err("refused");
-            assert_eq!(e, ConfigError::Unenforceable(name, "wasm"));
+            assert_eq!(
+                e,
+                ConfigErrors(vec![ConfigError::Unenforceable(name, "wasm")])
+            );
         }
     }
 
@@ -272,10 +334,59 @@ mod tests {
         assert_eq!(c.unknown, vec!["SANDBOX_PROVDER".to_string()]);
     }
 
+    /// A plugin directory holding an (empty) `remote-plimsoll.wasm`: the
+    /// configuration checks that the named plugin is there.
+    fn plugin_dir() -> &'static str {
+        static DIR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        DIR.get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("plimsoll-cfg-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("dir");
+            std::fs::write(dir.join("remote-plimsoll.wasm"), b"").expect("file");
+            dir.display().to_string()
+        })
+    }
+
+    #[test]
+    fn every_error_is_reported_at_once_the_provider_first() {
+        let mut m = env(&[
+            ("SANDBOX_PROVIDER", "dokcer"),
+            ("PLIMSOLL_PLUGIN_DIR", plugin_dir()),
+            ("PLIMSOLL_METRICS_ADDR", "nowhere"),
+            ("SANDBOX_RATE_BURST", "3"),
+        ]);
+        // No authentication either: a misspelt provider must not read as an
+        // authentication problem.
+        m.remove("PLIMSOLL_INSECURE");
+        let e = Config::from_map(&m).expect_err("refused");
+        let names: Vec<String> =
+            e.0.iter()
+                .map(|e| match e {
+                    ConfigError::Invalid { name, .. } => name.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .collect();
+        assert_eq!(
+            names,
+            [
+                "SANDBOX_PROVIDER",
+                "PLIMSOLL_METRICS_ADDR",
+                "SANDBOX_RATE_BURST"
+            ],
+            "{e}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("no plugin") && text.contains("remote-plimsoll"),
+            "{text}"
+        );
+        assert!(!text.contains("authentication"), "{text}");
+    }
+
     #[test]
     fn plugin_settings_are_checked() {
         let base = [
             ("SANDBOX_PROVIDER", "remote-plimsoll"),
+            ("PLIMSOLL_PLUGIN_DIR", plugin_dir()),
             ("KEY", "secret-value"),
         ];
         let with = |extra: &[(&'static str, &'static str)]| {
@@ -326,6 +437,7 @@ mod tests {
         // A key variable with our prefix is read, so not reported as unknown.
         let c = Config::from_map(&env(&[
             ("SANDBOX_PROVIDER", "remote-plimsoll"),
+            ("PLIMSOLL_PLUGIN_DIR", plugin_dir()),
             ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),
             ("SANDBOX_PLUGIN_API_KEY_ENV", "PLIMSOLL_UPSTREAM_KEY"),
             ("PLIMSOLL_UPSTREAM_KEY", "k"),

@@ -53,3 +53,21 @@ pub enum ProjectOutcome {
     TimedOut,
     ProtocolError,
 }
+
+/// Why a provider cannot take runs now. `code` is a fixed word, safe to
+/// show anyone (`/readyz` needs no token); `detail` may name engine errors,
+/// images and paths, and goes to the operator's log only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotReady {
+    pub code: &'static str,
+    pub detail: String,
+}
+
+impl NotReady {
+    pub fn new(code: &'static str, detail: impl Into<String>) -> NotReady {
+        NotReady {
+            code,
+            detail: detail.into(),
+        }
+    }
+}

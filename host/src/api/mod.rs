@@ -28,6 +28,7 @@ use crate::wire::{self, DescribeRequest, RunRequest};
 
 mod body;
 mod connect;
+pub mod connections;
 #[cfg(test)]
 mod mutation_tests;
 pub mod serve;
@@ -125,17 +126,23 @@ async fn bind_answer(req: Request, next: Next) -> Response {
     resp
 }
 
-/// 200 while runs can be dispatched; 503 with the reason otherwise (the
-/// docker engine unreachable, or its image re-pointed). Checked afresh on
-/// every call, so an orchestrator sees recovery as soon as it happens.
+/// 200 while runs can be dispatched; 503 with a reason code otherwise
+/// (`engine_unreachable`, `runtime_changed`, `image_changed`). Checked
+/// afresh, so an orchestrator sees recovery as soon as it happens.
 async fn readyz(State(api): State<Api>) -> Response {
     match api.daemon.check_ready().await {
         Ok(()) => (StatusCode::OK, "ok").into_response(),
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}\n", crate::text::sanitize(&why, 300)),
-        )
-            .into_response(),
+        // Anyone may ask, so the answer is a fixed word; what failed (engine
+        // errors, the image's name) goes to the log, where the provider
+        // already reported the change.
+        Err(why) => {
+            tracing::debug!(code = why.code, detail = %why.detail, "readiness refused");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {}\n", why.code),
+            )
+                .into_response()
+        }
     }
 }
 
@@ -177,7 +184,14 @@ async fn procedure(
         .get(header::AUTHORIZATION)
         .map(HeaderValue::as_bytes);
     let caller = match api.verifier.verify(authorization) {
-        Ok(c) => c,
+        Ok(c) => {
+            // The connection carried an authenticated request: it is no
+            // longer among the first closed to make room.
+            if let Some(conn) = req.extensions().get::<Arc<serve::Connection>>() {
+                conn.trust();
+            }
+            c
+        }
         Err(_) => {
             api.refused.note();
             let mut r = connect_error(

@@ -1,28 +1,46 @@
-//! The listener: accepts connections and serves the API on each with hyper's
-//! auto builder (HTTP/1.1 and prior-knowledge h2c), under limits that hold
-//! before any request is admitted.
+//! The listener: accepts connections and serves a router on each with
+//! hyper's auto builder (HTTP/1.1 and prior-knowledge h2c, or either over
+//! TLS), under limits that hold before any request is admitted.
 //!
-//! A client that opens connections and never finishes a request must not be
-//! able to use up the daemon's file descriptors or memory: connections are
-//! capped, headers must arrive within a deadline, HTTP/2 connections carry a
-//! bounded number of streams and are pinged so dead peers are dropped.
+//! Anyone who can reach the port can open connections, token or not, so
+//! nothing about a connection may be held for long on the strength of a
+//! connection alone (`connections`):
+//! - connections are capped in total and per peer address; at a cap, the
+//!   oldest connection that has not carried an authenticated request is
+//!   closed to make room, so a flood of idle, half-sent or half-handshaken
+//!   connections cannot lock out callers with a token;
+//! - a connection must begin its first request (TLS handshake and protocol
+//!   detection included) within `FIRST_REQUEST_TIMEOUT`;
+//! - a connection with no request in flight for `IDLE_TIMEOUT` is closed,
+//!   HTTP/2 included;
+//! - headers must arrive within a deadline, HTTP/2 connections carry a
+//!   bounded number of streams and are pinged so dead peers are dropped.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
 
-/// Connections held open at once; more wait in the kernel's accept queue.
-pub const MAX_CONNECTIONS: usize = 1024;
+use super::connections::Table;
+pub use super::connections::{Connection, ConnectionLimits};
+
 /// A request's headers must be complete this long after its first byte.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection must begin its first request this long after it is
+/// accepted: the TLS handshake and protocol detection come within it.
+pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection with no request in flight is closed after this long.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Streams one HTTP/2 connection may have open at once.
 const MAX_H2_STREAMS: u32 = 32;
 /// How long shutdown waits for answers in progress.
@@ -35,6 +53,7 @@ pub async fn serve(
     router: Router,
     shutdown: impl Future<Output = ()>,
     tls: Option<TlsAcceptor>,
+    limits: ConnectionLimits,
 ) {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -49,20 +68,13 @@ pub async fn serve(
         .keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(10));
     let builder = Arc::new(builder);
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let table = Table::new(limits);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
 
     loop {
-        let permit = tokio::select! {
-            () = &mut shutdown => break,
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -74,25 +86,37 @@ pub async fn serve(
                 }
             },
         };
+        // Room for it, or it is closed at once (every connection that could
+        // make room has carried an authenticated request).
+        let Some(conn) = table.admit(peer.ip()) else {
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let builder = builder.clone();
-        let service = TowerToHyperService::new(router.clone());
+        let router = router.clone();
         let mut stop = stop_rx.clone();
         let tls = tls.clone();
         conns.spawn(async move {
-            let _permit = permit;
-            match tls {
-                None => serve_one(&builder, stream, service, &mut stop).await,
-                Some(acceptor) => {
-                    // The handshake gets the header deadline too: a client
-                    // that opens and stalls holds a slot no longer.
-                    if let Ok(Ok(stream)) =
-                        tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await
-                    {
-                        serve_one(&builder, stream, service, &mut stop).await;
+            let watched = conn.clone();
+            let served = async {
+                match tls {
+                    None => serve_one(&builder, stream, router, &conn, &mut stop).await,
+                    Some(acceptor) => {
+                        if let Ok(stream) = acceptor.accept(stream).await {
+                            serve_one(&builder, stream, router, &conn, &mut stop).await;
+                        }
                     }
                 }
+            };
+            // Eviction, or a connection that never began a request, or one
+            // idle too long, ends it here: dropping the connection closes
+            // the socket.
+            tokio::select! {
+                () = served => {}
+                () = watched.ended() => {}
             }
+            watched.close();
         });
         // Reap finished connection tasks so the set does not grow.
         while conns.try_join_next().is_some() {}
@@ -106,22 +130,41 @@ pub async fn serve(
 }
 
 /// Serves one connection until it ends, or shuts it down gracefully once
-/// `stop` changes.
+/// `stop` changes. Every request carries the connection's handle (so the API
+/// can mark it as having carried an authenticated request) and counts as in
+/// flight until its answer's body is dropped.
 async fn serve_one<I>(
     builder: &Builder<TokioExecutor>,
     io: I,
-    service: TowerToHyperService<Router>,
+    router: Router,
+    conn: &Arc<Connection>,
     stop: &mut watch::Receiver<bool>,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let conn = builder.serve_connection(TokioIo::new(io), service);
-    let mut conn = std::pin::pin!(conn);
+    let handle = conn.clone();
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        let busy = handle.begin_request();
+        req.extensions_mut().insert(handle.clone());
+        let router = router.clone();
+        async move {
+            let resp = router.oneshot(req.map(Body::new)).await?;
+            // Still in flight until the whole answer has been sent.
+            Ok::<_, std::convert::Infallible>(resp.map(|b| {
+                Body::new(b.map_frame(move |f| {
+                    let _still = &busy;
+                    f
+                }))
+            }))
+        }
+    });
+    let conn_fut = builder.serve_connection(TokioIo::new(io), service);
+    let mut conn_fut = std::pin::pin!(conn_fut);
     tokio::select! {
-        _ = conn.as_mut() => {}
+        _ = conn_fut.as_mut() => {}
         _ = stop.changed() => {
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            conn_fut.as_mut().graceful_shutdown();
+            let _ = conn_fut.await;
         }
     }
 }

@@ -22,6 +22,16 @@ pub const VARIABLES: &[Var] = &[
         "PEM private key for PLIMSOLL_TLS_CERT",
     ),
     var(
+        "PLIMSOLL_MAX_CONNECTIONS",
+        "(from the open-file limit, at most 16384)",
+        "connections the API listener holds at once; at the cap, the oldest connection that carried no authenticated request is closed",
+    ),
+    var(
+        "PLIMSOLL_MAX_CONNECTIONS_PER_PEER",
+        "128",
+        "connections one peer address may hold at once (same rule at the cap)",
+    ),
+    var(
         "PLIMSOLL_METRICS_ADDR",
         "127.0.0.1:9464",
         "the /metrics listener (host:port), or off",
@@ -35,6 +45,9 @@ pub struct ListenerSettings {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// None: /metrics is off.
     pub metrics_addr: Option<SocketAddr>,
+    /// None: sized from the open-file limit at start.
+    pub max_connections: Option<u32>,
+    pub max_connections_per_peer: u32,
 }
 
 impl ListenerSettings {
@@ -66,10 +79,16 @@ impl ListenerSettings {
                     .map_err(|_| invalid("PLIMSOLL_METRICS_ADDR", "must be ip:port or off"))?,
             ),
         };
+        let max_connections = env.u32_in("PLIMSOLL_MAX_CONNECTIONS", 16, 1 << 20)?;
+        let max_connections_per_peer = env
+            .u32_in("PLIMSOLL_MAX_CONNECTIONS_PER_PEER", 1, 1 << 20)?
+            .unwrap_or(128);
         Ok(ListenerSettings {
             addr,
             tls,
             metrics_addr,
+            max_connections,
+            max_connections_per_peer,
         })
     }
 }

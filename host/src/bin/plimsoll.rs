@@ -11,13 +11,14 @@
 //! 0600, and a symlink or anything but a regular file is refused. A running
 //! daemon keeps the callers it read at start: restart it to apply a change.
 
-use std::io::{Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::ffi::OsStr;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use plimsoll::callers::{self, ClientsFile, Entry};
+use plimsoll::dirs::{self, Dir};
 
 #[derive(Parser)]
 #[command(name = "plimsoll", about = "Operator commands for plimsolld")]
@@ -107,7 +108,9 @@ fn run(action: Action) -> Result<(), String> {
             remind();
         }
         Action::List { file, json } => {
-            let f = load(&file)?.unwrap_or_default();
+            let (dir, name) =
+                dirs::parent_of(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let f = load(&dir, &name, &file)?.unwrap_or_default();
             if json {
                 let list: Vec<_> = f
                     .clients
@@ -200,9 +203,15 @@ fn add(new: NewCaller, token: &str) -> Result<(), String> {
 
 /// The file, if it exists; a symlink or anything but a regular file is an
 /// error.
-fn load(path: &Path) -> Result<Option<ClientsFile>, String> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_file() => ClientsFile::read(path).map(Some),
+fn load(dir: &Dir, name: &OsStr, path: &Path) -> Result<Option<ClientsFile>, String> {
+    match dir.symlink_metadata(name) {
+        Ok(m) if m.is_file() => {
+            let bytes =
+                dirs::read_nofollow(dir, name).map_err(|e| format!("{}: {e}", path.display()))?;
+            let text = String::from_utf8(bytes)
+                .map_err(|_| format!("{}: not UTF-8 text", path.display()))?;
+            ClientsFile::parse(&text).map(Some)
+        }
         Ok(_) => Err(format!(
             "{} is not a regular file (symlinks are refused)",
             path.display()
@@ -212,43 +221,31 @@ fn load(path: &Path) -> Result<Option<ClientsFile>, String> {
     }
 }
 
-/// Loads, changes, validates and rewrites the file atomically, under a lock.
+/// Loads, changes, validates and rewrites the file atomically, under a lock,
+/// all through one handle on its directory: a file, lock or temporary
+/// swapped for a symlink in between cannot send a write elsewhere.
 fn change(
     path: &Path,
     f: impl FnOnce(&mut ClientsFile) -> Result<(), String>,
 ) -> Result<(), String> {
-    let lock = PathBuf::from(format!("{}.lock", path.display()));
-    std::fs::create_dir(&lock).map_err(|e| {
+    let (dir, name) = dirs::parent_of(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut lock = name.clone();
+    lock.push(".lock");
+    dir.create_dir(&lock).map_err(|e| {
         format!(
-            "{} is locked by another change ({e}); remove it if no change is running",
-            lock.display()
+            "{}.lock is locked by another change ({e}); remove it if no change is running",
+            path.display()
         )
     })?;
     let result = (|| {
-        let mut file = load(path)?.unwrap_or_default();
+        let mut file = load(&dir, &name, path)?.unwrap_or_default();
         f(&mut file)?;
         file.normalise()?;
-        let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
-        let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-        let _ = std::fs::remove_file(&tmp);
-        let mut out = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| format!("{}: {e}", tmp.display()))?;
-        out.write_all(text.as_bytes())
-            .and_then(|()| out.write_all(b"\n"))
-            .and_then(|()| out.sync_all())
-            .map_err(|e| format!("{}: {e}", tmp.display()))?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| e.to_string())?;
-        let renamed = std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()));
-        if renamed.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        renamed
+        let mut text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
+        text.push('\n');
+        dirs::replace(&dir, &name, text.as_bytes(), 0o600)
+            .map_err(|e| format!("{}: {e}", path.display()))
     })();
-    let _ = std::fs::remove_dir(&lock);
+    let _ = dir.remove_dir(&lock);
     result
 }

@@ -9,8 +9,7 @@ use plimsoll::admission::Limits;
 use plimsoll::callers::Verifier;
 use plimsoll::callers::settings::Auth;
 use plimsoll::config::{self, Config, LogFormat};
-use plimsoll::providers::ProviderKind;
-use plimsoll::{Daemon, api, plugin_host};
+use plimsoll::{Daemon, api};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -34,14 +33,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // A plugin that is not there is a configuration mistake, answered like an
-    // unknown provider name: before anything starts, with what is there.
-    if let ProviderKind::Plugin(name) = &cfg.providers.kind
-        && let Err(e) = plugin_host::locate(&cfg.providers.plugin_dir(), name)
-    {
-        eprintln!("plimsolld: configuration error: {e}");
-        return ExitCode::from(2);
-    }
     init_logging(cfg.log_format);
     for name in &cfg.unknown {
         tracing::warn!(variable = %name, "unknown configuration variable ignored (see plimsolld -h)");
@@ -90,6 +81,23 @@ fn main() -> ExitCode {
 }
 
 async fn serve(cfg: Config) -> anyhow::Result<()> {
+    // Connections may use at most part of the open-file limit, raised to
+    // its hard limit first, so idle connections cannot starve every other
+    // open (docs/callers.md).
+    let nofile = plimsoll::fd_limit::raise();
+    let ceiling = plimsoll::fd_limit::connection_ceiling(nofile);
+    let total = match cfg.listeners.max_connections {
+        None => ceiling,
+        Some(n) if n as usize <= ceiling => n as usize,
+        Some(n) => anyhow::bail!(
+            "PLIMSOLL_MAX_CONNECTIONS={n} is above what the open-file limit ({nofile}) leaves room for ({ceiling})"
+        ),
+    };
+    let api_limits = api::serve::ConnectionLimits::new(
+        total,
+        (cfg.listeners.max_connections_per_peer as usize).min(total),
+    );
+
     // TLS material is read before any provider starts: a bad certificate
     // is a configuration error, not a half-started daemon.
     let tls = match &cfg.listeners.tls {
@@ -157,6 +165,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
                 plimsoll::metrics::router(metrics),
                 stopped(stop_rx.clone()),
                 tls.clone(),
+                METRICS_CONNECTIONS,
             )))
         }
     };
@@ -173,6 +182,9 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         auth = verifier.mode(),
         tls = tls.is_some(),
         hardened = cfg.hardened,
+        max_connections = api_limits.total,
+        max_connections_per_peer = api_limits.per_peer,
+        open_file_limit = nofile,
         "plimsolld listening"
     );
     if verifier.is_open() && !matches!(ev.tier, plimsoll::tier::Tier::None) {
@@ -204,6 +216,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         api::router(daemon.clone(), body_slots, verifier),
         signal,
         tls,
+        api_limits,
     )
     .await;
     if let Some(t) = metrics_task {
@@ -217,6 +230,10 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// /metrics has no callers: a scraper needs a few connections, and an
+/// attacker's idle ones are always the first to go.
+const METRICS_CONNECTIONS: api::serve::ConnectionLimits = api::serve::ConnectionLimits::new(64, 16);
 
 async fn shutdown_signal() {
     let ctrl_c = async {

@@ -111,9 +111,14 @@ impl ClientsFile {
         Ok(())
     }
 
+    /// Reads the file through a handle on its directory; a symlink or
+    /// anything but a regular file is refused.
     pub fn read(path: &Path) -> Result<ClientsFile, String> {
-        let text = std::fs::read_to_string(path)
+        let bytes = crate::dirs::parent_of(path)
+            .and_then(|(dir, name)| crate::dirs::read_nofollow(&dir, &name))
             .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| format!("reading {}: not UTF-8 text", path.display()))?;
         ClientsFile::parse(&text)
     }
 }

@@ -15,6 +15,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::dirs::{self, Dir};
+
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -37,9 +39,49 @@ const PYTHON_CLIENT: &str = include_str!("clients/sitecustomize.py");
 
 /// One run's socket directory and its server; both go when this is dropped.
 pub struct Mount {
+    /// The root the directory was made in, and its name there: it is
+    /// removed through the root's handle, never by path.
+    root: Arc<Dir>,
+    name: String,
+    /// The path the container engine bind-mounts (the engine takes a path).
     dir: PathBuf,
     server: tokio::task::JoinHandle<()>,
     global: String,
+}
+
+/// Where run directories live, opened once: made by the daemon, owned by
+/// it, not a symlink, and closed to others (mode 0711: they may pass
+/// through to a run directory whose name they know, never list).
+pub struct Root {
+    path: PathBuf,
+    dir: Arc<Dir>,
+}
+
+impl Root {
+    /// Makes (or checks) the root at `path` and opens it.
+    pub fn open(path: &Path) -> std::io::Result<Root> {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::create_dir(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        // A root someone else made, or a link, could be swapped under us.
+        let dir = dirs::open_nofollow(path)?;
+        let me = std::fs::metadata("/proc/self")?.uid();
+        let here = dirs::self_path(&dir);
+        if std::fs::metadata(&here)?.uid() != me {
+            return Err(std::io::Error::other(format!(
+                "{} is not a directory this daemon owns",
+                path.display()
+            )));
+        }
+        std::fs::set_permissions(&here, std::fs::Permissions::from_mode(0o711))?;
+        Ok(Root {
+            path: path.to_path_buf(),
+            dir: Arc::new(dir),
+        })
+    }
 }
 
 impl Mount {
@@ -47,36 +89,43 @@ impl Mount {
     /// socket and starts serving `session` on it.
     /// The directory is the guest group's to read and nobody else's, and
     /// the socket only the guest group's to connect to: another local user
-    /// cannot spend the run's grant.
-    pub fn open(root: &Path, session: Arc<Session>, guest_gid: u32) -> std::io::Result<Mount> {
-        ensure_root(root)?;
+    /// cannot spend the run's grant. Every step goes through the handle of
+    /// the directory just made.
+    pub fn open(root: &Root, session: Arc<Session>, guest_gid: u32) -> std::io::Result<Mount> {
         let mut id = [0u8; 16];
         getrandom::fill(&mut id).map_err(|e| std::io::Error::other(e.to_string()))?;
-        let dir = root.join(hex::encode(id));
-        std::fs::create_dir(&dir)?;
-        std::os::unix::fs::chown(&dir, None, Some(guest_gid))?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750))?;
+        let name = hex::encode(id);
+        root.dir.create_dir(&name)?;
         let opened = (|| {
-            std::fs::write(dir.join("host.cjs"), NODE_CLIENT)?;
-            std::fs::write(dir.join("sitecustomize.py"), PYTHON_CLIENT)?;
-            let sock = dir.join("host.sock");
-            let listener = UnixListener::bind(&sock)?;
+            let dir = dirs::sub_nofollow(&root.dir, &name)?;
+            let here = dirs::self_path(&dir);
+            std::os::unix::fs::chown(&here, None, Some(guest_gid))?;
+            std::fs::set_permissions(&here, std::fs::Permissions::from_mode(0o750))?;
+            dir.write("host.cjs", NODE_CLIENT)?;
+            dir.write("sitecustomize.py", PYTHON_CLIENT)?;
+            // Bound through the directory's own descriptor, so the socket is
+            // made in the directory just opened, whatever its path names now.
+            let sock = dirs::path_in(&dir, "host.sock");
+            let listener = std::os::unix::net::UnixListener::bind(&sock)?;
             // The guest's group, and only it, may connect.
-            std::os::unix::fs::chown(&sock, None, Some(guest_gid))?;
+            std::os::unix::fs::lchown(&sock, None, Some(guest_gid))?;
             std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o660))?;
-            Ok::<_, std::io::Error>(listener)
+            listener.set_nonblocking(true)?;
+            UnixListener::from_std(listener)
         })();
         let listener = match opened {
             Ok(l) => l,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = root.dir.remove_dir_all(&name);
                 return Err(e);
             }
         };
         let global = session.profile().global.clone();
         let server = tokio::spawn(serve(listener, session));
         Ok(Mount {
-            dir,
+            root: root.dir.clone(),
+            dir: root.path.join(&name),
+            name,
             server,
             global,
         })
@@ -98,37 +147,13 @@ impl Mount {
     }
 }
 
-/// Where run directories live: made by the daemon, owned by it, not a
-/// symlink, and closed to others (mode 0711: they may pass through to a run
-/// directory whose name they know, never list).
+/// Where run directories live by default.
 pub const ROOT: &str = "/run/plimsoll-runs";
-
-fn ensure_root(root: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    match std::fs::symlink_metadata(root) {
-        Ok(m) => {
-            // A root someone else made, or a link, could be swapped under
-            // us.
-            let me = std::fs::metadata("/proc/self")?.uid();
-            if !m.is_dir() || m.file_type().is_symlink() || m.uid() != me {
-                return Err(std::io::Error::other(format!(
-                    "{} is not a directory this daemon owns",
-                    root.display()
-                )));
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir(root)?;
-        }
-        Err(e) => return Err(e),
-    }
-    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))
-}
 
 impl Drop for Mount {
     fn drop(&mut self) {
         self.server.abort();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = self.root.remove_dir_all(&self.name);
     }
 }
 
@@ -220,4 +245,70 @@ fn broker_answer(status: StatusCode, kind: &'static str, text: &str) -> Response
         .header(BROKER_HEADER, kind)
         .body(Body::from(text.to_string()))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> Arc<Session> {
+        let grants = crate::grants::Grants::parse(
+            r#"{"profiles":{"p":{"base_url":"http://127.0.0.1:9","allow":["GET /x"],"allowed_callers":["*"]}}}"#,
+            &|_| None,
+        )
+        .expect("grants");
+        let profile = grants.for_caller("p", "someone").expect("profile");
+        let client = crate::outbound::client().expect("client");
+        Arc::new(
+            Session::open(
+                profile,
+                "someone",
+                std::time::Duration::from_secs(5),
+                client,
+            )
+            .expect("session"),
+        )
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("plimsoll-sock-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("scratch");
+        d
+    }
+
+    #[tokio::test]
+    async fn a_root_that_is_a_symlink_is_refused() {
+        let base = scratch("root");
+        std::fs::create_dir(base.join("real")).expect("real");
+        std::os::unix::fs::symlink(base.join("real"), base.join("root")).expect("link");
+        assert!(Root::open(&base.join("root")).is_err());
+        assert!(Root::open(&base.join("real")).is_ok());
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[tokio::test]
+    async fn a_run_directory_swapped_for_a_symlink_sends_nothing_outside() {
+        use std::os::unix::fs::MetadataExt;
+        let base = scratch("run");
+        let outside = base.join("outside");
+        std::fs::create_dir(&outside).expect("outside");
+        std::fs::write(outside.join("keep"), b"x").expect("keep");
+        let root = Root::open(&base.join("root")).expect("root");
+        let gid = std::fs::metadata("/proc/self").expect("self").gid();
+        let mount = Mount::open(&root, session(), gid).expect("mount");
+        assert!(mount.dir().join("host.sock").exists());
+        assert!(mount.dir().join("host.cjs").exists());
+        // The run's directory is moved away and a symlink to elsewhere put in
+        // its place: removing the run touches nothing outside the root.
+        let moved = base.join("root").join("moved");
+        std::fs::rename(mount.dir(), &moved).expect("move");
+        std::os::unix::fs::symlink(&outside, mount.dir()).expect("swap");
+        drop(mount);
+        assert!(
+            outside.join("keep").exists(),
+            "the removal followed the symlink"
+        );
+        let _ = std::fs::remove_dir_all(&base);
+    }
 }

@@ -21,7 +21,7 @@ use crate::admission::{self, Limits};
 use crate::callers::Caller;
 use crate::grants::{Grants, Profile, broker};
 use crate::metrics::Metrics;
-use crate::outcome::RunFailure;
+use crate::outcome::{NotReady, RunFailure};
 use crate::providers::{Evidence, Job, Payload, ProjectInput, Provider};
 use crate::quota::{QuotaSettings, Quotas, Shed};
 use crate::refusal::Refusal;
@@ -126,7 +126,7 @@ impl Daemon {
     }
 
     /// Whether runs can be dispatched now (for /readyz): checked afresh.
-    pub async fn check_ready(&self) -> Result<(), String> {
+    pub async fn check_ready(&self) -> Result<(), NotReady> {
         self.provider.check_ready().await
     }
 

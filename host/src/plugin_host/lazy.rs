@@ -43,7 +43,9 @@ impl Budget {
         Ok(())
     }
 
-    /// Copies one string (UTF-8 guest strings are read in place first).
+    /// Copies one string. Every plugin string is UTF-8 (others are refused
+    /// at load, see `strings`), so `to_str` reads it in place and its length
+    /// is checked against the budget before anything is copied.
     pub fn string<T: 'static>(
         &mut self,
         store: &mut StoreContextMut<'_, T>,

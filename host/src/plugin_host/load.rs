@@ -121,6 +121,22 @@ pub fn locate(dir: &Path, name: &str) -> Result<PathBuf, PluginError> {
     Ok(path)
 }
 
+/// Reads `<name>.wasm` through a handle on the plugin directory: a name
+/// that leads out of it (a symlink to elsewhere, say) is refused, and so is
+/// anything but a regular file. The bytes read are the bytes pinned and
+/// compiled; the file is not opened again.
+fn read_in(dir: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let d = crate::dirs::Dir::open_ambient_dir(dir, cap_std::ambient_authority())?;
+    let mut file = d.open(format!("{name}.wasm"))?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Stage 1: the bytes and their digest, held to the pin.
 pub struct Pinned {
     name: String,
@@ -133,7 +149,7 @@ pub fn read(name: &str, source: &PluginSource, pin: Option<&str>) -> Result<Pinn
         PluginSource::Embedded(bytes) => bytes.to_vec(),
         PluginSource::Dir(dir) => {
             let path = locate(dir, name)?;
-            std::fs::read(&path).map_err(|e| PluginError::Read(path.display().to_string(), e))?
+            read_in(dir, name).map_err(|e| PluginError::Read(path.display().to_string(), e))?
         }
     };
     let sha256 = hex::encode(Sha256::digest(&bytes));
@@ -176,6 +192,16 @@ impl Pinned {
     }
 
     pub fn compile(self, grants: Grants) -> Result<Checked, PluginError> {
+        match super::strings::non_utf8_encoding(&self.bytes) {
+            Ok(None) => {}
+            Ok(Some(encoding)) => {
+                return Err(PluginError::NotComponent(
+                    self.name,
+                    format!("it passes strings as {encoding}; plugins must use UTF-8"),
+                ));
+            }
+            Err(why) => return Err(PluginError::NotComponent(self.name, why)),
+        }
         let mut wcfg = Config::new();
         wcfg.wasm_component_model(true);
         wcfg.epoch_interruption(true);

@@ -26,12 +26,13 @@ mod lazy;
 pub mod load;
 pub mod results;
 pub mod settings;
+pub mod strings;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::grants::broker;
-use crate::outcome::{ProcessOutput, ProjectOutput, RunFailure};
+use crate::outcome::{NotReady, ProcessOutput, ProjectOutput, RunFailure};
 use crate::refusal::Refusal;
 use crate::text::sanitize;
 use crate::tier::Tier;
@@ -104,7 +105,7 @@ impl PluginProvider {
     }
 
     /// The last readiness verdict, without asking the backend.
-    fn ready(&self) -> Result<(), String> {
+    fn ready(&self) -> Result<(), NotReady> {
         self.backend().map_or(Ok(()), |b| b.ready())
     }
 
@@ -179,7 +180,10 @@ impl PluginProvider {
         // A plugin whose backend is not ready never gets the run: nothing is
         // dispatched, and the refusal says why.
         if let Err(why) = self.ready() {
-            return Err(RunFailure::NotDispatched(Refusal::environment(why)));
+            return Err(RunFailure::NotDispatched(Refusal::environment(format!(
+                "the provider is not ready ({})",
+                why.code
+            ))));
         }
         let runner = &self.runner;
         let deadline = timeout + CALL_MARGIN;

@@ -21,7 +21,7 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, ready};
 
 use crate::grants::broker;
-use crate::outcome::{ProcessOutput, ProjectOutput, RunFailure};
+use crate::outcome::{NotReady, ProcessOutput, ProjectOutput, RunFailure};
 use crate::refusal::Refusal;
 use crate::tier::Tier;
 pub use settings::{ProviderKind, ProviderSettings};
@@ -112,7 +112,7 @@ pub trait Provider: Send + Sync {
     }
 
     /// Whether runs can be dispatched now, checked afresh.
-    fn check_ready(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn check_ready(&self) -> BoxFuture<'_, Result<(), NotReady>> {
         Box::pin(ready(Ok(())))
     }
 

@@ -10,7 +10,7 @@ use super::{
     Evidence, Job, Offer, Output, Payload, Provider, ProviderSettings, Resources, StartError,
 };
 use crate::backends::docker::{self, DockerEngine};
-use crate::outcome::RunFailure;
+use crate::outcome::{NotReady, RunFailure};
 use crate::plugin_host::call::Granted;
 use crate::plugin_host::capabilities::container_engine::ContainerEngine;
 use crate::plugin_host::capabilities::http::HttpCapability;
@@ -126,7 +126,7 @@ impl Provider for PluginProvider {
         })
     }
 
-    fn check_ready(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn check_ready(&self) -> BoxFuture<'_, Result<(), NotReady>> {
         match self.backend() {
             Some(b) => b.check_ready(),
             None => Box::pin(ready(Ok(()))),

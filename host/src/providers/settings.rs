@@ -4,7 +4,7 @@
 //! would not take effect for the chosen provider is refused, never ignored:
 //! an operator who sets a limit must get it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::backends::docker;
 use crate::env_vars::{ConfigError, Env, Var, var};
@@ -104,6 +104,16 @@ impl ProviderSettings {
         let max_concurrent = env.u32_in("SANDBOX_MAX_CONCURRENT", 1, 1024)?.unwrap_or(8);
 
         let plugin = PluginSettings::from_env(env)?;
+        // A plugin that is not there is a misspelt provider: said before
+        // anything else about the configuration.
+        if let ProviderKind::Plugin(name) = &kind
+            && let Err(e) = crate::plugin_host::locate(&plugin_dir(plugin.dir.as_deref()), name)
+        {
+            return Err(ConfigError::Invalid {
+                name: "SANDBOX_PROVIDER",
+                why: e.to_string(),
+            });
+        }
         if plugin.any_set() && !matches!(kind, ProviderKind::Plugin(_)) {
             return Err(ConfigError::Invalid {
                 name: "SANDBOX_PLUGIN_*",
@@ -136,18 +146,22 @@ impl ProviderSettings {
     /// Where plugins are loaded from: `PLIMSOLL_PLUGIN_DIR`, or `plugins/`
     /// beside the build's `release/` directory, where `make guest` puts them.
     pub fn plugin_dir(&self) -> PathBuf {
-        if let Some(dir) = &self.plugin.dir {
-            return dir.clone();
-        }
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| {
-                exe.parent()
-                    .and_then(|p| p.parent())
-                    .map(|t| t.join("plugins"))
-            })
-            .unwrap_or_else(|| PathBuf::from("plugins"))
+        plugin_dir(self.plugin.dir.as_deref())
     }
+}
+
+fn plugin_dir(configured: Option<&Path>) -> PathBuf {
+    if let Some(dir) = configured {
+        return dir.to_path_buf();
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            exe.parent()
+                .and_then(|p| p.parent())
+                .map(|t| t.join("plugins"))
+        })
+        .unwrap_or_else(|| PathBuf::from("plugins"))
 }
 
 fn valid_plugin_name(name: &str) -> bool {

@@ -2,6 +2,15 @@
 //! asked for. The plugin's approved command and environment are the only
 //! inputs it controls; the image ID, user, runtime, network, mounts, limits
 //! and labels are the host's.
+//!
+//! And when it starts: every container runs the host's gate first, a few
+//! lines of the image's `/bin/sh` that wait for one line on stdin, then put
+//! the plugin's environment in place and become the plugin's command. The
+//! host writes that line only when a run takes the container (`lifecycle`),
+//! so nothing a plugin chose executes in a container that is started and
+//! waiting, warm or cold. The plugin's environment is not the container's:
+//! it is applied by the gate at the last moment, so no variable a plugin
+//! names (a shell's startup file, say) can act on the gate itself.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,6 +24,19 @@ use crate::plugin_host::capabilities::container_engine::backend::Approved;
 
 /// Per-process open files inside a container.
 const NOFILE: i64 = 4096;
+
+/// The gate: waits for the host's line, exports the plugin's `KEY=value`
+/// pairs (the arguments before `--`), then becomes the plugin's command
+/// (the arguments after it). `read` takes its line a byte at a time from a
+/// pipe, so everything after the line reaches the command untouched.
+pub(super) const GATE: &str = r#"read -r _ || exit 125
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do export "$1" || exit 125; shift; done
+shift
+exec "$@""#;
+/// The gate's name in the process list (`$0`).
+const GATE_NAME: &str = "plimsoll-gate";
+/// What the host writes to open the gate.
+pub(super) const GATE_LINE: &[u8] = b"\n";
 
 impl DockerEngine {
     pub(super) fn create_body(
@@ -38,10 +60,19 @@ pub(super) fn create_body(
 ) -> ContainerCreateBody {
     {
         let memory = i64::from(s.memory_mb) << 20;
-        let (entrypoint, cmd) = match spec.command.split_first() {
-            Some((first, rest)) => (vec![first.clone()], rest.to_vec()),
-            None => (vec![], vec![]),
-        };
+        let entrypoint = vec![
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            GATE.to_string(),
+            GATE_NAME.to_string(),
+        ];
+        let cmd: Vec<String> = spec
+            .env
+            .iter()
+            .cloned()
+            .chain(std::iter::once("--".to_string()))
+            .chain(spec.command.iter().cloned())
+            .collect();
         let mut security_opt = vec!["no-new-privileges".to_string()];
         if !s.gvisor()
             && let Some(profile) = &s.seccomp
@@ -53,7 +84,8 @@ pub(super) fn create_body(
             image: Some(image_id.to_string()),
             entrypoint: Some(entrypoint),
             cmd: Some(cmd),
-            env: Some(spec.env.clone()),
+            // The plugin's environment reaches its command through the gate.
+            env: Some(vec![]),
             user: Some(s.user()),
             working_dir: Some("/work".into()),
             attach_stdin: Some(true),

@@ -1,10 +1,18 @@
 //! One container's life: created with the envelope, attached, started
-//! waiting on its stdin, fed its input while its output is read, killed at
-//! its deadline, removed. Failures before the engine is asked to start are
-//! `BeforeStart` (nothing ran); from then on `AfterStart`.
+//! behind the host's gate (see `envelope`), opened and fed its input while
+//! its output is read, killed at its deadline, removed.
+//!
+//! One absolute deadline, fixed before the container is created, bounds
+//! creation, start, the run itself and the wait for its exit status, so a
+//! slow engine cannot stretch a container's life past its run. Until the
+//! host writes the gate's line only the gate runs, so every failure before
+//! that is `BeforeStart` (nothing the plugin chose ran); from then on,
+//! `AfterStart`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+use tokio::time::{Instant as Deadline, timeout_at};
 
 use bollard::container::{AttachContainerResults, LogOutput};
 use bollard::query_parameters::{
@@ -14,10 +22,15 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
+use super::envelope::GATE_LINE;
 use super::verify::PidsCgroup;
 use super::{DockerEngine, short};
 use crate::outcome::ProcessOutput;
 use crate::plugin_host::capabilities::container_engine::backend::{Approved, EngineFailure};
+
+/// Past the run's deadline, how long the exit status of a killed container
+/// may take to arrive.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// A container started and waiting on its stdin.
 pub(super) struct Warm {
@@ -29,41 +42,36 @@ pub(super) struct Warm {
 }
 
 impl DockerEngine {
-    /// Creates, attaches and starts a container whose command waits on its
-    /// stdin, with every limit in place. On any failure the container is
-    /// removed and nothing of its command has had input.
+    /// Creates, attaches and starts a container behind the gate, with every
+    /// limit in place, by `deadline`. On any failure the container is
+    /// removed and the gate was never opened.
     pub(super) async fn start_waiting(
         &self,
         spec: &Approved,
         expires: u64,
-    ) -> Result<Warm, EngineFailure> {
-        self.start_waiting_with(spec, expires, None).await
-    }
-
-    pub(super) async fn start_waiting_with(
-        &self,
-        spec: &Approved,
-        expires: u64,
         grant_dir: Option<&Path>,
+        deadline: Deadline,
     ) -> Result<Warm, EngineFailure> {
         let mut id = [0u8; 8];
         let _ = getrandom::fill(&mut id);
         let name = format!("plimsoll-{}", hex::encode(id));
         let body = self.create_body(spec, expires, grant_dir);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
-        let created = match self.docker.create_container(Some(options), body).await {
-            Ok(c) => c,
-            Err(e) => {
-                // The engine may have created it even so (a timeout on the
-                // answer): remove by name, or it outlives every deadline.
-                self.remove(&name).await;
-                return Err(EngineFailure::BeforeStart(format!(
-                    "creating the container: {}",
-                    short(&e)
-                )));
-            }
-        };
-        match self.attach_and_start(&created.id).await {
+        let created =
+            match timeout_at(deadline, self.docker.create_container(Some(options), body)).await {
+                Ok(Ok(c)) => c,
+                failed => {
+                    // The engine may have created it even so (a timeout on the
+                    // answer): remove by name, or it outlives every deadline.
+                    self.remove(&name).await;
+                    let why = match failed {
+                        Ok(Err(e)) => format!("creating the container: {}", short(&e)),
+                        _ => "creating the container took past the run's deadline".into(),
+                    };
+                    return Err(EngineFailure::BeforeStart(why));
+                }
+            };
+        match self.attach_and_start(&created.id, deadline).await {
             Ok(io) => Ok(Warm {
                 id: created.id,
                 io,
@@ -76,25 +84,22 @@ impl DockerEngine {
         }
     }
 
-    /// Failures before `start_container` is asked are `BeforeStart`; from
-    /// then on the engine may have started the command (one that does not
-    /// wait on stdin would be running), so they are `AfterStart`.
-    pub(super) async fn attach_and_start(
+    /// Every failure here is `BeforeStart`: whatever the engine started is
+    /// the gate, waiting for a line the host has not written.
+    async fn attach_and_start(
         &self,
         id: &str,
+        deadline: Deadline,
     ) -> Result<AttachContainerResults, EngineFailure> {
-        if let PidsCgroup::Host { root, .. } = &self.pids {
+        if let PidsCgroup::Host { root, path, .. } = &self.pids {
             // Before start: the sandbox joins a cgroup that is already
             // limited, so there is no moment without the limit.
-            let dir = root.join(id);
-            std::fs::create_dir_all(&dir)
-                .and_then(|()| std::fs::write(dir.join("pids.max"), self.settings.pids.to_string()))
-                .map_err(|e| {
-                    EngineFailure::BeforeStart(format!(
-                        "limiting the sandbox's host cgroup {}: {e}",
-                        dir.display()
-                    ))
-                })?;
+            limit_pids(root, id, self.settings.pids).map_err(|e| {
+                EngineFailure::BeforeStart(format!(
+                    "limiting the sandbox's host cgroup {}/{id}: {e}",
+                    path.display()
+                ))
+            })?;
         }
         let attach = AttachContainerOptionsBuilder::default()
             .stream(true)
@@ -102,19 +107,19 @@ impl DockerEngine {
             .stdout(true)
             .stderr(true)
             .build();
-        let io = self
-            .docker
-            .attach_container(id, Some(attach))
+        let late = || EngineFailure::BeforeStart("starting took past the run's deadline".into());
+        let io = timeout_at(deadline, self.docker.attach_container(id, Some(attach)))
             .await
+            .map_err(|_| late())?
             .map_err(|e| EngineFailure::BeforeStart(format!("attaching: {}", short(&e))))?;
-        self.docker
-            .start_container(id, None)
+        timeout_at(deadline, self.docker.start_container(id, None))
             .await
-            .map_err(|e| EngineFailure::AfterStart(format!("starting: {}", short(&e))))?;
+            .map_err(|_| late())?
+            .map_err(|e| EngineFailure::BeforeStart(format!("starting: {}", short(&e))))?;
         if let PidsCgroup::Host { .. } = &self.pids {
             self.check_host_pids(id)
                 .await
-                .map_err(EngineFailure::AfterStart)?;
+                .map_err(EngineFailure::BeforeStart)?;
         }
         Ok(io)
     }
@@ -123,7 +128,7 @@ impl DockerEngine {
     /// and the limit is the configured one. Read from the host, where the
     /// sandbox cannot reach.
     async fn check_host_pids(&self, id: &str) -> Result<(), String> {
-        let PidsCgroup::Host { root, parent } = &self.pids else {
+        let PidsCgroup::Host { root, parent, .. } = &self.pids else {
             return Ok(());
         };
         let inspect = self
@@ -151,7 +156,8 @@ impl DockerEngine {
                 "the sandbox is not in the host cgroup that carries its process limit".into(),
             );
         }
-        let max = std::fs::read_to_string(root.join(id).join("pids.max"))
+        let max = crate::dirs::sub_nofollow(root, id)
+            .and_then(|d| d.read_to_string("pids.max"))
             .map_err(|e| format!("reading the sandbox's process limit: {e}"))?;
         if max.trim() != self.settings.pids.to_string() {
             return Err(format!(
@@ -180,7 +186,7 @@ impl DockerEngine {
         };
         if let PidsCgroup::Host { root, .. } = &self.pids {
             // Empty once the sandbox is gone; a busy one is left and named.
-            if let Err(e) = std::fs::remove_dir(root.join(name_or_id))
+            if let Err(e) = root.remove_dir(name_or_id)
                 && e.kind() != std::io::ErrorKind::NotFound
             {
                 tracing::debug!(error = %e, "removing a sandbox's host cgroup failed");
@@ -189,16 +195,16 @@ impl DockerEngine {
         removed
     }
 
-    /// Feeds the container its input and collects its output until it exits
-    /// or its deadline, when the whole container is killed.
+    /// Opens the gate, feeds the container its input and collects its
+    /// output until it exits or its deadline, when the whole container is
+    /// killed.
     pub(super) async fn drive(
         &self,
         warm: Warm,
         stdin: Vec<u8>,
-        timeout: Duration,
+        deadline: Deadline,
         output_limit: usize,
     ) -> Result<ProcessOutput, EngineFailure> {
-        let deadline = tokio::time::Instant::now() + timeout;
         let mut out = ProcessOutput::default();
         let Warm { id: name, io, .. } = warm;
         let mut output = io.output;
@@ -206,6 +212,7 @@ impl DockerEngine {
         // before it reads all its input must not stall until the deadline.
         let mut input = io.input;
         let feeder = tokio::spawn(async move {
+            input.write_all(GATE_LINE).await?;
             input.write_all(&stdin).await?;
             input.shutdown().await
         });
@@ -258,7 +265,9 @@ impl DockerEngine {
         let mut wait = self
             .docker
             .wait_container(&name, None::<WaitContainerOptions>);
-        let waited = tokio::time::timeout(Duration::from_secs(10), wait.next()).await;
+        // The exit status of a container killed at the deadline arrives at
+        // once; a short grace covers the engine's own bookkeeping.
+        let waited = timeout_at(deadline + EXIT_GRACE, wait.next()).await;
         out.exit_code = match waited {
             Ok(Some(Ok(w))) => i32::try_from(w.status_code).unwrap_or(i32::MAX),
             // bollard reports a non-zero exit as an error carrying the code.
@@ -275,10 +284,47 @@ impl DockerEngine {
     }
 }
 
+/// Makes the sandbox's host cgroup `id` under `root` and writes its
+/// process limit, through handles: a symlink at `id` is refused, never
+/// followed.
+pub(super) fn limit_pids(root: &crate::dirs::Dir, id: &str, pids: i64) -> std::io::Result<()> {
+    match root.create_dir(id) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    crate::dirs::sub_nofollow(root, id)?.write("pids.max", pids.to_string())
+}
+
 fn keep(buf: &mut Vec<u8>, truncated: &mut bool, data: &[u8], limit: usize) {
     let room = limit.saturating_sub(buf.len());
     if data.len() > room {
         *truncated = true;
     }
     buf.extend_from_slice(&data[..data.len().min(room)]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cgroup_swapped_for_a_symlink_is_refused_and_nothing_is_written_outside() {
+        let base = std::env::temp_dir().join(format!("plimsoll-cg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(base.join("root")).expect("root");
+        std::fs::create_dir_all(base.join("outside")).expect("outside");
+        let root = crate::dirs::open_nofollow(&base.join("root")).expect("open");
+        limit_pids(&root, "abc", 256).expect("a fresh cgroup");
+        assert_eq!(
+            std::fs::read_to_string(base.join("root/abc/pids.max")).expect("read"),
+            "256"
+        );
+        std::os::unix::fs::symlink(base.join("outside"), base.join("root/evil")).expect("link");
+        assert!(limit_pids(&root, "evil", 256).is_err());
+        assert!(!base.join("outside/pids.max").exists());
+        assert!(limit_pids(&root, "../outside", 256).is_err());
+        assert!(!base.join("outside/pids.max").exists());
+        let _ = std::fs::remove_dir_all(&base);
+    }
 }

@@ -33,20 +33,19 @@ mod smoke;
 mod sweep;
 mod verify;
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bollard::Docker;
 use futures_util::future::BoxFuture;
 
-use crate::outcome::ProcessOutput;
+use crate::outcome::{NotReady, ProcessOutput};
 use crate::plugin_host::capabilities::container_engine::backend::{
     Approved, BackendFacts, ContainerBackend, EngineFailure, Envelope, GrantMount,
 };
 use crate::tier::Tier;
 pub use settings::Settings;
-use verify::{PidsCgroup, pids_cgroup_root, resolve_image, verify_runtime};
+use verify::{PidsCgroup, RuntimeEvidence, pids_cgroup_root, resolve_image, verify_runtime};
 
 /// Label every container the host creates carries.
 pub const LABEL: &str = "io.plimsoll.run";
@@ -63,8 +62,8 @@ const EXPIRY_GRACE: Duration = Duration::from_secs(300);
 struct Verified {
     /// What the capability sees: image, user, runtime, tier, languages.
     facts: BackendFacts,
-    /// The runtime executable behind `runsc`, when that is the runtime.
-    runtime_path: Option<PathBuf>,
+    /// The runtime executable behind `runsc`, and its arguments.
+    runtime: RuntimeEvidence,
 }
 
 /// The local Docker engine, verified. Cheap to clone: every clone drives
@@ -75,7 +74,7 @@ pub struct DockerEngine {
     settings: Arc<Settings>,
     verified: Arc<Verified>,
     pids: PidsCgroup,
-    ready: Arc<Mutex<Result<(), String>>>,
+    ready: Arc<Mutex<Result<(), NotReady>>>,
     last_probe: Arc<Mutex<Option<Instant>>>,
     pool: Arc<Mutex<pool::Pool>>,
 }
@@ -101,7 +100,7 @@ impl DockerEngine {
             .await
             .map_err(|e| format!("docker info: {}", short(&e)))?;
 
-        let runtime_path = verify_runtime(&settings, &info)?;
+        let runtime = verify_runtime(&settings, &info)?;
         let pids = if settings.gvisor() {
             pids_cgroup_root(&info)?
         } else {
@@ -132,17 +131,15 @@ impl DockerEngine {
         let mut engine = DockerEngine {
             docker,
             settings: Arc::new(settings),
-            verified: Arc::new(Verified {
-                facts,
-                runtime_path,
-            }),
+            verified: Arc::new(Verified { facts, runtime }),
             pids,
             ready: Arc::new(Mutex::new(Ok(()))),
             last_probe: Arc::new(Mutex::new(None)),
             pool: Arc::new(Mutex::new(pool::Pool::default())),
         };
-        let (checks, languages) = engine.smoke().await?;
+        let (mut checks, languages) = engine.smoke().await?;
         let v = Arc::make_mut(&mut engine.verified);
+        checks.extend(v.runtime.describe());
         v.facts.checks = checks;
         v.facts.languages = languages;
         for check in &engine.verified.facts.checks {
@@ -161,14 +158,15 @@ impl DockerEngine {
 
     /// The last readiness verdict: the engine answers and the configured
     /// image still resolves to the ID runs use.
-    fn last_verdict(&self) -> Result<(), String> {
-        self.ready
-            .lock()
-            .map_or_else(|_| Err("readiness state poisoned".into()), |r| r.clone())
+    fn last_verdict(&self) -> Result<(), NotReady> {
+        self.ready.lock().map_or_else(
+            |_| Err(NotReady::new("state", "readiness state poisoned")),
+            |r| r.clone(),
+        )
     }
 
     /// Checks readiness now and records the verdict.
-    async fn check_ready_now(&self) -> Result<(), String> {
+    async fn check_ready_now(&self) -> Result<(), NotReady> {
         // /readyz needs no token: at most one probe of the engine a second,
         // whoever asks how often.
         if let Ok(mut last) = self.last_probe.lock() {
@@ -188,7 +186,7 @@ impl DockerEngine {
                 match &verdict {
                     Ok(()) => tracing::info!("the docker engine is ready again"),
                     Err(why) => {
-                        tracing::warn!(why = %why, "the docker engine is not ready; runs are refused")
+                        tracing::warn!(code = why.code, why = %why.detail, "the docker engine is not ready; runs are refused")
                     }
                 }
             }
@@ -197,12 +195,22 @@ impl DockerEngine {
         verdict
     }
 
-    async fn probe_ready(&self) -> Result<(), String> {
+    async fn probe_ready(&self) -> Result<(), NotReady> {
+        let unreachable = |why: String| NotReady::new("engine_unreachable", why);
         let ping = tokio::time::timeout(Duration::from_secs(5), self.docker.ping()).await;
         match ping {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(format!("the docker engine is unreachable: {}", short(&e))),
-            Err(_) => return Err("the docker engine did not answer within 5 s".into()),
+            Ok(Err(e)) => {
+                return Err(unreachable(format!(
+                    "the docker engine is unreachable: {}",
+                    short(&e)
+                )));
+            }
+            Err(_) => {
+                return Err(unreachable(
+                    "the docker engine did not answer within 5 s".into(),
+                ));
+            }
         }
         // The runtime still resolves as it did at start (the engine could
         // have been reconfigured and restarted under us).
@@ -210,23 +218,32 @@ impl DockerEngine {
             .docker
             .info()
             .await
-            .map_err(|e| format!("docker info: {}", short(&e)))?;
-        let runtime_path = verify_runtime(&self.settings, &info)?;
-        if runtime_path != self.verified.runtime_path {
-            return Err(
-                "the engine's runtime no longer resolves to the executable verified at start"
-                    .into(),
-            );
+            .map_err(|e| unreachable(format!("docker info: {}", short(&e))))?;
+        let runtime = verify_runtime(&self.settings, &info)
+            .map_err(|why| NotReady::new("runtime_changed", why))?;
+        if runtime != self.verified.runtime {
+            return Err(NotReady::new(
+                "runtime_changed",
+                "the engine's runtime no longer resolves to the executable and arguments verified at start",
+            ));
         }
         let image = self
             .docker
             .inspect_image(&self.settings.image)
             .await
-            .map_err(|e| format!("the image {:?} is gone: {}", self.settings.image, short(&e)))?;
+            .map_err(|e| {
+                NotReady::new(
+                    "image_changed",
+                    format!("the image {:?} is gone: {}", self.settings.image, short(&e)),
+                )
+            })?;
         if image.id.as_deref() != Some(self.image_id()) {
-            return Err(format!(
-                "the image {:?} no longer resolves to the ID verified at start",
-                self.settings.image
+            return Err(NotReady::new(
+                "image_changed",
+                format!(
+                    "the image {:?} no longer resolves to the ID verified at start",
+                    self.settings.image
+                ),
             ));
         }
         Ok(())
@@ -242,8 +259,11 @@ impl DockerEngine {
         grant: Option<GrantMount>,
     ) -> Result<ProcessOutput, EngineFailure> {
         if let Err(why) = self.last_verdict() {
-            return Err(EngineFailure::BeforeStart(why));
+            return Err(EngineFailure::BeforeStart(why.detail));
         }
+        // One deadline for the container's whole life, fixed before it is
+        // created: start, the run and the exit wait all count against it.
+        let deadline = tokio::time::Instant::now() + timeout;
         let engine = self.clone();
         // Own task: if the caller's future is dropped, this still finishes
         // and removes the container.
@@ -254,7 +274,6 @@ impl DockerEngine {
             } else {
                 None
             };
-            let began = Instant::now();
             let warm = match taken {
                 Some(w) => {
                     let refill = engine.clone();
@@ -266,26 +285,20 @@ impl DockerEngine {
                     if let Some(g) = &grant {
                         spec.env.extend(g.env.iter().cloned());
                     }
-                    let warm = engine
-                        .start_waiting_with(
+                    // Creating and starting can be slow on a loaded engine;
+                    // a run whose budget goes on that never opens the gate.
+                    engine
+                        .start_waiting(
                             &spec,
                             expiry(timeout),
                             grant.as_ref().map(|g| g.dir.as_path()),
+                            deadline,
                         )
-                        .await?;
-                    // Creating and starting can be slow on a loaded engine;
-                    // a run whose budget went on that never gets its input.
-                    if began.elapsed() >= timeout {
-                        engine.remove(&warm.id).await;
-                        return Err(EngineFailure::AfterStart(
-                            "the run's budget was spent starting its container".into(),
-                        ));
-                    }
-                    warm
+                        .await?
                 }
             };
             let name = warm.id.clone();
-            let result = engine.drive(warm, stdin, timeout, output_limit).await;
+            let result = engine.drive(warm, stdin, deadline, output_limit).await;
             engine.remove(&name).await;
             result
         });
@@ -299,11 +312,11 @@ impl ContainerBackend for DockerEngine {
         &self.verified.facts
     }
 
-    fn ready(&self) -> Result<(), String> {
+    fn ready(&self) -> Result<(), NotReady> {
         self.last_verdict()
     }
 
-    fn check_ready(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn check_ready(&self) -> BoxFuture<'_, Result<(), NotReady>> {
         Box::pin(self.check_ready_now())
     }
 

@@ -1,7 +1,14 @@
-//! Warm containers: started and waiting on their stdin, so a single run of
-//! the registered spec skips creation and start-up. Each serves one run and
-//! is then removed; none waits longer than `WARM_MAX_AGE`; a new spec, an
-//! unreachable engine or shutdown sends the waiting ones to be removed.
+//! Warm containers: started behind the host's gate, so a single run of the
+//! registered spec skips creation and start-up. Only the gate runs in a warm
+//! container; the plugin's command starts when a run takes it (see
+//! `envelope`). Each serves one run and is then removed; none waits longer
+//! than `WARM_MAX_AGE`; a new spec, an unreachable engine or shutdown sends
+//! the waiting ones to be removed.
+//!
+//! Never more than the pool size is alive: containers of an old spec still
+//! being removed, or still starting, count against it. And a plugin may
+//! change the spec at most `TEMPLATE_CHANGES_PER_MINUTE` times a minute, so
+//! it cannot make the host churn containers.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -16,6 +23,10 @@ const WARM_MAX_AGE: Duration = Duration::from_secs(300);
 /// The longest run any caller can ask for (the project maximum), for the
 /// expiry label of warm containers, whose run is not known yet.
 const LONGEST_RUN: Duration = Duration::from_secs(120);
+/// How long starting one warm container may take.
+const WARM_START_TIME: Duration = Duration::from_secs(60);
+/// Spec changes a plugin may make in a minute; more are refused.
+pub(super) const TEMPLATE_CHANGES_PER_MINUTE: usize = 6;
 
 #[derive(Default)]
 pub(super) struct Pool {
@@ -25,9 +36,11 @@ pub(super) struct Pool {
     pub(super) starting: u32,
     /// Set at shutdown: nothing more is started.
     pub(super) closed: bool,
-    /// Warm containers dropped while the engine was unreachable, removed
-    /// once it answers again.
+    /// Warm containers no longer wanted (an old spec, an outage, too old),
+    /// alive until removed.
     pub(super) orphans: Vec<String>,
+    /// When the spec last changed, within the last minute.
+    changes: VecDeque<Instant>,
 }
 
 impl DockerEngine {
@@ -37,17 +50,38 @@ impl DockerEngine {
         if self.settings.pool == 0 {
             return 0;
         }
-        if let Ok(mut pool) = self.pool.lock()
-            && pool.template.as_ref() != Some(&spec)
-        {
-            // A new template: warm containers of the old one are of no use;
-            // maintenance removes them.
+        let Ok(mut pool) = self.pool.lock() else {
+            return 0;
+        };
+        if pool.template.as_ref() != Some(&spec) {
+            let now = Instant::now();
+            while pool
+                .changes
+                .front()
+                .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(60))
+            {
+                pool.changes.pop_front();
+            }
+            if pool.changes.len() >= TEMPLATE_CHANGES_PER_MINUTE {
+                tracing::warn!(
+                    target: "plimsoll::engine",
+                    "a plugin changed its warm-container spec too often; the change was refused"
+                );
+                return 0;
+            }
+            pool.changes.push_back(now);
+            // Warm containers of the old spec are of no use: removed before
+            // any of the new one starts.
             let old: Vec<String> = pool.warm.drain(..).map(|w| w.id).collect();
             pool.orphans.extend(old);
             pool.template = Some(spec);
         }
+        drop(pool);
         let engine = self.clone();
-        tokio::spawn(async move { engine.top_up().await });
+        tokio::spawn(async move {
+            engine.remove_orphans().await;
+            engine.top_up().await;
+        });
         self.settings.pool
     }
 
@@ -66,7 +100,9 @@ impl DockerEngine {
                     .partition(|w| w.born.elapsed() < WARM_MAX_AGE);
                 pool.warm = young;
                 pool.orphans.extend(old.into_iter().map(|w| w.id));
-                let have = pool.warm.len() as u32 + pool.starting;
+                // Everything alive counts: waiting, starting, and unwanted
+                // ones not yet removed.
+                let have = pool.warm.len() as u32 + pool.starting + pool.orphans.len() as u32;
                 match pool.template.clone() {
                     Some(t) if have < self.settings.pool && !pool.closed => {
                         pool.starting += 1;
@@ -76,7 +112,12 @@ impl DockerEngine {
                 }
             };
             let started = self
-                .start_waiting(&template, expiry(WARM_MAX_AGE + LONGEST_RUN))
+                .start_waiting(
+                    &template,
+                    expiry(WARM_MAX_AGE + LONGEST_RUN),
+                    None,
+                    tokio::time::Instant::now() + WARM_START_TIME,
+                )
                 .await
                 .map_err(|(EngineFailure::BeforeStart(e) | EngineFailure::AfterStart(e))| e);
             // The lock is never held across an await. A container that is
@@ -127,23 +168,27 @@ impl DockerEngine {
         self.drain_pool().await;
     }
 
+    /// Removes every waiting container, and every unwanted one.
     pub(super) async fn drain_pool(&self) {
-        let drained: Vec<String> = match self.pool.lock() {
-            Ok(mut pool) => {
-                let mut names: Vec<String> = pool.warm.drain(..).map(|w| w.id).collect();
-                names.append(&mut pool.orphans);
-                names
-            }
+        self.orphan_warm();
+        self.remove_orphans().await;
+    }
+
+    /// Removes the containers no longer wanted; the ones the engine would
+    /// not remove stay orphans (and count as alive) until it does.
+    /// An orphan leaves the list only once it is gone, so it counts as
+    /// alive while it is being removed.
+    pub(super) async fn remove_orphans(&self) {
+        let orphans: Vec<String> = match self.pool.lock() {
+            Ok(pool) => pool.orphans.clone(),
             Err(_) => return,
         };
-        let mut failed = Vec::new();
-        for name in drained {
-            if !self.remove(&name).await {
-                failed.push(name);
+        for name in orphans {
+            if self.remove(&name).await
+                && let Ok(mut pool) = self.pool.lock()
+            {
+                pool.orphans.retain(|o| *o != name);
             }
-        }
-        if let Ok(mut pool) = self.pool.lock() {
-            pool.orphans.extend(failed);
         }
     }
 

@@ -11,6 +11,10 @@ use super::settings::{SHM_MB, TMP_MB};
 use super::{DockerEngine, expiry};
 use crate::plugin_host::capabilities::container_engine::backend::{Approved, EngineFailure};
 
+/// The smoke test's whole budget, from creating its container to reading
+/// its report.
+const SMOKE_TIME: Duration = Duration::from_secs(60);
+
 impl DockerEngine {
     /// The smoke test: one container with exactly the settings runs get,
     /// proving from inside what the tier rests on. Returns the checks passed
@@ -20,8 +24,9 @@ impl DockerEngine {
             command: vec!["/bin/sh".into(), "-c".into(), SMOKE_SCRIPT.into()],
             env: self.verified.facts.image_env.clone(),
         };
+        let deadline = tokio::time::Instant::now() + SMOKE_TIME;
         let warm = self
-            .start_waiting(&spec, expiry(Duration::from_secs(60)))
+            .start_waiting(&spec, expiry(SMOKE_TIME), None, deadline)
             .await
             .map_err(
                 |(EngineFailure::BeforeStart(e) | EngineFailure::AfterStart(e))| {
@@ -29,9 +34,7 @@ impl DockerEngine {
                 },
             )?;
         let name = warm.id.clone();
-        let ran = self
-            .drive(warm, b"go\n".to_vec(), Duration::from_secs(60), 1 << 20)
-            .await;
+        let ran = self.drive(warm, b"go\n".to_vec(), deadline, 1 << 20).await;
         self.remove(&name).await;
         let out = match ran {
             Ok(out) => out,

@@ -5,12 +5,14 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bollard::Docker;
 use bollard::models::{SystemInfoCgroupDriverEnum, SystemInfoCgroupVersionEnum};
 
 use super::settings::Settings;
 use super::short;
+use crate::dirs::Dir;
 use crate::plugin_host::capabilities::container_engine::policy::loader_var;
 
 /// Where the host keeps the sandbox's process limit under gVisor, whose
@@ -20,15 +22,58 @@ pub(super) enum PidsCgroup {
     /// Set by the engine from the container's config (runc).
     Engine,
     /// `<root>/<id>` on the host, created and limited before start (gVisor).
-    Host { root: PathBuf, parent: String },
+    /// The root is held open: every cgroup is made, written, read and
+    /// removed through its handle.
+    Host {
+        root: Arc<Dir>,
+        path: PathBuf,
+        parent: String,
+    },
+}
+
+/// The arguments the engine may pass runsc for the kernel tier to hold.
+/// Each one is here because the project needs it or it does not widen
+/// what a sandbox reaches: `--network=none` (this VM's runsc needs it, and
+/// containers have no network anyway), `--host-uds=open` (a container may
+/// connect to the one host socket bind-mounted into it, the broker's), and
+/// the two platforms that run without extra host devices. Anything else (a
+/// host network, any host socket to be created, directfs changes, debug
+/// logs) is refused: the tier would no longer be the one verified.
+pub const ALLOWED_RUNSC_ARGS: &[&str] = &[
+    "--network=none",
+    "--host-uds=open",
+    "--platform=systrap",
+    "--platform=ptrace",
+];
+
+/// What the runtime resolved to: for gVisor, the executable and the
+/// arguments the engine passes it. Compared on every readiness probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RuntimeEvidence {
+    pub(super) path: Option<PathBuf>,
+    pub(super) args: Vec<String>,
+}
+
+impl RuntimeEvidence {
+    /// A line for the operator's log and the startup evidence.
+    pub(super) fn describe(&self) -> Option<String> {
+        self.path.as_ref().map(|p| {
+            format!(
+                "runtime runsc at {} with arguments [{}]",
+                p.display(),
+                self.args.join(" ")
+            )
+        })
+    }
 }
 
 /// The runtime is the one configured, and for gVisor the engine resolves it
-/// to an executable named runsc on this host. Returns that executable.
+/// to an executable named runsc on this host, run with allowed arguments
+/// only.
 pub(super) fn verify_runtime(
     settings: &Settings,
     info: &bollard::models::SystemInfo,
-) -> Result<Option<PathBuf>, String> {
+) -> Result<RuntimeEvidence, String> {
     match settings.runtime.as_str() {
         "" => {
             // The container tier rests on runc's namespaces and cgroups; an
@@ -39,7 +84,10 @@ pub(super) fn verify_runtime(
                     "the docker engine's default runtime is {default:?}, not runc; set SANDBOX_DOCKER_RUNTIME to a runtime plimsoll verifies"
                 ));
             }
-            Ok(None)
+            Ok(RuntimeEvidence {
+                path: None,
+                args: vec![],
+            })
         }
         "runsc" => {
             let runtimes = info.runtimes.clone().unwrap_or_default();
@@ -55,11 +103,31 @@ pub(super) fn verify_runtime(
                     resolved.display()
                 ));
             }
-            Ok(Some(resolved))
+            let args = rt.runtime_args.clone().unwrap_or_default();
+            check_runsc_args(&args)?;
+            Ok(RuntimeEvidence {
+                path: Some(resolved),
+                args,
+            })
         }
         other => Err(format!(
             "SANDBOX_DOCKER_RUNTIME={other:?}: plimsoll verifies runc (unset) and runsc only"
         )),
+    }
+}
+
+/// Every argument the engine passes runsc must be on the allowlist.
+pub(super) fn check_runsc_args(args: &[String]) -> Result<(), String> {
+    match args
+        .iter()
+        .find(|a| !ALLOWED_RUNSC_ARGS.contains(&a.as_str()))
+    {
+        Some(bad) => Err(format!(
+            "the engine runs runsc with {:?}, which is not among the arguments the kernel tier allows ({})",
+            crate::text::sanitize(bad, 100),
+            ALLOWED_RUNSC_ARGS.join(", ")
+        )),
+        None => Ok(()),
     }
 }
 
@@ -102,10 +170,13 @@ pub(super) fn pids_cgroup_root(info: &bollard::models::SystemInfo) -> Result<Pid
         Some(SystemInfoCgroupVersionEnum::_2) => PathBuf::from("/sys/fs/cgroup/docker"),
         _ => PathBuf::from("/sys/fs/cgroup/pids/docker"),
     };
-    if !root.is_dir() {
-        return Err(format!("no pids cgroup at {}", root.display()));
-    }
-    Ok(PidsCgroup::Host { root, parent })
+    let dir = crate::dirs::open_nofollow(&root)
+        .map_err(|e| format!("no pids cgroup at {}: {e}", root.display()))?;
+    Ok(PidsCgroup::Host {
+        root: Arc::new(dir),
+        path: root,
+        parent,
+    })
 }
 
 /// Resolves the configured image to its ID and checks what it declares.
@@ -138,4 +209,31 @@ pub(super) async fn resolve_image(
         }
     }
     Ok((id, env))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn runsc_arguments_outside_the_allowlist_refuse_the_kernel_tier() {
+        for bad in [
+            "--network=host",
+            "--network=sandbox",
+            "--host-uds=all",
+            "--host-uds=create",
+            "--debug",
+            "--directfs=false",
+            "--platform=kvm",
+        ] {
+            let e = check_runsc_args(&args(&["--network=none", bad])).expect_err(bad);
+            assert!(e.contains(bad), "{e}");
+        }
+        assert!(check_runsc_args(&args(&["--network=none", "--host-uds=open"])).is_ok());
+        assert!(check_runsc_args(&[]).is_ok());
+    }
 }

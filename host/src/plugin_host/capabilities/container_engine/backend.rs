@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use crate::outcome::ProcessOutput;
+use crate::outcome::{NotReady, ProcessOutput};
 use crate::tier::Tier;
 
 /// What a plugin asked for, once the policy approved it: the only parts of
@@ -92,10 +92,10 @@ pub trait ContainerBackend: Send + Sync + 'static {
     fn facts(&self) -> &BackendFacts;
 
     /// The last readiness verdict, without asking the engine.
-    fn ready(&self) -> Result<(), String>;
+    fn ready(&self) -> Result<(), NotReady>;
 
     /// Readiness checked afresh (backends may rate-limit the probe).
-    fn check_ready(&self) -> BoxFuture<'_, Result<(), String>>;
+    fn check_ready(&self) -> BoxFuture<'_, Result<(), NotReady>>;
 
     /// Runs one approved container to completion or its deadline, removing
     /// it on every path, even if the returned future is dropped. Its command

@@ -236,14 +236,16 @@ pub async fn run(
         .min(MAX_CONTAINER_TIME)
         .min(remaining);
     let limit = (output_limit as usize).min(MAX_CONTAINER_OUTPUT);
-    // Marked before the backend is asked: if this call is abandoned at its
-    // deadline while the container runs, the host must not later claim that
-    // nothing ran. Put back only when the backend proves nothing started.
-    let before = call.mark.before_execution();
+    // The run's broker directory comes first: if it cannot be made, nothing
+    // was asked of the backend and the mark is untouched.
     let grant = match grant_mount(call, state) {
         Ok(g) => g,
         Err(why) => return Err(engine_if::EngineError::NotStarted(why)),
     };
+    // Marked before the backend is asked: if this call is abandoned at its
+    // deadline while the container runs, the host must not later claim that
+    // nothing ran. Put back only when the backend proves nothing started.
+    let before = call.mark.before_execution();
     match engine
         .backend
         .run(approved, stdin, timeout, limit, grant)
@@ -286,11 +288,12 @@ fn grant_mount(
     };
     if state.mount.is_none() {
         let gid = state.engine.backend.facts().guest_uid;
-        let root = std::path::Path::new(socket::ROOT);
-        let mount = socket::Mount::open(root, session, gid).map_err(|e| {
-            tracing::error!(error = %e, "making a run's broker socket failed");
-            "the run's broker socket could not be made".to_string()
-        })?;
+        let mount = socket::Root::open(std::path::Path::new(socket::ROOT))
+            .and_then(|root| socket::Mount::open(&root, session, gid))
+            .map_err(|e| {
+                tracing::error!(error = %e, "making a run's broker socket failed");
+                "the run's broker socket could not be made".to_string()
+            })?;
         state.mount = Some(Arc::new(mount));
     }
     Ok(state.mount.as_ref().map(|m| GrantMount {

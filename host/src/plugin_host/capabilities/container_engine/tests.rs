@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 
 use super::*;
-use crate::outcome::{ProcessOutput, RunFailure};
+use crate::outcome::{NotReady, ProcessOutput, RunFailure};
 use crate::plugin_host::capabilities::container_engine::backend::{BackendFacts, Envelope};
 use crate::refusal::Refusal;
 use crate::tier::Tier;
@@ -67,11 +67,11 @@ impl ContainerBackend for Fake {
         &self.facts
     }
 
-    fn ready(&self) -> Result<(), String> {
+    fn ready(&self) -> Result<(), NotReady> {
         Ok(())
     }
 
-    fn check_ready(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn check_ready(&self) -> BoxFuture<'_, Result<(), NotReady>> {
         Box::pin(std::future::ready(Ok(())))
     }
 
