@@ -359,12 +359,18 @@ async fn capacity_is_refused_not_queued() {
                 .await
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    plimsoll_tests::wait_inflight(&d, 1).await;
     let a = call(&d, "Run", &js_run("1")).await;
     assert_eq!(
         (a.code(), a.mark(), a.detail_reason()),
         ("resource_exhausted", Some("capacity"), Some(CAPACITY))
     );
+    // Capacity comes before the floor: a request that would also fail its
+    // floor is refused for capacity, never told about the tier.
+    let mut floored = js_run("1");
+    floored["minimumIsolation"] = json!("vm");
+    let a = call(&d, "Run", &floored).await;
+    assert_eq!(a.mark(), Some("capacity"), "{:?}", a.body);
     let first = plimsoll_tests::answer(busy.await.expect("join").expect("sent")).await;
     assert_eq!(first.body["javascript"]["timedOut"], true);
     // The slot is free again.

@@ -23,6 +23,10 @@ struct Seen {
 
 type Log = Arc<Mutex<Vec<Seen>>>;
 
+/// Calls to /slow/* in flight at the API now, and the most there ever were.
+static SLOW_NOW: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static SLOW_MOST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// The operator's API: records, then answers by path.
 async fn api() -> (String, Log) {
     let log: Log = Arc::new(Mutex::new(Vec::new()));
@@ -30,6 +34,24 @@ async fn api() -> (String, Log) {
     let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
         let seen = seen.clone();
         async move {
+            if let Some(ms) = req.uri().path().strip_prefix("/hang/") {
+                let ms: u64 = ms.parse().unwrap_or(0);
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                return axum::response::IntoResponse::into_response(axum::Json(
+                    json!({"slept": ms}),
+                ));
+            }
+            if let Some(ms) = req.uri().path().strip_prefix("/slow/") {
+                use std::sync::atomic::Ordering::SeqCst;
+                let ms: u64 = ms.parse().unwrap_or(0);
+                let now = SLOW_NOW.fetch_add(1, SeqCst) + 1;
+                SLOW_MOST.fetch_max(now, SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                SLOW_NOW.fetch_sub(1, SeqCst);
+                return axum::response::IntoResponse::into_response(axum::Json(
+                    json!({"slept": ms}),
+                ));
+            }
             let method = req.method().to_string();
             let target = req
                 .uri()
@@ -63,6 +85,21 @@ async fn api() -> (String, Log) {
                     .into_response(),
                 ("GET", "/big") => vec![b'x'; 5 << 20].into_response(),
                 ("GET", "/missing") => (StatusCode::NOT_FOUND, "no such thing").into_response(),
+                // /moved/<code>/<port>: a redirect to an off-list origin.
+                ("GET", t) if t.starts_with("/moved/") => {
+                    let mut parts = t["/moved/".len()..].split('/');
+                    let code = parts
+                        .next()
+                        .and_then(|c| c.parse::<u16>().ok())
+                        .unwrap_or(302);
+                    let port = parts.next().unwrap_or("1");
+                    (
+                        StatusCode::from_u16(code).unwrap_or(StatusCode::FOUND),
+                        [("location", format!("http://127.0.0.1:{port}/stolen"))],
+                        "moved",
+                    )
+                        .into_response()
+                }
                 ("POST", "/items") => (
                     StatusCode::CREATED,
                     axum::Json(json!({"received": body.len()})),
@@ -109,7 +146,7 @@ async fn setup(provider: &[(&str, &str)]) -> Setup {
     let grants = json!({"profiles": {
         "inventory": {
             "base_url": origin,
-            "allow": ["GET /items/*", "POST /items", "GET /busy", "GET /big", "GET /missing", "GET /canary/*"],
+            "allow": ["GET /items/*", "POST /items", "GET /busy", "GET /big", "GET /missing", "GET /canary/*", "GET /moved/*/*", "GET /slow/*", "GET /hang/*"],
             "allowed_callers": ["anonymous"],
             "token": {"type": "static", "env": "INVENTORY_TOKEN"},
             "max_calls": 40,
@@ -283,6 +320,65 @@ async fn off_grant_and_malformed_paths_never_reach_the_api() {
     )
     .await;
     assert_eq!(a.stdout(), "{\"id\":\"7\"}\n");
+}
+
+/// The broker follows no redirect, whatever the code, and uses no proxy,
+/// whatever the environment says: the off-list origin and the proxy both see
+/// nothing, and the guest gets the redirect itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_are_not_followed_and_proxies_are_not_used() {
+    let (decoy, decoyed) = plimsoll_tests::recording_listener().await;
+    let (proxy, proxied) = plimsoll_tests::recording_listener().await;
+    let port = decoy.rsplit(':').next().expect("port").to_string();
+    let proxies = plimsoll_tests::proxy_env(&proxy);
+    let mut env: Vec<(&str, &str)> = wasm().to_vec();
+    env.extend(proxies.iter().map(|(k, v)| (*k, v.as_str())));
+    let s = setup(&env).await;
+    let code = format!(
+        "Promise.all([301, 302, 307, 308].map(c => host.get('/moved/' + c + '/{port}').then(() => 'FOLLOWED', e => e.message))).then(r => console.log(r.join('\\n')))"
+    );
+    let a = call(&s.d, "Run", &granted(&code)).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    let out = a.stdout();
+    for c in ["301", "302", "307", "308"] {
+        assert!(out.contains(&format!("host api {c}")), "{out}");
+    }
+    assert!(!out.contains("FOLLOWED"), "{out}");
+    assert_eq!(
+        s.log.lock().expect("log").len(),
+        4,
+        "each call reached the API once"
+    );
+    assert_eq!(
+        decoyed.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a redirect was followed"
+    );
+    assert_eq!(
+        proxied.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the proxy was used"
+    );
+    // The host-call series count them by route template, never by path.
+    let text = plimsoll_tests::client()
+        .get(plimsoll_tests::metrics_url(&s.d))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        text.contains(
+            "plimsoll_host_calls_total{method=\"GET\",profile=\"inventory\",route=\"/moved/*/*\"} 4"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("plimsoll_host_call_latency_seconds_bucket{"),
+        "{text}"
+    );
+    assert!(!text.contains(&port), "a raw path reached /metrics");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -487,4 +583,47 @@ async fn runc_containers_reach_the_api_through_the_socket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runsc_containers_reach_the_api_through_the_socket() {
     containers_reach_the_api_through_the_socket("runsc").await;
+}
+
+/// At most 16 of one run's calls are in flight at once; the rest are
+/// refused, not queued. (Concurrent calls need the container client: the
+/// QuickJS guest's calls are one at a time.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_has_at_most_16_calls_in_flight() {
+    let owned = docker("");
+    let env: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let s = setup(&env).await;
+    let code = "Promise.allSettled(Array.from({length: 20}, () => host.get('/slow/1500'))).then(r => { console.log('ok', r.filter(x => x.status === 'fulfilled').length); console.log('refused', r.filter(x => x.status === 'rejected' && /16 calls are already in flight/.test(x.reason.message)).length); })";
+    let mut req = granted(code);
+    req["timeoutMs"] = json!(20000);
+    let a = call(&s.d, "Run", &req).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(a.stdout(), "ok 16\nrefused 4\n", "{}", a.stderr());
+    assert_eq!(SLOW_MOST.load(std::sync::atomic::Ordering::SeqCst), 16);
+}
+
+/// A call gets what is left of the run, not the broker's whole minute: an
+/// API that takes 10 s is cut at the run's 2 s deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_cut_at_the_runs_deadline() {
+    let s = setup(&wasm()).await;
+    let mut req = granted(
+        "host.get('/hang/10000').then(() => console.log('ANSWERED'), e => console.log(e.message))",
+    );
+    req["timeoutMs"] = json!(2000);
+    let t = std::time::Instant::now();
+    let a = call(&s.d, "Run", &req).await;
+    let took = t.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "the run took {took:?}"
+    );
+    assert!(!a.stdout().contains("ANSWERED"), "{:?}", a.body);
+    let calls = trace(&a)["calls"].as_array().cloned().unwrap_or_default();
+    assert_eq!(calls.len(), 1, "{:?}", a.body);
+    let latency: u64 = calls[0]["latencyMs"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(latency < 3000, "the call ran {latency} ms");
 }

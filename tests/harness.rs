@@ -740,3 +740,60 @@ fn replace_all(buf: &mut [u8], from: &[u8], to: &[u8]) {
         }
     }
 }
+
+/// A TCP listener on loopback that counts the connections made to it and
+/// closes each at once: a stand-in proxy or decoy that must never be
+/// reached. Returns `http://127.0.0.1:<port>` and the count.
+pub async fn recording_listener() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(s);
+        }
+    });
+    (format!("http://{addr}"), hits)
+}
+
+/// Every proxy variable HTTP clients read, pointing at `proxy`.
+pub fn proxy_env(proxy: &str) -> Vec<(&'static str, String)> {
+    [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ]
+    .into_iter()
+    .map(|k| (k, proxy.to_string()))
+    .collect()
+}
+
+/// Waits (at most 10 s) until the daemon's own in-flight gauge reads `n`:
+/// the sentinel for "these runs have started", instead of a guessed sleep.
+pub async fn wait_inflight(d: &Daemon, n: usize) {
+    let url = metrics_url(d);
+    let want = format!("plimsoll_inflight {n}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = client()
+            .get(&url)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        if text.lines().any(|l| l == want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{n} runs were never in flight");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -168,6 +168,56 @@ async fn callers_authenticate_and_their_tokens_appear_nowhere() {
             .expect("file")
             .contains("\"bob\"")
     );
+    // A revoked token is refused by the daemon started after it.
+    drop(d);
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
+    ]);
+    assert_eq!(post(&d, Some(&bob), &js_run("1")).await.0, 401);
+    // Import takes a token the operator made (on stdin, never an argument),
+    // and list --json shows ids and scopes, never tokens or digests.
+    let imported = "an-imported-token-0123456789abcdef0123456789";
+    let mut import = Command::new(cli())
+        .args(["callers", "import", "--file"])
+        .arg(&file)
+        .args(["--id", "carol", "--scope", "code:run"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("import");
+    {
+        use std::io::Write;
+        import
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(imported.as_bytes())
+            .expect("token");
+    }
+    assert!(import.wait().expect("import").success());
+    let json_list = Command::new(cli())
+        .args(["callers", "list", "--json", "--file"])
+        .arg(&file)
+        .output()
+        .expect("list --json");
+    let listed: Value = serde_json::from_slice(&json_list.stdout).expect("json");
+    let mut ids: Vec<&str> = listed
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|c| c["id"].as_str().expect("id"))
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["alice", "carol", "reader"]);
+    let raw = String::from_utf8_lossy(&json_list.stdout);
+    assert!(!raw.contains(imported) && !raw.contains("sha256") && !raw.contains(&new_alice));
+    drop(d);
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
+    ]);
+    assert_eq!(post(&d, Some(imported), &js_run("1")).await.0, 200);
     // A symlinked file is refused.
     let link = dir.path("link.json");
     std::os::unix::fs::symlink(&file, &link).expect("symlink");
@@ -517,6 +567,144 @@ fn hardened_mode_names_every_missing_safeguard() {
     ] {
         assert!(text.contains(named), "{named} not named in:\n{text}");
     }
+}
+
+/// A hardened configuration for the hostile test plugin, granted the
+/// container engine under runc: everything hardened mode checks before the
+/// provider starts holds, so the daemon goes on to start it.
+fn hardened_plugin_env(dir: &Scratch) -> Vec<(String, String)> {
+    let file = dir.path("clients.json");
+    create(&file, "alice", &["--paid-seconds-per-day", "60"]);
+    let plugins = plimsoll_tests::test_plugin_dir();
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(
+            std::fs::read(plugins.join("hostile.wasm")).expect("hostile plugin"),
+        ))
+    };
+    [
+        ("PLIMSOLL_HARDENED", "1".to_string()),
+        ("SANDBOX_PROVIDER", "hostile".into()),
+        ("PLIMSOLL_PLUGIN_DIR", plugins.display().to_string()),
+        ("SANDBOX_PLUGIN_SHA256", sha),
+        ("SANDBOX_PLUGIN_MAX_TIER", "kernel".into()),
+        ("SANDBOX_PLUGIN_HTTP_ORIGINS", "http://127.0.0.1:9".into()),
+        ("SANDBOX_PLUGIN_CONTAINER_ENGINE", "1".into()),
+        ("SANDBOX_PLUGIN_METERED", "1".into()),
+        ("SANDBOX_DOCKER_IMAGE", plimsoll_tests::sandbox_image()),
+        ("SANDBOX_DOCKER_POOL", "0".into()),
+        ("SANDBOX_MEMORY_MB", "64".into()),
+        ("SANDBOX_CPUS", "1".into()),
+        ("SANDBOX_PIDS", "256".into()),
+        ("SANDBOX_DISK_MB", "160".into()),
+        ("SANDBOX_MAX_CONCURRENT", "4".into()),
+        ("SANDBOX_PER_KEY_CONCURRENT", "2".into()),
+        ("SANDBOX_RATE_PER_MIN", "60".into()),
+        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The checks that had no test: an unknown variable, a grant open to every
+/// caller, a metered provider with a caller without an allowance, and a
+/// plugin's pin and tier; each alone, then all together.
+#[test]
+fn hardened_mode_names_the_plugin_grant_and_allowance_checks() {
+    let dir = Scratch::new("hardened-plugin");
+    let good = hardened_plugin_env(&dir);
+    let grants = dir.path("grants.json");
+    std::fs::write(
+        &grants,
+        r#"{"profiles":{"open":{"base_url":"http://127.0.0.1:9","allow":["GET /x"],"allowed_callers":["*"]}}}"#,
+    )
+    .expect("grants");
+    let grants = grants.display().to_string();
+    let unpaid = dir.path("unpaid.json");
+    create(&unpaid, "bob", &[]);
+    let unpaid = unpaid.display().to_string();
+    let with = |changes: &[(&str, Option<&str>)]| {
+        let mut env = good.clone();
+        for (k, v) in changes {
+            env.retain(|(x, _)| x != k);
+            if let Some(v) = v {
+                env.push((k.to_string(), v.to_string()));
+            }
+        }
+        env
+    };
+    let cases: Vec<(Vec<(String, String)>, &str)> = vec![
+        (
+            with(&[("SANDBOX_PIDZ", Some("256"))]),
+            "SANDBOX_PIDZ is not a plimsolld variable",
+        ),
+        (
+            with(&[("SANDBOX_PLUGIN_SHA256", None)]),
+            "SANDBOX_PLUGIN_SHA256",
+        ),
+        (
+            with(&[("SANDBOX_PLUGIN_MAX_TIER", Some("container"))]),
+            "SANDBOX_PLUGIN_MAX_TIER",
+        ),
+        (
+            with(&[("PLIMSOLL_CLIENTS_FILE", Some(unpaid.as_str()))]),
+            "caller bob has no paid_seconds_per_day",
+        ),
+    ];
+    for (env, named) in &cases {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let (code, text) = run_to_exit(&[], &env);
+        assert_eq!(code, Some(2), "{named}: {text}");
+        assert!(text.contains(named), "{named} not named in:\n{text}");
+        assert!(
+            text.contains("(1 problems)"),
+            "{named} was not alone:\n{text}"
+        );
+    }
+    // Open grants need a provider that carries grants: docker, hardened.
+    let docker_dir = Scratch::new("hardened-open-grants");
+    let (docker, _, _) = hardened_env(&docker_dir);
+    let mut env = docker.clone();
+    env.push(("PLIMSOLL_GRANTS_FILE".into(), grants.clone()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (code, text) = run_to_exit(&[], &env);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("profile open admits every caller"), "{text}");
+    assert!(text.contains("(1 problems)"), "{text}");
+    // All of the plugin's at once.
+    let env = with(&[
+        ("SANDBOX_PIDZ", Some("256")),
+        ("SANDBOX_PLUGIN_SHA256", None),
+        ("SANDBOX_PLUGIN_MAX_TIER", Some("container")),
+        ("PLIMSOLL_CLIENTS_FILE", Some(unpaid.as_str())),
+    ]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (code, text) = run_to_exit(&[], &env);
+    assert_eq!(code, Some(2), "{text}");
+    for (_, named) in &cases {
+        assert!(text.contains(named), "{named} not named in:\n{text}");
+    }
+    assert!(text.contains("(4 problems)"), "{text}");
+}
+
+/// A plugin allowed kernel whose backend can only stand behind container
+/// (runc) passes every check made before it starts, and is refused after:
+/// the tier it reaches is what counts.
+#[test]
+fn hardened_mode_checks_the_tier_a_started_provider_reaches() {
+    let dir = Scratch::new("hardened-tier");
+    let env = hardened_plugin_env(&dir);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (code, text) = run_to_exit(&[], &env);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(
+        text.contains(
+            "the provider's verified tier is container; hardened mode needs kernel or vm"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("plimsolld listening"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,7 +45,13 @@ fn remote_daemon(upstream: &Daemon, extra: &[(&str, &str)]) -> Daemon {
 #[tokio::test]
 async fn the_example_plugin_runs_a_snippet_end_to_end() {
     let upstream = wasm_daemon();
-    let front = remote_daemon(&upstream, &[("SANDBOX_PLUGIN_MAX_TIER", "vm")]);
+    // Every proxy variable points at a listener that must never be reached:
+    // the plugin's requests go to the upstream itself.
+    let (proxy, proxied) = plimsoll_tests::recording_listener().await;
+    let proxies = plimsoll_tests::proxy_env(&proxy);
+    let mut extra: Vec<(&str, &str)> = vec![("SANDBOX_PLUGIN_MAX_TIER", "vm")];
+    extra.extend(proxies.iter().map(|(k, v)| (*k, v.as_str())));
+    let front = remote_daemon(&upstream, &extra);
 
     let info = call(&front, "Describe", &json!({})).await;
     assert_eq!(info.body["sandbox"], "remote-plimsoll");
@@ -82,6 +88,11 @@ async fn the_example_plugin_runs_a_snippet_end_to_end() {
     req["minimumIsolation"] = json!("container");
     let a = call(&front, "Run", &req).await;
     assert_eq!(a.mark(), Some("isolation"));
+    assert_eq!(
+        proxied.load(Ordering::SeqCst),
+        0,
+        "a request went to the proxy"
+    );
 }
 
 #[tokio::test]
@@ -200,17 +211,26 @@ fn hostile(origin: &str) -> Daemon {
 }
 
 fn hostile_with_pool(origin: &str, pool: &str) -> Daemon {
+    hostile_with(origin, &[("SANDBOX_DOCKER_POOL", pool)])
+}
+
+/// The hostile plugin with every capability granted, and `extra`.
+fn hostile_with(origin: &str, extra: &[(&str, &str)]) -> Daemon {
     let dir = test_plugin_dir().display().to_string();
     let image = plimsoll_tests::sandbox_image();
-    Daemon::start(&[
+    let mut env = vec![
         ("SANDBOX_PROVIDER", "hostile"),
         ("PLIMSOLL_PLUGIN_DIR", dir.as_str()),
         ("SANDBOX_PLUGIN_HTTP_ORIGINS", origin),
         ("SANDBOX_PLUGIN_CONTAINER_ENGINE", "1"),
         ("SANDBOX_DOCKER_IMAGE", image.as_str()),
-        ("SANDBOX_DOCKER_POOL", pool),
         ("SANDBOX_MEMORY_MB", "64"),
-    ])
+    ];
+    if !extra.iter().any(|(k, _)| *k == "SANDBOX_DOCKER_POOL") {
+        env.push(("SANDBOX_DOCKER_POOL", "0"));
+    }
+    env.extend_from_slice(extra);
+    Daemon::start(&env)
 }
 
 /// IDs of the containers a daemon has now.
@@ -518,11 +538,12 @@ async fn a_compliant_container_runs_for_real_inside_the_envelope_and_is_removed(
 #[tokio::test]
 async fn spinning_plugins_do_not_starve_the_daemon() {
     let (origin, _) = recording_server().await;
-    let d = hostile(&origin);
+    // Two worker threads, whatever this machine has, and more spinners than
+    // that: a daemon whose workers were held would not answer at all.
+    let d = hostile_with(&origin, &[("TOKIO_WORKER_THREADS", "2")]);
     let mut req = js_run("loop");
     req["timeoutMs"] = json!(3000);
-    // More spinning runs than the runtime has worker threads (2 cores).
-    let spinners: Vec<_> = (0..3)
+    let spinners: Vec<_> = (0..4)
         .map(|_| {
             let url = d.url("/plimsoll.v1.SandboxService/Run");
             let req = req.clone();
@@ -536,7 +557,8 @@ async fn spinning_plugins_do_not_starve_the_daemon() {
             })
         })
         .collect();
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Every spinner is in flight (the daemon's own gauge says so).
+    plimsoll_tests::wait_inflight(&d, 4).await;
     // The daemon still answers while they spin. Both cores are busy, so the
     // bound is loose; a daemon whose workers were held would not answer
     // until the spinners end, about 5 s in.
@@ -561,14 +583,50 @@ async fn spinning_plugins_do_not_starve_the_daemon() {
     }
 }
 
+/// A project report over every budget: the host keeps 20 steps, each
+/// stream cut to the output limit, at most 100 artifacts and 8 MiB of them,
+/// and says it cut.
+#[tokio::test]
+async fn a_plugins_project_report_is_held_to_its_budgets() {
+    let (origin, _) = recording_server().await;
+    let d = hostile(&origin);
+    let req = json!({"protocol": 4, "project": {"files": [], "steps": ["flood"], "artifacts": []}});
+    let a = call(&d, "Run", &req).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    let p = &a.body["project"];
+    let steps = p["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 20);
+    use base64::Engine as _;
+    for s in steps {
+        let out = base64::engine::general_purpose::STANDARD
+            .decode(s["stdout"].as_str().unwrap_or(""))
+            .expect("base64");
+        assert_eq!(out.len(), 64 << 10);
+        assert_eq!(s["stdoutTruncated"], true);
+        assert_eq!(s["stderrTruncated"], true);
+    }
+    let artifacts = p["artifacts"].as_array().expect("artifacts");
+    assert_eq!(artifacts.len(), 100);
+    assert!(artifacts.iter().all(|a| a["path"] != "big.bin"));
+    assert_eq!(p["artifactsTruncated"], true);
+}
+
 #[tokio::test]
 async fn a_plugin_finds_no_ambient_authority_in_wasi() {
     let (origin, _) = recording_server().await;
     let d = hostile(&origin);
-    let a = call(&d, "Run", &js_run("wasi-probe")).await;
+    // Something listens here, so only the absence of sockets can refuse.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    let a = call(&d, "Run", &js_run(&format!("wasi-probe {port}"))).await;
     assert_eq!(
         a.stdout(),
         "env 0\nfs-root false\npasswd false\ntcp false\n"
+    );
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the plugin reached the listener"
     );
 }
 

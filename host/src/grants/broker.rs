@@ -271,10 +271,7 @@ impl Session {
         };
         let answer = match result {
             Ok((status, retry_after, body)) => {
-                if status == 429 || status == 503 {
-                    let wait = retry_after
-                        .unwrap_or(Duration::from_secs(1))
-                        .min(MAX_BACKOFF);
+                if let Some(wait) = backoff(status, retry_after) {
                     s.breaker_until = Some(Instant::now() + wait);
                 }
                 row.status = status;
@@ -291,6 +288,16 @@ impl Session {
         }
         answer
     }
+}
+
+/// How long the breaker opens after an answer: only for 429 and 503, for
+/// the API's Retry-After (1 s without one), never longer than MAX_BACKOFF.
+fn backoff(status: u16, retry_after: Option<Duration>) -> Option<Duration> {
+    (status == 429 || status == 503).then(|| {
+        retry_after
+            .unwrap_or(Duration::from_secs(1))
+            .min(MAX_BACKOFF)
+    })
 }
 
 /// Sends and reads at most MAX_RESPONSE_BODY. Error texts are the host's,
@@ -329,4 +336,25 @@ async fn send(req: reqwest::RequestBuilder) -> Result<(u16, Option<Duration>, Ve
         body.extend_from_slice(&chunk);
     }
     Ok((status, retry_after, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_breaker_opens_only_on_back_off_answers_and_never_for_long() {
+        assert_eq!(backoff(200, Some(Duration::from_secs(5))), None);
+        assert_eq!(backoff(500, None), None);
+        assert_eq!(backoff(503, None), Some(Duration::from_secs(1)));
+        assert_eq!(
+            backoff(429, Some(Duration::from_secs(5))),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            backoff(503, Some(Duration::from_secs(3600))),
+            Some(MAX_BACKOFF)
+        );
+        assert_eq!(MAX_BACKOFF, Duration::from_secs(30));
+    }
 }

@@ -208,7 +208,9 @@ impl Guest for Docker {
 fn engine_text(e: &EngineError) -> String {
     match e {
         EngineError::Forbidden(m) => format!("the host refused the spec: {m}"),
-        EngineError::NotStarted(m) | EngineError::Engine(m) => m.clone(),
+        EngineError::NotStarted(m) | EngineError::OutOfTime(m) | EngineError::Engine(m) => {
+            m.clone()
+        }
     }
 }
 
@@ -237,6 +239,7 @@ fn run_error(e: EngineError) -> RunError {
             )))
         }
         EngineError::NotStarted(m) => RunError::NotDispatched(Refusal::Environment(m)),
+        EngineError::OutOfTime(m) => RunError::NotDispatched(Refusal::Capacity(m)),
         EngineError::Engine(m) => RunError::MayHaveRun(m),
     }
 }

@@ -165,3 +165,141 @@ pub(super) fn create_body(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::env_vars::Env;
+
+    const IMAGE: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn settings(runtime: &str) -> Settings {
+        let mut vars = BTreeMap::new();
+        vars.insert("SANDBOX_CPUS".to_string(), "0.5".to_string());
+        if !runtime.is_empty() {
+            vars.insert("SANDBOX_DOCKER_RUNTIME".to_string(), runtime.to_string());
+        }
+        Settings::from_env(&Env::new(&vars), 128).expect("settings")
+    }
+
+    fn spec() -> Approved {
+        Approved {
+            command: vec!["node".into(), "-".into()],
+            env: vec!["HOME=/work".into()],
+        }
+    }
+
+    #[test]
+    fn every_container_gets_the_whole_envelope() {
+        let body = create_body(&settings(""), IMAGE, &spec(), 42, None);
+        assert_eq!(body.image.as_deref(), Some(IMAGE));
+        assert_eq!(body.user.as_deref(), Some("61000:61000"));
+        assert_eq!(body.network_disabled, Some(true));
+        assert_eq!(
+            body.env,
+            Some(vec![]),
+            "the plugin's env goes through the gate"
+        );
+        assert_eq!(
+            body.entrypoint,
+            Some(vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                GATE.into(),
+                GATE_NAME.into()
+            ])
+        );
+        assert_eq!(
+            body.cmd,
+            Some(vec![
+                "HOME=/work".into(),
+                "--".into(),
+                "node".into(),
+                "-".into()
+            ])
+        );
+        assert_eq!(body.tty, Some(false));
+        let labels = body.labels.expect("labels");
+        assert_eq!(labels.get(LABEL).map(String::as_str), Some("1"));
+        assert_eq!(labels.get(EXPIRES_LABEL).map(String::as_str), Some("42"));
+        assert!(labels.contains_key(OWNER_LABEL));
+
+        let h = body.host_config.expect("host config");
+        assert_eq!(h.network_mode.as_deref(), Some("none"));
+        assert_eq!(h.binds, None, "no host path without a grant");
+        assert_eq!(h.readonly_rootfs, Some(true));
+        assert_eq!(h.privileged, Some(false));
+        assert_eq!(h.cap_drop, Some(vec!["ALL".to_string()]));
+        let sec = h.security_opt.expect("security options");
+        assert!(sec.contains(&"no-new-privileges".to_string()));
+        assert!(
+            sec.iter().any(|o| o.starts_with("seccomp={")),
+            "the shipped seccomp profile under runc: {sec:?}"
+        );
+        assert_eq!(h.memory, Some(128 << 20));
+        assert_eq!(h.memory_swap, h.memory, "memory+swap equals memory");
+        assert_eq!(h.nano_cpus, Some(500_000_000));
+        assert_eq!(h.pids_limit, Some(256));
+        let tmpfs = h.tmpfs.expect("tmpfs");
+        assert_eq!(
+            tmpfs.get("/tmp").map(String::as_str),
+            Some("rw,noexec,nosuid,nodev,size=16m")
+        );
+        assert_eq!(
+            tmpfs.get("/work").map(String::as_str),
+            Some("rw,noexec,nosuid,nodev,size=128m,uid=61000,gid=61000")
+        );
+        assert_eq!(h.shm_size, Some(16 << 20));
+        assert_eq!(h.runtime.as_deref(), Some("runc"), "named even for runc");
+        let ulimits: Vec<(String, i64, i64)> = h
+            .ulimits
+            .expect("ulimits")
+            .into_iter()
+            .map(|u| {
+                (
+                    u.name.unwrap_or_default(),
+                    u.soft.unwrap_or(-1),
+                    u.hard.unwrap_or(-1),
+                )
+            })
+            .collect();
+        for want in [("core", 0, 0), ("msgqueue", 0, 0), ("nofile", 4096, 4096)] {
+            assert!(
+                ulimits.contains(&(want.0.to_string(), want.1, want.2)),
+                "{want:?} in {ulimits:?}"
+            );
+        }
+        assert_eq!(h.ipc_mode.as_deref(), Some("private"));
+        assert_eq!(
+            h.log_config.and_then(|l| l.typ).as_deref(),
+            Some("none"),
+            "no log driver"
+        );
+        assert_eq!(h.auto_remove, Some(false));
+    }
+
+    #[test]
+    fn under_runsc_gvisor_filters_and_the_host_cgroup_limits() {
+        let h = create_body(&settings("runsc"), IMAGE, &spec(), 42, None)
+            .host_config
+            .expect("host config");
+        assert_eq!(h.runtime.as_deref(), Some("runsc"));
+        assert_eq!(h.pids_limit, None, "the host cgroup carries the limit");
+        let sec = h.security_opt.expect("security options");
+        assert_eq!(sec, ["no-new-privileges"]);
+    }
+
+    #[test]
+    fn a_granted_run_mounts_only_its_broker_directory_read_only() {
+        let dir = std::path::Path::new("/run/plimsoll-runs/abc");
+        let h = create_body(&settings(""), IMAGE, &spec(), 42, Some(dir))
+            .host_config
+            .expect("host config");
+        assert_eq!(
+            h.binds,
+            Some(vec![format!("/run/plimsoll-runs/abc:{MOUNT_POINT}:ro")])
+        );
+    }
+}

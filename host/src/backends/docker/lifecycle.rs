@@ -57,20 +57,24 @@ impl DockerEngine {
         let name = format!("plimsoll-{}", hex::encode(id));
         let body = self.create_body(spec, expires, grant_dir);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
-        let created =
-            match timeout_at(deadline, self.docker.create_container(Some(options), body)).await {
-                Ok(Ok(c)) => c,
-                failed => {
-                    // The engine may have created it even so (a timeout on the
-                    // answer): remove by name, or it outlives every deadline.
-                    self.remove(&name).await;
-                    let why = match failed {
-                        Ok(Err(e)) => format!("creating the container: {}", short(&e)),
-                        _ => "creating the container took past the run's deadline".into(),
-                    };
-                    return Err(EngineFailure::BeforeStart(why));
-                }
-            };
+        let created = match timeout_at(deadline, self.docker.create_container(Some(options), body))
+            .await
+        {
+            Ok(Ok(c)) => c,
+            failed => {
+                // The engine may have created it even so (a timeout on the
+                // answer): remove by name, or it outlives every deadline.
+                self.remove(&name).await;
+                return Err(match failed {
+                    Ok(Err(e)) => {
+                        EngineFailure::BeforeStart(format!("creating the container: {}", short(&e)))
+                    }
+                    _ => EngineFailure::OutOfTime(
+                        "creating the container took past the run's deadline".into(),
+                    ),
+                });
+            }
+        };
         match self.attach_and_start(&created.id, deadline).await {
             Ok(io) => Ok(Warm {
                 id: created.id,
@@ -107,7 +111,7 @@ impl DockerEngine {
             .stdout(true)
             .stderr(true)
             .build();
-        let late = || EngineFailure::BeforeStart("starting took past the run's deadline".into());
+        let late = || EngineFailure::OutOfTime("starting took past the run's deadline".into());
         let io = timeout_at(deadline, self.docker.attach_container(id, Some(attach)))
             .await
             .map_err(|_| late())?

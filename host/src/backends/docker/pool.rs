@@ -119,7 +119,11 @@ impl DockerEngine {
                     tokio::time::Instant::now() + WARM_START_TIME,
                 )
                 .await
-                .map_err(|(EngineFailure::BeforeStart(e) | EngineFailure::AfterStart(e))| e);
+                .map_err(
+                    |(EngineFailure::BeforeStart(e)
+                     | EngineFailure::OutOfTime(e)
+                     | EngineFailure::AfterStart(e))| e,
+                );
             // The lock is never held across an await. A container that is
             // no longer wanted (shutdown, a new template) is removed before
             // `starting` drops, so shutdown, which waits for `starting` to

@@ -29,16 +29,20 @@ impl DockerEngine {
             .start_waiting(&spec, expiry(SMOKE_TIME), None, deadline)
             .await
             .map_err(
-                |(EngineFailure::BeforeStart(e) | EngineFailure::AfterStart(e))| {
-                    format!("smoke test: {e}")
-                },
+                |(EngineFailure::BeforeStart(e)
+                 | EngineFailure::OutOfTime(e)
+                 | EngineFailure::AfterStart(e))| { format!("smoke test: {e}") },
             )?;
         let name = warm.id.clone();
         let ran = self.drive(warm, b"go\n".to_vec(), deadline, 1 << 20).await;
         self.remove(&name).await;
         let out = match ran {
             Ok(out) => out,
-            Err(EngineFailure::BeforeStart(e) | EngineFailure::AfterStart(e)) => {
+            Err(
+                EngineFailure::BeforeStart(e)
+                | EngineFailure::OutOfTime(e)
+                | EngineFailure::AfterStart(e),
+            ) => {
                 return Err(format!("smoke test: {e}"));
             }
         };

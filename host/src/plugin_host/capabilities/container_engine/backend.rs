@@ -42,6 +42,9 @@ pub enum EngineFailure {
     /// Nothing of the container's code ran (the engine is unreachable or not
     /// ready, create or start failed, a limit could not be put in place).
     BeforeStart(String),
+    /// Nothing of the container's code ran: the run's deadline came before
+    /// the engine could start it.
+    OutOfTime(String),
     /// The container's code may have run.
     AfterStart(String),
 }

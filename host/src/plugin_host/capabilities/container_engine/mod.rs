@@ -268,6 +268,14 @@ pub async fn run(
                 "the container could not be started (the daemon's log has the details)".into(),
             ))
         }
+        Err(EngineFailure::OutOfTime(why)) => {
+            call.mark.nothing_started(before);
+            tracing::warn!(target: "plimsoll::engine", why = %why, "a container could not start in its run's time");
+            Err(engine_if::EngineError::OutOfTime(
+                "the container could not be started within the run's time; the engine is busy"
+                    .into(),
+            ))
+        }
         Err(EngineFailure::AfterStart(why)) => {
             tracing::warn!(target: "plimsoll::engine", why = %why, "a container failed after it started");
             Err(engine_if::EngineError::Engine(

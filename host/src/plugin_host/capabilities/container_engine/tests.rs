@@ -21,6 +21,7 @@ const IMAGE: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123
 enum Act {
     Exit(i32),
     FailBeforeStart,
+    OutOfTime,
     FailAfterStart,
 }
 
@@ -91,6 +92,7 @@ impl ContainerBackend for Fake {
                 ..ProcessOutput::default()
             }),
             Act::FailBeforeStart => Err(EngineFailure::BeforeStart("create failed".into())),
+            Act::OutOfTime => Err(EngineFailure::OutOfTime("start was too slow".into())),
             Act::FailAfterStart => Err(EngineFailure::AfterStart("stream cut".into())),
         };
         Box::pin(std::future::ready(answer))
@@ -223,6 +225,16 @@ async fn a_container_that_never_started_puts_the_mark_back() {
         c.mark.failed("test", "trap"),
         RunFailure::NotDispatched(_)
     ));
+}
+
+#[tokio::test]
+async fn a_container_with_no_time_to_start_puts_the_mark_back() {
+    let fake = Fake::new(Act::OutOfTime);
+    let mut st = state(&fake);
+    let mut c = call(10);
+    let answer = approve_and_run(&mut c, &mut st, &good_spec(), 1000).await;
+    assert!(matches!(answer, Err(engine_if::EngineError::OutOfTime(_))));
+    assert!(!c.mark.may_have_started());
 }
 
 #[tokio::test]

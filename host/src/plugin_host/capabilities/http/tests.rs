@@ -143,3 +143,44 @@ async fn a_request_that_may_have_left_sets_the_mark_even_when_it_fails() {
     assert!(matches!(answer, Err(http_if::HttpError::Transport(_))));
     assert!(c.mark.may_have_started());
 }
+
+/// An allowed origin that answers with a redirect to an off-list one: the
+/// plugin gets the redirect, and the off-list origin sees nothing.
+#[tokio::test]
+async fn redirects_are_handed_back_never_followed() {
+    let (decoy, decoyed) = server().await;
+    let target = decoy.clone();
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let target = target.clone();
+        async move {
+            let code: u16 = req
+                .uri()
+                .path()
+                .trim_start_matches('/')
+                .parse()
+                .unwrap_or(302);
+            (
+                axum::http::StatusCode::from_u16(code).expect("code"),
+                [("location", format!("{target}/stolen"))],
+                "moved",
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let origin = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let cap = capability(&origin);
+    for code in [301u16, 302, 303, 307, 308] {
+        let mut c = call();
+        let answer = send(&mut c, Some(&cap), get(&format!("{origin}/{code}")))
+            .await
+            .expect("answered");
+        assert_eq!(answer.status, code);
+    }
+    assert!(
+        decoyed.lock().expect("lock").is_empty(),
+        "a redirect was followed"
+    );
+}
