@@ -45,7 +45,7 @@ demo: build
 
 test: build image
 	$(CARGO) test --release -p plimsoll-host -p plimsoll-tests
-	.venv/bin/python -m pytest -q tests/compat
+	.venv/bin/python -m pytest -q tests/compat tests/session_agent
 	python3 scripts/soak.py --short
 	@left=$$(docker ps -aq --filter label=io.plimsoll.run | wc -l); \
 	if [ "$$left" -ne 0 ]; then echo "test: $$left run containers were left behind" >&2; exit 1; fi

@@ -28,10 +28,10 @@ if ! rustup target list --installed | grep -qx wasm32-wasip2; then
 fi
 
 # The published client, pinned, unmodified: the compatibility contract.
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import plimsoll_client, pytest' 2>/dev/null; then
-  echo "setup: creating .venv with plimsoll-client 0.23.0 and pytest"
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import plimsoll_client, pytest, anthropic, agents' 2>/dev/null; then
+  echo "setup: creating .venv with plimsoll-client 0.23.0 (with its anthropic and openai-agents extras) and pytest"
   python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check 'plimsoll-client==0.23.0' 'pytest>=8,<9'
+  .venv/bin/pip install -q --disable-pip-version-check 'plimsoll-client[anthropic,openai-agents]==0.23.0' 'pytest>=8,<9'
 fi
 
 # dockerd with gVisor registered. --network=none: runsc refuses to start in

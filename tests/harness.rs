@@ -183,23 +183,27 @@ pub fn container_exists(name: &str) -> bool {
 /// Starts a long-running, labelled container the way a crashed daemon
 /// would have left one, expiring at `expires` (unix seconds).
 pub fn plant_container(name: &str, image: &str, expires: u64) {
+    plant_container_made_by(name, image, expires, None)
+}
+
+/// As `plant_container`, with the `io.plimsoll.process` label a daemon
+/// writes (boot/PID-namespace/PID/start-time) when `process` is given.
+pub fn plant_container_made_by(name: &str, image: &str, expires: u64, process: Option<&str>) {
+    let mut args: Vec<String> = ["run", "-d", "--name", name, "--network", "none"]
+        .map(String::from)
+        .to_vec();
+    args.extend([
+        "--label".into(),
+        "io.plimsoll.run=1".into(),
+        "--label".into(),
+        format!("io.plimsoll.expires={expires}"),
+    ]);
+    if let Some(p) = process {
+        args.extend(["--label".into(), format!("io.plimsoll.process={p}")]);
+    }
+    args.extend([image, "/bin/busybox", "sleep", "300"].map(String::from));
     let status = Command::new("docker")
-        .args([
-            "run",
-            "-d",
-            "--name",
-            name,
-            "--network",
-            "none",
-            "--label",
-            "io.plimsoll.run=1",
-            "--label",
-            &format!("io.plimsoll.expires={expires}"),
-            image,
-            "/bin/busybox",
-            "sleep",
-            "300",
-        ])
+        .args(&args)
         .output()
         .expect("docker run");
     assert!(
@@ -207,6 +211,24 @@ pub fn plant_container(name: &str, image: &str, expires: u64) {
         "{}",
         String::from_utf8_lossy(&status.stderr)
     );
+}
+
+/// The `io.plimsoll.process` value for process `pid` started at `start`
+/// (clock ticks after boot), in this boot and PID namespace.
+pub fn process_identity(pid: u32, start: &str) -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
+    let ns = std::fs::read_link("/proc/self/ns/pid").expect("pid namespace");
+    format!("{}/{}/{pid}/{start}", boot.trim(), ns.to_string_lossy())
+}
+
+/// This test process's start time, as `process_identity` wants it.
+pub fn own_start_time() -> String {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("stat");
+    let rest = &stat[stat.rfind(')').expect("stat name") + 1..];
+    rest.split_whitespace()
+        .nth(19)
+        .expect("start time")
+        .to_string()
 }
 
 /// The guest component the daemon embeds, for checking reported identities.

@@ -535,6 +535,18 @@ fn hardened_mode_names_every_missing_safeguard() {
             |e| set(e, "SANDBOX_PER_KEY_CONCURRENT", "4"),
             "SANDBOX_PER_KEY_CONCURRENT",
         ),
+        // Sessions on with no per-caller cap, or one that is no cap.
+        (
+            |e| set(e, "SANDBOX_MAX_SESSIONS", "2"),
+            "SANDBOX_MAX_SESSIONS_PER_CALLER",
+        ),
+        (
+            |e| {
+                set(e, "SANDBOX_MAX_SESSIONS", "2");
+                set(e, "SANDBOX_MAX_SESSIONS_PER_CALLER", "2");
+            },
+            "SANDBOX_MAX_SESSIONS_PER_CALLER",
+        ),
     ];
     for (change, named) in alone {
         let mut env = good.clone();

@@ -646,7 +646,7 @@ async fn oversized_plugin_values_are_refused_before_they_are_copied() {
 }
 
 #[tokio::test]
-async fn containers_left_past_their_expiry_are_swept_and_live_ones_kept() {
+async fn containers_expired_or_orphaned_are_swept_and_live_ones_kept() {
     let image = plimsoll_tests::busybox_image();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -656,24 +656,41 @@ async fn containers_left_past_their_expiry_are_swept_and_live_ones_kept() {
         format!("sweep-expired-{}", std::process::id()),
         format!("sweep-live-{}", std::process::id()),
     );
+    let pid = std::process::id();
+    let (orphan, living_maker, foreign) = (
+        format!("sweep-orphan-{pid}"),
+        format!("sweep-living-maker-{pid}"),
+        format!("sweep-foreign-{pid}"),
+    );
+    // A daemon that ran and exited, as a killed daemon's session container
+    // would name it: unexpired for an hour, but its maker provably gone.
+    let mut child = std::process::Command::new("true").spawn().expect("true");
+    let dead = child.id();
+    child.wait().expect("wait");
+    let dead_maker = plimsoll_tests::process_identity(dead, "1");
+    let live_maker = plimsoll_tests::process_identity(pid, &plimsoll_tests::own_start_time());
     plimsoll_tests::plant_container(&expired, &image, now - 10);
     plimsoll_tests::plant_container(&live, &image, now + 3600);
+    plimsoll_tests::plant_container_made_by(&orphan, &image, now + 3600, Some(&dead_maker));
+    plimsoll_tests::plant_container_made_by(&living_maker, &image, now + 3600, Some(&live_maker));
+    // Another boot: this host cannot judge that PID, so expiry decides.
+    let other_boot = format!("not-this-boot/{}", dead_maker.split_once('/').unwrap().1);
+    plimsoll_tests::plant_container_made_by(&foreign, &image, now + 3600, Some(&other_boot));
     let (origin, _) = recording_server().await;
     let _d = hostile(&origin);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while plimsoll_tests::container_exists(&expired) {
+    while plimsoll_tests::container_exists(&expired) || plimsoll_tests::container_exists(&orphan) {
         assert!(
             std::time::Instant::now() < deadline,
-            "the expired container was not swept"
+            "an expired or orphaned container was not swept"
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    // One another daemon may still be running is left alone.
-    assert!(
-        plimsoll_tests::container_exists(&live),
-        "a live container was swept"
-    );
+    // Ones another daemon may still be running are left alone.
+    for kept in [&live, &living_maker, &foreign] {
+        assert!(plimsoll_tests::container_exists(kept), "{kept} was swept");
+    }
     let _ = std::process::Command::new("docker")
-        .args(["rm", "-f", &live])
+        .args(["rm", "-f", &live, &living_maker, &foreign])
         .output();
 }

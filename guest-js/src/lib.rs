@@ -54,16 +54,40 @@ impl bindings::Guest for Guest {
             Some(engine) => Ok(engine),
             None => Engine::new(),
         };
-        match engine.and_then(|engine| run_snippet(engine, code, grant_global)) {
+        match engine.and_then(|engine| evaluate(&engine, code, grant_global, false)) {
             Ok(code) => code,
-            Err(msg) => {
-                // Only engine set-up failures land here (out of memory while
-                // building the context, say); the snippet never ran.
-                output::write(Channel::Stderr, &format!("plimsoll: {msg}\n"));
-                1
-            }
+            Err(msg) => setup_failed(&msg),
         }
     }
+
+    fn session_run(code: String, cell: bool, grant_global: Option<String>) -> i32 {
+        // Each call keeps its own output budget: the host answers per call.
+        FULL.with(|f| f.set([false; 2]));
+        let ready = ENGINE.with(|e| {
+            let mut slot = e.borrow_mut();
+            if slot.is_none() {
+                *slot = Some(Engine::new()?);
+            }
+            Ok::<(), String>(())
+        });
+        if let Err(msg) = ready {
+            return setup_failed(&msg);
+        }
+        // The engine stays in its slot while it runs: nothing the snippet
+        // does can reach this code again before it returns.
+        let answer = ENGINE.with(|e| match e.borrow().as_ref() {
+            Some(engine) => evaluate(engine, code, grant_global, cell),
+            None => Err("the session's engine is gone".to_string()),
+        });
+        answer.unwrap_or_else(|msg| setup_failed(&msg))
+    }
+}
+
+/// Only engine set-up failures land here (out of memory while building the
+/// context, say); the snippet never ran.
+fn setup_failed(msg: &str) -> i32 {
+    output::write(Channel::Stderr, &format!("plimsoll: {msg}\n"));
+    1
 }
 
 bindings::export!(Guest with_types_in bindings);
@@ -78,10 +102,12 @@ type Unhandled = Rc<RefCell<Vec<(Persistent<Value<'static>>, Persistent<Value<'s
 
 /// A ready JavaScript engine: runtime, context with globals installed, and
 /// the list the rejection tracker fills.
+/// Fields drop in declaration order: what holds values first, the runtime
+/// last (QuickJS aborts if a runtime is freed with objects still alive).
 struct Engine {
-    rt: Runtime,
-    ctx: Context,
     unhandled: Unhandled,
+    ctx: Context,
+    rt: Runtime,
 }
 
 thread_local! {
@@ -120,8 +146,16 @@ impl Engine {
     }
 }
 
-fn run_snippet(engine: Engine, code: String, grant_global: Option<String>) -> Result<i32, String> {
+/// Evaluates one snippet (or cell) to completion in `engine`.
+fn evaluate(
+    engine: &Engine,
+    code: String,
+    grant_global: Option<String>,
+    cell: bool,
+) -> Result<i32, String> {
     let Engine { rt, ctx, unhandled } = engine;
+    // Rejections left from an earlier call of a session were reported then.
+    unhandled.borrow_mut().clear();
     let seed = entropy::seed();
 
     // The script's completion value is a promise (top-level await is on); it
@@ -198,7 +232,11 @@ fn run_snippet(engine: Engine, code: String, grant_global: Option<String>) -> Re
                     );
                     return Ok(EXIT_UNSETTLED);
                 }
-                rquickjs::promise::PromiseState::Resolved => {}
+                rquickjs::promise::PromiseState::Resolved => {
+                    if cell {
+                        show_completion(&ctx, promise);
+                    }
+                }
             }
         }
         // Any other promise rejected with nobody listening fails the run, as
@@ -222,6 +260,28 @@ fn run_snippet(engine: Engine, code: String, grant_global: Option<String>) -> Re
         }
         Ok(0)
     })
+}
+
+/// A cell's last value, as a notebook shows it: printed unless it is
+/// `undefined`, and kept as `_` for the next cell. An async script's promise
+/// settles to `{ value }`, the completion value of its last statement.
+fn show_completion<'js>(ctx: &Ctx<'js>, promise: &Promise<'js>) {
+    let Some(Ok(settled)) = promise.result::<Value>() else {
+        return;
+    };
+    let value = match settled.as_object() {
+        Some(o) => o.get::<_, Value>("value").unwrap_or(settled.clone()),
+        None => settled,
+    };
+    if value.is_undefined() {
+        return;
+    }
+    let text = match value.as_string().and_then(|s| s.to_string().ok()) {
+        Some(s) => format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'")),
+        None => format_value(ctx, &value),
+    };
+    report(Channel::Stdout, &text);
+    let _ = ctx.globals().set("_", value);
 }
 
 thread_local! {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::refusal::Refusal;
 use crate::tier::Tier;
-use crate::wire::{ModuleRun, ProjectRun, RunRequest, SoftwareRule};
+use crate::wire::{CellRun, ModuleRun, ProjectFile, ProjectRun, RunRequest, SoftwareRule};
 
 pub const MAX_CODE_BYTES: usize = 256 << 10;
 pub const MAX_PROJECT_FILES: usize = 200;
@@ -57,9 +57,14 @@ impl Limits {
 /// The payload of a validated request.
 #[derive(Debug, Clone)]
 pub enum Payload {
-    JavaScript { code: String, grant_profile: String },
+    JavaScript {
+        code: String,
+        grant_profile: String,
+    },
     Project(ProjectRun),
     Module,
+    /// Only in a session: code for the session's interpreter of `language`.
+    Cell(CellRun),
 }
 
 impl Payload {
@@ -68,6 +73,7 @@ impl Payload {
             Payload::JavaScript { .. } => "javascript",
             Payload::Project(_) => "project",
             Payload::Module => "module",
+            Payload::Cell(_) => "cell",
         }
     }
 }
@@ -84,7 +90,20 @@ pub struct Checked {
     pub trace_id_rejected: bool,
 }
 
+/// The languages a cell may name (the client's table).
+pub const CELL_LANGUAGES: [&str; 2] = ["javascript", "python"];
+
+/// A Run request: every payload but a cell.
 pub fn validate(req: &RunRequest, limits: &Limits) -> Result<Checked, Refusal> {
+    validate_as(req, limits, false)
+}
+
+/// A session call, as a Run: a cell is allowed here.
+pub fn validate_in_session(req: &RunRequest, limits: &Limits) -> Result<Checked, Refusal> {
+    validate_as(req, limits, true)
+}
+
+fn validate_as(req: &RunRequest, limits: &Limits, in_session: bool) -> Result<Checked, Refusal> {
     let set = [
         req.javascript.is_some(),
         req.project.is_some(),
@@ -102,7 +121,7 @@ pub fn validate(req: &RunRequest, limits: &Limits) -> Result<Checked, Refusal> {
             "the request carries more than one payload",
         ));
     }
-    if req.cell.is_some() {
+    if req.cell.is_some() && !in_session {
         return Err(Refusal::request(
             "a cell runs only inside a session (SessionRun), not through Run",
         ));
@@ -113,7 +132,9 @@ pub fn validate(req: &RunRequest, limits: &Limits) -> Result<Checked, Refusal> {
     if let Some(rule) = &req.software_rule {
         validate_rule(rule)?;
     }
-    let timeout = if req.project.is_some() {
+    // A cell is budgeted as a project: it is a session's unit of work,
+    // often a whole analysis, not a one-line snippet.
+    let timeout = if req.project.is_some() || req.cell.is_some() {
         clamp_timeout(
             req.timeout_ms,
             limits.project_default_timeout,
@@ -141,6 +162,15 @@ pub fn validate(req: &RunRequest, limits: &Limits) -> Result<Checked, Refusal> {
     } else if let Some(m) = &req.module {
         validate_module(m)?;
         Payload::Module
+    } else if let Some(c) = &req.cell {
+        if !CELL_LANGUAGES.contains(&c.language.as_str()) {
+            return Err(Refusal::request(
+                "a cell's language must be javascript or python",
+            ));
+        }
+        validate_code(&c.code)?;
+        validate_files(&c.files)?;
+        Payload::Cell(c.clone())
     } else {
         return Err(Refusal::request("the request carries no payload"));
     };
@@ -186,7 +216,7 @@ fn validate_profile(p: &str) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn validate_rule(rule: &SoftwareRule) -> Result<(), Refusal> {
+pub fn validate_rule(rule: &SoftwareRule) -> Result<(), Refusal> {
     let n = rule.identities.len();
     let shape_ok = match rule.mode.as_str() {
         "exact" => n == 1,
@@ -248,24 +278,7 @@ fn validate_project(p: &ProjectRun) -> Result<(), Refusal> {
             )));
         }
     }
-    if p.files.len() > MAX_PROJECT_FILES {
-        return Err(Refusal::request(format!(
-            "too many files (max {MAX_PROJECT_FILES})"
-        )));
-    }
-    let mut total = 0usize;
-    let mut seen = std::collections::HashSet::new();
-    for f in &p.files {
-        if !valid_relative_path(&f.path) || !seen.insert(f.path.as_str()) {
-            return Err(Refusal::request("a file path is unsafe or repeated"));
-        }
-        total += f.content.len();
-        if total > MAX_PROJECT_BYTES {
-            return Err(Refusal::request(format!(
-                "files exceed {MAX_PROJECT_BYTES} bytes"
-            )));
-        }
-    }
+    validate_files(&p.files)?;
     if p.artifacts.len() > MAX_ARTIFACTS {
         return Err(Refusal::request(format!(
             "too many artifacts (max {MAX_ARTIFACTS})"
@@ -278,6 +291,30 @@ fn validate_project(p: &ProjectRun) -> Result<(), Refusal> {
         }
     }
     validate_profile(&p.grant_profile)
+}
+
+/// A project's or a cell's files: bounded in count and bytes, each path
+/// relative, clean and given once.
+fn validate_files(files: &[ProjectFile]) -> Result<(), Refusal> {
+    if files.len() > MAX_PROJECT_FILES {
+        return Err(Refusal::request(format!(
+            "too many files (max {MAX_PROJECT_FILES})"
+        )));
+    }
+    let mut total = 0usize;
+    let mut seen = std::collections::HashSet::new();
+    for f in files {
+        if !valid_relative_path(&f.path) || !seen.insert(f.path.as_str()) {
+            return Err(Refusal::request("a file path is unsafe or repeated"));
+        }
+        total += f.content.len();
+        if total > MAX_PROJECT_BYTES {
+            return Err(Refusal::request(format!(
+                "files exceed {MAX_PROJECT_BYTES} bytes"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn validate_module(m: &ModuleRun) -> Result<(), Refusal> {
@@ -402,5 +439,29 @@ mod tests {
         assert!(validate(&r, &l).is_err());
         r.cell = Some(Default::default());
         assert!(validate(&r, &l).is_err());
+    }
+
+    #[test]
+    fn cells_are_checked_in_a_session() {
+        let l = Limits::new(8);
+        let cell = |language: &str, code: &str, path: &str| RunRequest {
+            protocol: 4,
+            cell: Some(CellRun {
+                language: language.into(),
+                code: code.into(),
+                files: vec![ProjectFile {
+                    path: path.into(),
+                    content: "x".into(),
+                }],
+            }),
+            ..Default::default()
+        };
+        let ok = validate_in_session(&cell("python", "1", "a.txt"), &l).expect("valid");
+        assert!(matches!(ok.payload, Payload::Cell(_)));
+        assert_eq!(ok.timeout, l.project_default_timeout);
+        assert!(validate(&cell("python", "1", "a.txt"), &l).is_err());
+        assert!(validate_in_session(&cell("ruby", "1", "a.txt"), &l).is_err());
+        assert!(validate_in_session(&cell("python", "", "a.txt"), &l).is_err());
+        assert!(validate_in_session(&cell("python", "1", "../a"), &l).is_err());
     }
 }

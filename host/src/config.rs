@@ -19,6 +19,7 @@ use crate::grants::Grants;
 use crate::plugin_host::settings::PluginSettings;
 use crate::providers::{ProviderKind, ProviderSettings};
 use crate::quota::QuotaSettings;
+use crate::sessions::SessionSettings;
 
 /// The daemon's own variables.
 const DAEMON: &[Var] = &[
@@ -36,6 +37,7 @@ pub const PARTS: &[(&str, &[Var])] = &[
     ("listeners", crate::api::settings::VARIABLES),
     ("callers", crate::callers::settings::VARIABLES),
     ("per-caller limits", crate::quota::VARIABLES),
+    ("sessions", crate::sessions::settings::VARIABLES),
     ("grants", crate::grants::VARIABLES),
     ("providers", crate::providers::settings::VARIABLES),
     ("provider plugins", crate::plugin_host::settings::VARIABLES),
@@ -66,6 +68,7 @@ pub struct Config {
     /// Grant profiles, frozen.
     pub grants: Arc<Grants>,
     pub quotas: QuotaSettings,
+    pub sessions: SessionSettings,
     /// The variables that were set (non-empty), for hardened mode's
     /// "explicit" checks.
     pub set: BTreeSet<String>,
@@ -115,6 +118,31 @@ impl Config {
         let grants = part(&mut errors, Grants::from_env(&env));
         let callers = part(&mut errors, CallerSettings::from_env(&env));
         let quotas = part(&mut errors, QuotaSettings::from_env(&env));
+        let max_concurrent = providers.as_ref().map_or(8, |p| p.max_concurrent);
+        let sessions = part(&mut errors, SessionSettings::from_env(&env, max_concurrent));
+        if let (Some(p), Some(s)) = (&providers, &sessions)
+            && s.enabled()
+            && !p.kind.runs_code()
+        {
+            errors.push(invalid(
+                "SANDBOX_MAX_SESSIONS",
+                "sessions are on, but the Disabled provider runs nothing; unset it",
+            ));
+        }
+        let mut providers = providers;
+        if let (Some(p), Some(s)) = (providers.as_mut(), &sessions) {
+            match p.docker.as_mut() {
+                Some(d) => {
+                    d.session_pool = s.pool;
+                    d.session_lifetime = s.lifetime;
+                }
+                None if s.pool > 0 => errors.push(invalid(
+                    "SANDBOX_SESSION_POOL",
+                    "only the docker provider keeps warm session containers",
+                )),
+                None => {}
+            }
+        }
 
         // The rules between parts, where both parts parsed.
         if let (Some(p), Some(g)) = (&providers, &grants)
@@ -155,8 +183,9 @@ impl Config {
             Some(grants),
             Some(callers),
             Some(quotas),
+            Some(sessions),
         ) = (
-            providers, log_format, hardened, listeners, grants, callers, quotas,
+            providers, log_format, hardened, listeners, grants, callers, quotas, sessions,
         )
         else {
             return Err(ConfigErrors(errors));
@@ -187,6 +216,7 @@ impl Config {
             providers,
             grants: Arc::new(grants),
             quotas,
+            sessions,
             set,
             unknown,
         })

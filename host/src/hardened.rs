@@ -109,6 +109,16 @@ pub fn violations(cfg: &Config) -> Vec<String> {
             "SANDBOX_PER_KEY_CONCURRENT: each caller needs a concurrency cap below SANDBOX_MAX_CONCURRENT".into(),
         );
     }
+    // A session holds a slot for its whole life: without a per-caller cap,
+    // one caller could hold every session (and so every slot) at once.
+    let s = &cfg.sessions;
+    if s.enabled()
+        && (s.max_per_caller == 0 || (s.max_sessions > 1 && s.max_per_caller >= s.max_sessions))
+    {
+        v.push(
+            "SANDBOX_MAX_SESSIONS_PER_CALLER: with sessions on, each caller needs a cap below SANDBOX_MAX_SESSIONS".into(),
+        );
+    }
     if q.metered
         && let Auth::Clients(_, file) = &cfg.callers.auth
     {

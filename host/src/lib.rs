@@ -34,6 +34,7 @@ pub mod providers;
 pub mod quota;
 pub mod record;
 pub mod refusal;
+pub mod sessions;
 pub mod store_limits;
 pub mod text;
 pub mod tier;

@@ -19,6 +19,10 @@ pub struct Metrics {
     pub shed: IntCounterVec,
     pub host_calls: IntCounterVec,
     pub host_call_latency: HistogramVec,
+    pub sessions_open: IntGauge,
+    pub sessions_opened: IntCounter,
+    pub sessions_ended: IntCounterVec,
+    pub session_calls: IntCounter,
 }
 
 impl Metrics {
@@ -54,6 +58,27 @@ impl Metrics {
             ]),
             &["profile", "method", "route"],
         )?;
+        let sessions_open = IntGauge::new(
+            "plimsoll_sessions_open",
+            "Sessions whose sandbox is held now.",
+        )?;
+        let sessions_opened =
+            IntCounter::new("plimsoll_sessions_opened_total", "Sessions opened.")?;
+        let sessions_ended = IntCounterVec::new(
+            Opts::new(
+                "plimsoll_sessions_ended_total",
+                "Sessions ended and freed, by how they ended.",
+            ),
+            &["end"],
+        )?;
+        let session_calls = IntCounter::new(
+            "plimsoll_session_calls_total",
+            "Session calls dispatched to a session's sandbox.",
+        )?;
+        registry.register(Box::new(sessions_open.clone()))?;
+        registry.register(Box::new(sessions_opened.clone()))?;
+        registry.register(Box::new(sessions_ended.clone()))?;
+        registry.register(Box::new(session_calls.clone()))?;
         registry.register(Box::new(runs.clone()))?;
         registry.register(Box::new(runs_failed.clone()))?;
         registry.register(Box::new(inflight.clone()))?;
@@ -68,6 +93,9 @@ impl Metrics {
             "rate",
             "paid_caller",
             "paid_daemon",
+            "sessions",
+            "sessions_per_caller",
+            "sessions_per_owner",
         ] {
             shed.with_label_values(&[r]);
         }
@@ -79,6 +107,10 @@ impl Metrics {
             shed,
             host_calls,
             host_call_latency,
+            sessions_open,
+            sessions_opened,
+            sessions_ended,
+            session_calls,
         })
     }
 

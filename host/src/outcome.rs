@@ -71,3 +71,15 @@ impl NotReady {
         }
     }
 }
+
+/// A cell's result: code run in a session's interpreter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CellOutput {
+    pub output: ProcessOutput,
+    /// This call started a fresh interpreter: nothing earlier cells defined
+    /// exists in it.
+    pub interpreter_started: bool,
+    /// The interpreter ended during this call (its deadline, a crash); the
+    /// next cell starts a fresh one, or the session ends with it.
+    pub interpreter_ended: bool,
+}

@@ -219,21 +219,7 @@ impl Quotas {
         if per_key > 0 && s.in_flight.get(caller).copied().unwrap_or(0) >= per_key {
             return Err(Shed::PerKey);
         }
-        if self.settings.rate_per_min > 0 {
-            let rate = f64::from(self.settings.rate_per_min) / 60.0;
-            let burst = f64::from(self.settings.burst.max(1));
-            let now = Instant::now();
-            let b = s.buckets.entry(caller.to_string()).or_insert(Bucket {
-                tokens: burst,
-                at: now,
-            });
-            b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * rate).min(burst);
-            b.at = now;
-            if b.tokens < 1.0 {
-                return Err(Shed::Rate);
-            }
-            b.tokens -= 1.0;
-        }
+        self.take_token(&mut s, caller)?;
         *s.in_flight.entry(caller.to_string()).or_insert(0) += 1;
         if self.settings.metered {
             let e = s.paid.entry(caller.to_string()).or_insert((day, 0));
@@ -250,6 +236,35 @@ impl Quotas {
             quotas: self.clone(),
             caller: caller.to_string(),
         })
+    }
+
+    /// Charges one run to the caller's rate, and nothing else: a session
+    /// call, whose session already holds the caller's concurrency slot and
+    /// its paid seconds.
+    pub fn charge(&self, caller: &str) -> Result<(), Shed> {
+        let Ok(mut s) = self.state.lock() else {
+            return Err(Shed::AtCapacity);
+        };
+        self.take_token(&mut s, caller)
+    }
+
+    fn take_token(&self, s: &mut State, caller: &str) -> Result<(), Shed> {
+        if self.settings.rate_per_min > 0 {
+            let rate = f64::from(self.settings.rate_per_min) / 60.0;
+            let burst = f64::from(self.settings.burst.max(1));
+            let now = Instant::now();
+            let b = s.buckets.entry(caller.to_string()).or_insert(Bucket {
+                tokens: burst,
+                at: now,
+            });
+            b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * rate).min(burst);
+            b.at = now;
+            if b.tokens < 1.0 {
+                return Err(Shed::Rate);
+            }
+            b.tokens -= 1.0;
+        }
+        Ok(())
     }
 
     /// Settles a metered run: `used` of the `reserved` seconds stand, the

@@ -11,7 +11,8 @@
 use sha2::{Digest, Sha256};
 
 use crate::wire::{
-    I64, JavaScriptResult, ProjectResult, RECORD_VERSION, RunRecord, RunRequest, SoftwareRule,
+    CellResult, I64, JavaScriptResult, ProjectResult, RECORD_VERSION, RunRecord, RunRequest,
+    SoftwareRule,
 };
 
 struct Encoder(Sha256);
@@ -138,6 +139,21 @@ pub fn javascript_result_digest(r: &JavaScriptResult) -> String {
     e.finish()
 }
 
+/// The result digest of a cell.
+pub fn cell_result_digest(r: &CellResult) -> String {
+    let mut e = Encoder::new("plimsoll.run-result.v1");
+    e.str("kind", "cell");
+    e.int("exit_code", r.exit_code.into());
+    e.bool("timed_out", r.timed_out);
+    e.bytes("stdout", &r.stdout.0);
+    e.bytes("stderr", &r.stderr.0);
+    e.bool("stdout_truncated", r.stdout_truncated);
+    e.bool("stderr_truncated", r.stderr_truncated);
+    e.bool("interpreter_started", r.interpreter_started);
+    e.bool("interpreter_ended", r.interpreter_ended);
+    e.finish()
+}
+
 /// The result digest of a project, field for field as clients compute it.
 pub fn project_result_digest(r: &ProjectResult) -> String {
     let mut e = Encoder::new("plimsoll.run-result.v1");
@@ -212,7 +228,19 @@ pub struct Evidence<'a> {
     pub instance: &'a str,
 }
 
-/// Builds and seals a single run's record.
+/// A session call's place in its session's chain.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Link {
+    /// The session's fingerprint (SHA-256 of its ID).
+    pub session: String,
+    /// This call's number, from 1.
+    pub sequence: u64,
+    /// The previous record's digest; empty for the first call.
+    pub previous: String,
+}
+
+/// Builds and seals a single run's record (`link` is `None`) or a session
+/// call's (its place in the chain).
 pub fn seal(
     request_sha256: String,
     result_sha256: String,
@@ -220,8 +248,57 @@ pub fn seal(
     ev: &Evidence<'_>,
     started_unix_ms: i64,
     ended_unix_ms: i64,
+    link: Option<&Link>,
 ) -> RunRecord {
+    stamp(
+        request_sha256,
+        result_sha256,
+        String::new(),
+        rule,
+        ev,
+        (started_unix_ms, ended_unix_ms),
+        link,
+    )
+}
+
+/// The record of a session call that may have run but has no answer: no
+/// result digest, the Connect code of the error instead. It takes its place
+/// in the chain, so a client can follow the session past it.
+pub fn seal_unanswered(
+    request_sha256: String,
+    code: &str,
+    rule: Option<&SoftwareRule>,
+    ev: &Evidence<'_>,
+    started_unix_ms: i64,
+    ended_unix_ms: i64,
+    link: &Link,
+) -> RunRecord {
+    stamp(
+        request_sha256,
+        String::new(),
+        code.to_string(),
+        rule,
+        ev,
+        (started_unix_ms, ended_unix_ms),
+        Some(link),
+    )
+}
+
+fn stamp(
+    request_sha256: String,
+    result_sha256: String,
+    unanswered: String,
+    rule: Option<&SoftwareRule>,
+    ev: &Evidence<'_>,
+    (started_unix_ms, ended_unix_ms): (i64, i64),
+    link: Option<&Link>,
+) -> RunRecord {
+    let link = link.cloned().unwrap_or_default();
     let mut r = RunRecord {
+        unanswered,
+        session: link.session,
+        sequence: I64(i64::try_from(link.sequence).unwrap_or(i64::MAX)),
+        previous_sha256: link.previous,
         version: RECORD_VERSION,
         request_sha256,
         result_sha256,
@@ -305,6 +382,7 @@ mod tests {
             },
             1_700_000_000_000,
             1_700_000_000_005,
+            None,
         );
         assert_eq!(r.record_sha256, GOLDEN_RECORD);
     }

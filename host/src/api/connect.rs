@@ -10,14 +10,24 @@ use serde::Serialize;
 
 use super::NOT_DISPATCHED_HEADER;
 use crate::refusal::{Code, Reason, Refusal};
-use crate::wire::{self, PROTOCOL, RunRequest};
+use crate::wire::{self, PROTOCOL, Request, RunRequest};
 
 /// Parses a Run body. The protocol number is checked before anything in the
 /// payload counts: a request from a client of another protocol is refused as
 /// `protocol` even when its payload would not parse here.
 pub fn parse_run(body: &[u8]) -> Result<RunRequest, Refusal> {
-    let stated = wire::shape_of_run(body)
-        .map_err(|e| Refusal::request(format!("malformed RunRequest: {e}")))?;
+    parse(Request::Run, "RunRequest", body)
+}
+
+/// Parses any request that states a protocol number: the shape pass, the
+/// protocol gate, then the typed parse.
+pub fn parse<T: serde::de::DeserializeOwned>(
+    request: Request,
+    name: &str,
+    body: &[u8],
+) -> Result<T, Refusal> {
+    let stated = wire::shape_of(request, body)
+        .map_err(|e| Refusal::request(format!("malformed {name}: {e}")))?;
     match stated {
         Ok(0) => {
             return Err(Refusal::new(
@@ -38,8 +48,8 @@ pub fn parse_run(body: &[u8]) -> Result<RunRequest, Refusal> {
         Ok(_) => {}
         Err(why) => return Err(Refusal::new(Code::InvalidArgument, Reason::Protocol, why)),
     }
-    serde_json::from_slice::<RunRequest>(body)
-        .map_err(|e| Refusal::request(format!("malformed RunRequest: {e}")))
+    serde_json::from_slice::<T>(body)
+        .map_err(|e| Refusal::request(format!("malformed {name}: {e}")))
 }
 
 pub(super) fn json_ok<T: Serialize>(v: &T) -> Response {
@@ -74,21 +84,37 @@ struct ConnectError<'a> {
 }
 
 #[derive(Serialize)]
-struct ConnectDetail {
+pub(super) struct ConnectDetail {
     #[serde(rename = "type")]
     type_: &'static str,
     value: String,
 }
 
 pub(super) fn connect_error(code: Code, message: &str, reason: Option<Reason>) -> Response {
-    let details = reason
-        .map(|r| {
-            vec![ConnectDetail {
-                type_: "plimsoll.v1.NotDispatched",
-                value: base64::engine::general_purpose::STANDARD_NO_PAD.encode(r.detail_bytes()),
-            }]
-        })
+    connect_error_with(code, message, reason, Vec::new())
+}
+
+/// A Connect error detail: a `plimsoll.v1` message's type and its
+/// protobuf bytes.
+pub(super) fn detail(type_: &'static str, bytes: &[u8]) -> ConnectDetail {
+    ConnectDetail {
+        type_,
+        value: base64::engine::general_purpose::STANDARD_NO_PAD.encode(bytes),
+    }
+}
+
+/// A Connect error with the not-dispatched mark (when `reason` is given)
+/// and any further details.
+pub(super) fn connect_error_with(
+    code: Code,
+    message: &str,
+    reason: Option<Reason>,
+    extra: Vec<ConnectDetail>,
+) -> Response {
+    let mut details: Vec<ConnectDetail> = reason
+        .map(|r| vec![detail("plimsoll.v1.NotDispatched", &r.detail_bytes())])
         .unwrap_or_default();
+    details.extend(extra);
     let body = serde_json::to_vec(&ConnectError {
         code: code.as_str(),
         message,

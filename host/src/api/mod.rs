@@ -32,6 +32,7 @@ pub mod connections;
 #[cfg(test)]
 mod mutation_tests;
 pub mod serve;
+mod session;
 pub mod settings;
 
 pub use body::MAX_REQUEST_BYTES;
@@ -244,11 +245,16 @@ async fn procedure(
             drop(caller_body);
             run(&api.daemon, req, caller).await
         }
-        // Sessions are not offered by any provider this daemon has.
-        _ => refusal_response(
-            StatusCode::NOT_IMPLEMENTED,
-            &Refusal::unsupported("sessions are not supported by this daemon's provider"),
-        ),
+        procedure => {
+            let req = match session::parse_session(procedure, &body) {
+                Ok(r) => r,
+                Err(refusal) => return refusal_from(&refusal),
+            };
+            drop(body);
+            drop(body_slot);
+            drop(caller_body);
+            session::call(&api.daemon, req, caller).await
+        }
     }
 }
 

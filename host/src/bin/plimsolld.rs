@@ -138,9 +138,17 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             grants: cfg.grants.clone(),
             quotas: cfg.quotas.clone(),
             metrics: metrics.clone(),
+            sessions: cfg.sessions.clone(),
         },
     ));
     let ev = daemon.evidence();
+    if cfg.sessions.enabled() && !daemon.has_sessions() {
+        daemon.shutdown().await;
+        anyhow::bail!(
+            "SANDBOX_MAX_SESSIONS is set, but the {} provider has no sessions; unset it",
+            ev.sandbox
+        );
+    }
     if cfg.hardened
         && let Some(v) = plimsoll::hardened::tier_violation(ev.tier)
     {

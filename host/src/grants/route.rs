@@ -179,6 +179,32 @@ mod tests {
     }
 
     #[test]
+    fn templates_name_method_and_path_and_refusals_never_the_path() {
+        let r = Route::parse("post /items/*/notes").expect("route");
+        assert_eq!(r.template(), "POST /items/*/notes");
+        assert_eq!(r.path_template(), "/items/*/notes");
+        assert_eq!(Route::parse("DELETE /").expect("root").path_template(), "/");
+        assert_eq!(
+            Denied::NotCanonical.text(),
+            "the path is not in canonical form"
+        );
+        assert_eq!(
+            Denied::NoRoute.text(),
+            "no route of the grant matches this method and path"
+        );
+    }
+
+    #[test]
+    fn the_path_length_limit_is_exact() {
+        let at = format!("/{}", "a".repeat(MAX_PATH_BYTES - 1));
+        assert_eq!(at.len(), MAX_PATH_BYTES);
+        assert!(check_path(&at).is_ok());
+        let over = format!("/{}", "a".repeat(MAX_PATH_BYTES));
+        assert!(check_path(&over).is_err());
+        assert!(check_path("").is_err());
+    }
+
+    #[test]
     fn templates_parse_or_are_refused() {
         for good in [
             "GET /items",

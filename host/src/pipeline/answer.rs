@@ -6,8 +6,8 @@ use crate::outcome::{ProjectOutcome as Outcome, ProjectOutput};
 use crate::providers::{Evidence, Output};
 use crate::record;
 use crate::wire::{
-    Artifact, B64, I64, JavaScriptResult, ProjectOutcome, ProjectResult, RunRequest, RunResponse,
-    StepResult,
+    Artifact, B64, CellResult, I64, JavaScriptResult, ProjectOutcome, ProjectResult, RunRequest,
+    RunResponse, StepResult,
 };
 
 /// The answer, and what the audit line says of it.
@@ -18,15 +18,17 @@ pub struct Sealed {
     pub outcome: Option<&'static str>,
 }
 
-/// Seals `output` for `req` under the evidence that held at dispatch.
+/// Seals `output` for `req` under the evidence that held at dispatch; a
+/// session call's record also takes its place in the chain (`link`).
 pub fn seal(
     req: &RunRequest,
     ev: &Evidence,
     output: Output,
     call_trace: Option<CallTrace>,
-    started_wall: i64,
-    elapsed_ms: i64,
+    (started_wall, elapsed_ms): (i64, i64),
+    link: Option<&record::Link>,
 ) -> Sealed {
+    let mut cell = None;
     let (javascript, project, result_digest, exit_code, timed_out) = match output {
         Output::JavaScript(output) => {
             let result = JavaScriptResult {
@@ -52,6 +54,22 @@ pub fn seal(
             let t = result.outcome == ProjectOutcome::TimedOut;
             (None, Some(result), digest, code, t)
         }
+        Output::Cell(c) => {
+            let result = CellResult {
+                stdout: B64(c.output.stdout),
+                stderr: B64(c.output.stderr),
+                exit_code: c.output.exit_code,
+                timed_out: c.output.timed_out,
+                stdout_truncated: c.output.stdout_truncated,
+                stderr_truncated: c.output.stderr_truncated,
+                interpreter_started: c.interpreter_started,
+                interpreter_ended: c.interpreter_ended,
+            };
+            let digest = record::cell_result_digest(&result);
+            let (code, t) = (result.exit_code, result.timed_out);
+            cell = Some(result);
+            (None, None, digest, code, t)
+        }
     };
     let rec = record::seal(
         record::request_digest(req),
@@ -67,6 +85,7 @@ pub fn seal(
         },
         started_wall,
         started_wall + elapsed_ms,
+        link,
     );
     let outcome = project.as_ref().map(|p| p.outcome.name());
     Sealed {
@@ -80,6 +99,7 @@ pub fn seal(
             instance: String::new(),
             javascript,
             project,
+            cell,
         },
         exit_code,
         timed_out,

@@ -26,6 +26,9 @@ pub struct AuditLine<'a> {
     pub host_calls: u32,
     pub host_calls_denied: u32,
     pub host_calls_shed: u32,
+    /// A session call's session fingerprint and place in its chain.
+    pub session: Option<&'a str>,
+    pub session_call: Option<u64>,
 }
 
 impl<'a> AuditLine<'a> {
@@ -50,7 +53,12 @@ impl<'a> AuditLine<'a> {
             caller,
             evidence,
             duration_ms,
-            code_bytes: req.javascript.as_ref().map_or(0, |j| j.code.len()),
+            code_bytes: req
+                .javascript
+                .as_ref()
+                .map(|j| j.code.len())
+                .or_else(|| req.cell.as_ref().map(|c| c.code.len()))
+                .unwrap_or(0),
             files,
             steps,
             total_bytes,
@@ -60,7 +68,17 @@ impl<'a> AuditLine<'a> {
             host_calls: 0,
             host_calls_denied: 0,
             host_calls_shed: 0,
+            session: None,
+            session_call: None,
         }
+    }
+
+    /// A session call: its session's fingerprint (never the ID) and its
+    /// number in the chain.
+    pub fn with_session(mut self, fingerprint: &'a str, sequence: u64) -> Self {
+        self.session = Some(fingerprint);
+        self.session_call = Some(sequence);
+        self
     }
 
     /// The grant a run carried, and what its code did with it.
@@ -114,6 +132,8 @@ impl<'a> AuditLine<'a> {
             host_calls = self.host_calls,
             host_calls_denied = self.host_calls_denied,
             host_calls_shed = self.host_calls_shed,
+            session = self.session,
+            session_call = self.session_call,
             "code run"
         );
     }

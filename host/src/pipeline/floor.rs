@@ -51,4 +51,31 @@ mod tests {
         assert!(check_floor(None, Tier::None).is_ok());
         assert!(check_floor(Some(Tier::Process), Tier::None).is_err());
     }
+
+    #[test]
+    fn the_software_rule_needs_the_evidence_identity_in_it() {
+        let ev = |identity: &str| Evidence {
+            sandbox: "wasm".into(),
+            tier: Tier::Process,
+            environment: "e".into(),
+            software_identity: identity.into(),
+            policy: String::new(),
+        };
+        let rule = SoftwareRule {
+            mode: "approved".into(),
+            identities: vec!["a:1".into(), "b:2".into()],
+        };
+        assert!(check(None, Some(&rule), &ev("b:2")).is_ok());
+        assert!(
+            check(None, None, &ev("")).is_ok(),
+            "no rule, no identity needed"
+        );
+        for outside in ["c:3", ""] {
+            let r = check(None, Some(&rule), &ev(outside)).expect_err("refused");
+            assert_eq!(r.reason, Reason::Environment, "{outside:?}");
+        }
+        // The floor is checked first, and its refusal is isolation.
+        let r = check(Some(Tier::Vm), Some(&rule), &ev("c:3")).expect_err("refused");
+        assert_eq!(r.reason, Reason::Isolation);
+    }
 }

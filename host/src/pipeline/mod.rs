@@ -11,6 +11,7 @@
 pub mod answer;
 pub mod audit;
 pub mod floor;
+pub mod session;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -25,6 +26,7 @@ use crate::outcome::{NotReady, RunFailure};
 use crate::providers::{Evidence, Job, Payload, ProjectInput, Provider};
 use crate::quota::{QuotaSettings, Quotas, Shed};
 use crate::refusal::Refusal;
+use crate::sessions::{self, Registry, SessionSettings};
 use crate::wire::{
     DescribeResponse, PROTOCOL, PayloadEnvironment, RunRequest, RunResources, RunResponse,
 };
@@ -54,6 +56,7 @@ pub struct Daemon {
     broker_client: Option<reqwest::Client>,
     quotas: Arc<Quotas>,
     metrics: Arc<Metrics>,
+    sessions: Arc<Registry>,
 }
 
 /// Everything a daemon is built from besides its provider.
@@ -62,6 +65,7 @@ pub struct Options {
     pub grants: Arc<Grants>,
     pub quotas: QuotaSettings,
     pub metrics: Arc<Metrics>,
+    pub sessions: SessionSettings,
 }
 
 impl Daemon {
@@ -74,6 +78,15 @@ impl Daemon {
                 None
             }
         };
+        let sessions = Registry::new(o.sessions);
+        // The reaper runs wherever a daemon with sessions is built inside a
+        // runtime (plimsolld, the tests); without one nothing can open.
+        if sessions.settings.enabled()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let _reaper = rt.enter();
+            sessions::reaper::spawn(sessions.clone(), o.metrics.clone());
+        }
         Daemon {
             provider,
             limits: o.limits,
@@ -82,6 +95,7 @@ impl Daemon {
             broker_client,
             quotas: Quotas::new(o.quotas),
             metrics: o.metrics,
+            sessions,
         }
     }
 
@@ -115,13 +129,33 @@ impl Daemon {
         }
     }
 
+    /// Whether the provider has sessions at all (whatever the settings).
+    pub fn has_sessions(&self) -> bool {
+        self.provider.session_offer().is_some()
+    }
+
     pub fn evidence(&self) -> Evidence {
         self.provider.evidence()
     }
 
-    /// Releases what the provider holds that would outlive the process
-    /// (warm containers), before a clean exit.
+    /// Ends every session and releases what the provider holds that would
+    /// outlive the process (session and warm containers), before a clean
+    /// exit.
     pub async fn shutdown(&self) {
+        for entry in self.sessions.all() {
+            if entry.mark_ended(
+                crate::wire::SessionEnd::Shutdown,
+                "the daemon is shutting down",
+            ) {
+                // A call in progress is bounded by its deadline; the wait is
+                // bounded again here so shutdown never hangs on one.
+                let close = async {
+                    let mut turn = entry.turn().await;
+                    turn.finish(&entry, &self.metrics).await;
+                };
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(10), close).await;
+            }
+        }
         self.provider.shutdown().await;
     }
 
@@ -155,6 +189,29 @@ impl Daemon {
                 software_identity: ev.software_identity.clone(),
                 languages: offer.project_languages,
             });
+        }
+        // Grants are stated only when some profile exists to name.
+        let grants = !self.grants.is_empty();
+        d.supports_javascript_grants = grants && offer.javascript_grants;
+        d.supports_project_grants = grants && offer.project_grants;
+        let settings = &self.sessions.settings;
+        if let Some(so) = self.provider.session_offer().filter(|_| settings.enabled()) {
+            d.supports_sessions = true;
+            d.session_lifetime_ms =
+                u32::try_from(settings.lifetime.as_millis()).unwrap_or(u32::MAX);
+            d.session_idle_timeout_ms =
+                u32::try_from(settings.idle.as_millis()).unwrap_or(u32::MAX);
+            d.session_environment = Some(PayloadEnvironment {
+                identity: ev.environment.clone(),
+                max_timeout_ms: self.limits.project_max_timeout.as_millis() as u32,
+                software_identity: so
+                    .software_identity
+                    .clone()
+                    .unwrap_or_else(|| ev.software_identity.clone()),
+                languages: so.cell_languages.clone(),
+            });
+            d.max_sessions_per_caller = settings.max_per_caller;
+            d.max_sessions_per_owner = settings.max_per_owner;
         }
         d.resources = self.provider.resources().map(|r| RunResources {
             memory_mb: r.memory_mb,
@@ -207,6 +264,10 @@ impl Daemon {
                     artifacts: p.artifacts.clone(),
                 }),
             },
+            admission::Payload::Cell(_) => {
+                // validate() refuses a cell outside a session already.
+                return Err(Refusal::request("a cell runs only inside a session").into());
+            }
             payload => {
                 return Err(Refusal::unsupported(format!(
                     "the {} provider does not run {} payloads",
@@ -331,7 +392,14 @@ impl Daemon {
         };
 
         // 6. The answer and its record.
-        let sealed = answer::seal(&req, &ev, output, call_trace, started_wall, elapsed_ms);
+        let sealed = answer::seal(
+            &req,
+            &ev,
+            output,
+            call_trace,
+            (started_wall, elapsed_ms),
+            None,
+        );
         audit.answered(sealed.exit_code, sealed.timed_out, sealed.outcome);
         Ok(sealed.response)
     }
@@ -365,6 +433,7 @@ impl Work {
         match self.payload {
             Payload::JavaScript(_) => "javascript",
             Payload::Project(_) => "project",
+            Payload::Cell(_) => "cell",
         }
     }
 }
@@ -379,12 +448,19 @@ fn failed(f: RunFailure) -> RunError {
 }
 
 fn internal(detail: String) -> RunError {
+    let id = internal_id(&detail);
+    RunError::Internal { id, detail }
+}
+
+/// Logs an internal error's detail under a fresh ID, which the caller's
+/// answer carries: the join between the two, and nothing more.
+pub(crate) fn internal_id(detail: &str) -> String {
     let mut id = [0u8; 8];
     // Without randomness the ID is only a join key; zeros still answer.
     let _ = getrandom::fill(&mut id);
     let id = hex::encode(id);
-    tracing::error!(error_id = %id, detail = %crate::text::truncate(&detail, 4096), "internal error during a run");
-    RunError::Internal { id, detail }
+    tracing::error!(error_id = %id, detail = %crate::text::truncate(detail, 4096), "internal error during a run");
+    id
 }
 
 fn unix_ms() -> i64 {

@@ -44,6 +44,9 @@ pub(super) struct AdapterExports {
     pub describe: ComponentExportIndex,
     pub preflight: ComponentExportIndex,
     pub run: ComponentExportIndex,
+    pub open_session: ComponentExportIndex,
+    pub session_run: ComponentExportIndex,
+    pub close_session: ComponentExportIndex,
 }
 
 impl AdapterExports {
@@ -52,10 +55,16 @@ impl AdapterExports {
         let (_, describe) = component.get_export(Some(&adapter), "describe")?;
         let (_, preflight) = component.get_export(Some(&adapter), "preflight")?;
         let (_, run) = component.get_export(Some(&adapter), "run")?;
+        let (_, open_session) = component.get_export(Some(&adapter), "open-session")?;
+        let (_, session_run) = component.get_export(Some(&adapter), "session-run")?;
+        let (_, close_session) = component.get_export(Some(&adapter), "close-session")?;
         Some(AdapterExports {
             describe,
             preflight,
             run,
+            open_session,
+            session_run,
+            close_session,
         })
     }
 }
@@ -189,6 +198,19 @@ pub struct PluginState {
     pub(super) report: ProjectReport,
     http: Option<Arc<HttpCapability>>,
     engine: Option<ContainerEngineState>,
+}
+
+impl PluginState {
+    /// Binds this call to a session: the container-engine's session
+    /// functions act on that session's container only.
+    pub(super) fn bind_session(
+        &mut self,
+        slot: Option<Arc<super::capabilities::container_engine::SessionSlot>>,
+    ) {
+        if let Some(e) = self.engine.as_mut() {
+            e.session = slot;
+        }
+    }
 }
 
 impl WasiView for PluginState {

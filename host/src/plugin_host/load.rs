@@ -341,6 +341,15 @@ impl Linked {
             runs_javascript: d.payloads.contains(&types::PayloadKind::Javascript),
             runs_project: d.payloads.contains(&types::PayloadKind::Project),
             languages: vec![],
+            sessions: d.sessions.map(|s| super::SessionSupport {
+                javascript: s.payloads.contains(&types::PayloadKind::Javascript),
+                project: s.payloads.contains(&types::PayloadKind::Project),
+                cell_languages: s
+                    .cell_languages
+                    .iter()
+                    .map(|l| language_name(*l).to_string())
+                    .collect(),
+            }),
         };
         let tier = effective_tier(
             facts.claimed_tier,
@@ -399,10 +408,7 @@ impl Described {
             return Err(fail(format!("it reported failure: {}", failed.join("; "))));
         }
         for l in &report.languages {
-            let name = match l {
-                types::Language::Javascript => "javascript",
-                types::Language::Python => "python",
-            };
+            let name = language_name(*l);
             if !facts.languages.iter().any(|x| x == name) {
                 facts.languages.push(name.to_string());
             }
@@ -410,12 +416,23 @@ impl Described {
         for check in &checks {
             tracing::info!(target: "plimsoll::plugin", plugin = %runner.name, check = %check, "preflight");
         }
+        // A session's cells can only use interpreters the smoke test proved.
+        if let Some(s) = facts.sessions.as_mut() {
+            s.cell_languages.retain(|l| facts.languages.contains(l));
+        }
         Ok(PluginProvider {
-            runner: linked.runner,
+            runner: Arc::new(linked.runner),
             sha256: linked.sha256,
             described: facts,
             tier,
         })
+    }
+}
+
+fn language_name(l: types::Language) -> &'static str {
+    match l {
+        types::Language::Javascript => "javascript",
+        types::Language::Python => "python",
     }
 }
 

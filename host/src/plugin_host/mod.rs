@@ -25,6 +25,7 @@ pub mod dispatch_mark;
 mod lazy;
 pub mod load;
 pub mod results;
+pub mod session;
 pub mod settings;
 pub mod strings;
 
@@ -55,6 +56,17 @@ pub struct Described {
     pub runs_javascript: bool,
     pub runs_project: bool,
     pub languages: Vec<String>,
+    /// What the plugin's sessions run, when it has sessions.
+    pub sessions: Option<SessionSupport>,
+}
+
+/// What a plugin states its sessions run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSupport {
+    pub javascript: bool,
+    pub project: bool,
+    /// Only languages the plugin's smoke test proved present.
+    pub cell_languages: Vec<String>,
 }
 
 /// A validated project, as the host hands it to a plugin.
@@ -66,7 +78,7 @@ pub struct ProjectPayloadIn {
 
 /// A plugin that loaded, described itself and passed its smoke test.
 pub struct PluginProvider {
-    runner: Runner,
+    runner: Arc<Runner>,
     sha256: String,
     described: Described,
     tier: Tier,
@@ -76,6 +88,7 @@ pub struct PluginProvider {
 enum PluginResult {
     Javascript(ProcessOutput),
     Project(ProjectOutput),
+    Cell(crate::outcome::CellOutput),
 }
 
 impl PluginProvider {
@@ -105,7 +118,7 @@ impl PluginProvider {
     }
 
     /// The last readiness verdict, without asking the backend.
-    fn ready(&self) -> Result<(), NotReady> {
+    pub fn ready(&self) -> Result<(), NotReady> {
         self.backend().map_or(Ok(()), |b| b.ready())
     }
 
@@ -130,8 +143,8 @@ impl PluginProvider {
             .await?
         {
             PluginResult::Javascript(out) => Ok(out),
-            PluginResult::Project(_) => Err(RunFailure::MayHaveRun(format!(
-                "plugin {} answered a snippet with a project result",
+            _ => Err(RunFailure::MayHaveRun(format!(
+                "plugin {} answered a snippet with another kind of result",
                 self.name()
             ))),
         }
@@ -163,8 +176,8 @@ impl PluginProvider {
             .await?
         {
             PluginResult::Project(out) => Ok(out),
-            PluginResult::Javascript(_) => Err(RunFailure::MayHaveRun(format!(
-                "plugin {} answered a project with a snippet result",
+            _ => Err(RunFailure::MayHaveRun(format!(
+                "plugin {} answered a project with another kind of result",
                 self.name()
             ))),
         }
@@ -206,29 +219,66 @@ impl PluginProvider {
             .map(|r| r.map(|(r,)| r));
         store.data().log.report_dropped();
         let name = self.name();
-        let mark = &store.data().call.mark;
         match outcome {
-            Err(_) => Err(mark.failed(name, "the call overran its deadline")),
-            Ok(Err(e)) => Err(mark.failed(name, &call::classify(&e, &store))),
-            Ok(Ok(Ok(types::RunResult::Javascript(out)))) => Ok(PluginResult::Javascript(
-                results::cap_output(out, output_limit),
-            )),
-            Ok(Ok(Ok(types::RunResult::Project(summary)))) => {
-                let report = std::mem::take(&mut store.data_mut().report);
-                Ok(PluginResult::Project(ProjectOutput {
-                    steps: report.steps,
-                    outcome: results::outcome_of(summary.outcome),
-                    outcome_detail: sanitize(&summary.outcome_detail, MESSAGE_BYTES),
-                    artifacts: report.artifacts,
-                    artifacts_truncated: summary.artifacts_truncated || report.refused_artifacts,
-                }))
-            }
-            Ok(Ok(Err(types::RunError::MayHaveRun(_)))) => Err(RunFailure::MayHaveRun(format!(
-                "plugin {name} reported that the run may have happened (its detail is not logged)"
-            ))),
-            Ok(Ok(Err(types::RunError::NotDispatched(r)))) => {
-                Err(mark.refused(name, results::refusal_of(r)))
-            }
+            Ok(Ok(Ok(result))) => Ok(result_of(result, &mut store, output_limit)),
+            Ok(Ok(Err(e))) => Err(error_of(name, e, &store)),
+            Ok(Err(e)) => Err(store
+                .data()
+                .call
+                .mark
+                .failed(name, &call::classify(&e, &store))),
+            Err(_) => Err(store
+                .data()
+                .call
+                .mark
+                .failed(name, "the call overran its deadline")),
         }
+    }
+}
+
+/// A plugin's error in the host's terms: a refusal is repeated only if the
+/// host saw nothing that could have started execution; a plugin's own
+/// text about a failure is not passed on.
+fn error_of(
+    name: &str,
+    e: types::RunError,
+    store: &wasmtime::Store<call::PluginState>,
+) -> RunFailure {
+    match e {
+        types::RunError::MayHaveRun(_) => RunFailure::MayHaveRun(format!(
+            "plugin {name} reported that the run may have happened (its detail is not logged)"
+        )),
+        types::RunError::NotDispatched(r) => {
+            store.data().call.mark.refused(name, results::refusal_of(r))
+        }
+    }
+}
+
+/// A plugin's result in the host's terms: outputs held to the run's limit,
+/// a project's steps and artifacts from what the host kept of its report.
+fn result_of(
+    result: types::RunResult,
+    store: &mut wasmtime::Store<call::PluginState>,
+    output_limit: usize,
+) -> PluginResult {
+    match result {
+        types::RunResult::Javascript(out) => {
+            PluginResult::Javascript(results::cap_output(out, output_limit))
+        }
+        types::RunResult::Project(summary) => {
+            let report = std::mem::take(&mut store.data_mut().report);
+            PluginResult::Project(ProjectOutput {
+                steps: report.steps,
+                outcome: results::outcome_of(summary.outcome),
+                outcome_detail: sanitize(&summary.outcome_detail, MESSAGE_BYTES),
+                artifacts: report.artifacts,
+                artifacts_truncated: summary.artifacts_truncated || report.refused_artifacts,
+            })
+        }
+        types::RunResult::Cell(c) => PluginResult::Cell(crate::outcome::CellOutput {
+            output: results::cap_output(c.output, output_limit),
+            interpreter_started: c.interpreter_started,
+            interpreter_ended: c.interpreter_ended,
+        }),
     }
 }

@@ -12,6 +12,7 @@
 pub mod disabled;
 pub mod docker;
 pub mod plugin;
+pub mod session;
 pub mod settings;
 pub mod wasm;
 
@@ -21,9 +22,10 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, ready};
 
 use crate::grants::broker;
-use crate::outcome::{NotReady, ProcessOutput, ProjectOutput, RunFailure};
+use crate::outcome::{CellOutput, NotReady, ProcessOutput, ProjectOutput, RunFailure};
 use crate::refusal::Refusal;
 use crate::tier::Tier;
+pub use session::{Ended, ProviderSession, SessionOffer, SessionOptions};
 pub use settings::{ProviderKind, ProviderSettings};
 
 /// What a provider can stand behind right now.
@@ -71,10 +73,20 @@ pub struct ProjectInput {
     pub artifacts: Vec<String>,
 }
 
+/// A validated cell, as a session's provider receives it.
+#[derive(Debug, Clone)]
+pub struct CellInput {
+    pub language: String,
+    pub code: String,
+    pub files: Vec<(String, String)>,
+}
+
 /// What one admitted run carries.
 pub enum Payload {
     JavaScript(String),
     Project(ProjectInput),
+    /// Only in a session.
+    Cell(CellInput),
 }
 
 /// One admitted run, with its budget and its grant's broker session.
@@ -90,6 +102,7 @@ pub struct Job {
 pub enum Output {
     JavaScript(ProcessOutput),
     Project(ProjectOutput),
+    Cell(CellOutput),
 }
 
 /// A configured provider, as the pipeline sees it.
@@ -111,6 +124,12 @@ pub trait Provider: Send + Sync {
         None
     }
 
+    /// The last readiness verdict, without asking anything (cheap: read
+    /// before every session call).
+    fn ready(&self) -> Result<(), NotReady> {
+        Ok(())
+    }
+
     /// Whether runs can be dispatched now, checked afresh.
     fn check_ready(&self) -> BoxFuture<'_, Result<(), NotReady>> {
         Box::pin(ready(Ok(())))
@@ -123,6 +142,23 @@ pub trait Provider: Send + Sync {
 
     /// Runs one admitted job. Only payloads the offer names are passed.
     fn run(&self, job: Job) -> BoxFuture<'_, Result<Output, RunFailure>>;
+
+    /// What this provider's sessions run; `None` when it has none.
+    fn session_offer(&self) -> Option<SessionOffer> {
+        None
+    }
+
+    /// Opens a session's sandbox. Called only when `session_offer` is
+    /// some, after every check the pipeline makes; nothing of a caller's
+    /// code runs in it until its first call.
+    fn open_session(
+        &self,
+        _options: SessionOptions,
+    ) -> BoxFuture<'_, Result<Box<dyn ProviderSession>, RunFailure>> {
+        Box::pin(ready(Err(RunFailure::NotDispatched(Refusal::unsupported(
+            "this provider has no sessions",
+        )))))
+    }
 }
 
 /// Why a provider did not start.

@@ -126,6 +126,10 @@ impl Provider for PluginProvider {
         })
     }
 
+    fn ready(&self) -> Result<(), NotReady> {
+        PluginProvider::ready(self)
+    }
+
     fn check_ready(&self) -> BoxFuture<'_, Result<(), NotReady>> {
         match self.backend() {
             Some(b) => b.check_ready(),
@@ -138,6 +142,31 @@ impl Provider for PluginProvider {
             Some(b) => b.shutdown(),
             None => Box::pin(ready(())),
         }
+    }
+
+    fn session_offer(&self) -> Option<super::SessionOffer> {
+        let s = self.described().sessions.as_ref()?;
+        Some(super::SessionOffer {
+            javascript: s.javascript,
+            project: s.project,
+            cell_languages: s.cell_languages.clone(),
+            // A session's container mounts no broker directory (yet): no
+            // grant is offered in plugin sessions.
+            javascript_grants: false,
+            project_grants: false,
+            software_identity: None,
+        })
+    }
+
+    fn open_session(
+        &self,
+        options: super::SessionOptions,
+    ) -> BoxFuture<'_, Result<Box<dyn super::ProviderSession>, RunFailure>> {
+        Box::pin(async move {
+            PluginProvider::open_session(self, options)
+                .await
+                .map(|s| Box::new(s) as Box<dyn super::ProviderSession>)
+        })
     }
 
     fn run(&self, job: Job) -> BoxFuture<'_, Result<Output, RunFailure>> {
@@ -160,6 +189,7 @@ impl Provider for PluginProvider {
                     )
                     .await
                     .map(Output::Project),
+                Payload::Cell(_) => Err(super::not_offered()),
             }
         })
     }

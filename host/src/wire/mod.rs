@@ -10,13 +10,20 @@
 //! the client recomputes it from what it sent.
 
 mod json;
+mod proto;
+mod session;
 mod shape;
 
 use serde::{Deserialize, Serialize};
 
 use json::*;
 pub use json::{B64, I64};
-pub use shape::{StatedProtocol, shape_of_describe, shape_of_run};
+pub use proto::{session_ended_detail, unanswered_detail};
+pub use session::{
+    CloseSessionRequest, CloseSessionResponse, OpenSessionRequest, OpenSessionResponse, SessionEnd,
+    SessionRunRequest, SessionRunResponse,
+};
+pub use shape::{Request, StatedProtocol, shape_of, shape_of_describe, shape_of_run};
 
 /// The protocol number this daemon serves. The published client 0.23.0 sends
 /// 4; a request with any other number is refused before its payload is read.
@@ -180,6 +187,28 @@ pub struct JavaScriptResult {
     pub call_trace: Option<crate::grants::broker::CallTrace>,
 }
 
+/// A cell's result: code run in a session's interpreter.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CellResult {
+    #[serde(skip_serializing_if = "is_empty_bytes")]
+    pub stdout: B64,
+    #[serde(skip_serializing_if = "is_empty_bytes")]
+    pub stderr: B64,
+    #[serde(skip_serializing_if = "is_zero_i32")]
+    pub exit_code: i32,
+    #[serde(skip_serializing_if = "is_false")]
+    pub timed_out: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    pub stdout_truncated: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    pub stderr_truncated: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    pub interpreter_started: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    pub interpreter_ended: bool,
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RunRecord {
@@ -236,6 +265,8 @@ pub struct RunResponse {
     pub javascript: Option<JavaScriptResult>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub project: Option<ProjectResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell: Option<CellResult>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -365,6 +396,16 @@ pub struct DescribeResponse {
     pub policy: String,
     #[serde(skip_serializing_if = "is_false")]
     pub supports_sessions: bool,
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub session_lifetime_ms: u32,
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub session_idle_timeout_ms: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_environment: Option<PayloadEnvironment>,
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub max_sessions_per_caller: u32,
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub max_sessions_per_owner: u32,
 }
 
 #[cfg(test)]

@@ -30,6 +30,32 @@ const RUN_FIELDS: &[(&str, Kind)] = &[
     ("cell", Kind::Message(&[FILES])),
 ];
 
+const OPEN_SESSION_FIELDS: &[(&str, Kind)] = &[
+    ("softwareRule", Kind::Message(LEAF)),
+    ("software_rule", Kind::Message(LEAF)),
+];
+
+/// Which request a body should be: each has its own nested messages.
+#[derive(Clone, Copy)]
+pub enum Request {
+    Run,
+    OpenSession,
+    SessionRun,
+    CloseSession,
+}
+
+impl Request {
+    fn fields(self) -> &'static [(&'static str, Kind)] {
+        match self {
+            // A session call carries the same payloads as a run (a module
+            // field is refused by the typed parse, as any unknown field).
+            Request::Run | Request::SessionRun => RUN_FIELDS,
+            Request::OpenSession => OPEN_SESSION_FIELDS,
+            Request::CloseSession => LEAF,
+        }
+    }
+}
+
 /// What the shape pass learnt: the protocol number as the request states it
 /// (`Ok(0)` when absent), or why it is not a uint32.
 pub type StatedProtocol = Result<u32, String>;
@@ -37,11 +63,16 @@ pub type StatedProtocol = Result<u32, String>;
 /// Checks that `body` is a JSON object with objects wherever a message goes,
 /// and returns its `protocol` field. An `Err` is a malformed request.
 pub fn shape_of_run(body: &[u8]) -> Result<StatedProtocol, serde_json::Error> {
+    shape_of(Request::Run, body)
+}
+
+/// The shape pass for any request that states a protocol number.
+pub fn shape_of(request: Request, body: &[u8]) -> Result<StatedProtocol, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let mut protocol: StatedProtocol = Ok(0);
     de::DeserializeSeed::deserialize(
         MessageSeed {
-            fields: RUN_FIELDS,
+            fields: request.fields(),
             protocol: Some(&mut protocol),
         },
         &mut de,

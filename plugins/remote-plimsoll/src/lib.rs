@@ -11,11 +11,15 @@
 //! - errors are mapped honestly: an upstream refusal it can prove is a
 //!   `not-dispatched`, anything else `may-have-run`. (The host still answers
 //!   unmarked once a request has gone out; see docs/plugins.md.)
+//! - sessions are forwarded (`session`): the upstream's session ID is the
+//!   session's state, which the host keeps and hands back with each call.
 //!
 //! Configuration: the first origin the operator allowed
 //! (`SANDBOX_PLUGIN_HTTP_ORIGINS`) is the upstream. The upstream's token, if
 //! it needs one, is the API key the host adds (`SANDBOX_PLUGIN_API_KEY_ENV`);
 //! this plugin never sees it.
+
+mod session;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
@@ -33,7 +37,7 @@ use bindings::plimsoll::provider::http;
 use bindings::plimsoll::provider::log::{self, Level};
 use bindings::plimsoll::provider::types::{
     Description, Language, PayloadKind, PreflightReport, ProcessOutput, Refusal, RunError,
-    RunRequest, RunResult, Tier,
+    RunRequest, RunResult, SessionAnswer, SessionFailure, SessionOptions, Tier,
 };
 
 const NAME: &str = "remote-plimsoll";
@@ -46,7 +50,7 @@ impl Guest for RemotePlimsoll {
     fn describe() -> Description {
         // describe cannot fail; an unreachable upstream claims the weakest
         // tier, and preflight then refuses to start.
-        let (tier, environment) = match call("Describe", &json!({})) {
+        let (tier, environment, sessions) = match call("Describe", &json!({})) {
             Ok(Answer::Ok(d)) => (
                 parse_tier(d["isolation"].as_str().unwrap_or("")),
                 format!(
@@ -55,14 +59,16 @@ impl Guest for RemotePlimsoll {
                         .as_str()
                         .unwrap_or("unknown")
                 ),
+                session::support(&d),
             ),
-            _ => (Tier::Process, "remote:unreachable".to_string()),
+            _ => (Tier::Process, "remote:unreachable".to_string(), None),
         };
         Description {
             name: NAME.to_string(),
             tier,
             payloads: vec![PayloadKind::Javascript],
             environment,
+            sessions,
         }
     }
 
@@ -88,7 +94,7 @@ impl Guest for RemotePlimsoll {
     fn run(request: RunRequest) -> Result<RunResult, RunError> {
         let code = match request.payload {
             bindings::plimsoll::provider::types::Payload::Javascript(code) => code,
-            bindings::plimsoll::provider::types::Payload::Project(_) => {
+            _ => {
                 return Err(RunError::NotDispatched(Refusal::Unsupported(
                     "remote-plimsoll runs snippets only".into(),
                 )));
@@ -105,6 +111,18 @@ impl Guest for RemotePlimsoll {
             floor.as_deref(),
         )
         .map(RunResult::Javascript)
+    }
+
+    fn open_session(options: SessionOptions) -> Result<String, RunError> {
+        session::open(options)
+    }
+
+    fn session_run(state: String, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
+        session::run(&state, request)
+    }
+
+    fn close_session(state: String) {
+        session::close(&state)
     }
 }
 
@@ -134,8 +152,24 @@ enum Answer {
     Failed(String),
 }
 
+/// Whether an upstream error answer carries the session-ended detail.
+fn says_ended(parsed: &Value) -> bool {
+    parsed["details"].as_array().is_some_and(|ds| {
+        ds.iter().any(|d| {
+            d["type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("plimsoll.v1.SessionEnded"))
+        })
+    })
+}
+
 /// One Connect JSON call to the upstream.
 fn call(procedure: &str, body: &Value) -> Result<Answer, String> {
+    call_full(procedure, body).map(|(a, _)| a)
+}
+
+/// One call, and whether an error answer said the upstream session ended.
+fn call_full(procedure: &str, body: &Value) -> Result<(Answer, bool), String> {
     let url = format!("{}/plimsoll.v1.SandboxService/{procedure}", upstream()?);
     let request = http::Request {
         method: "POST".to_string(),
@@ -149,26 +183,28 @@ fn call(procedure: &str, body: &Value) -> Result<Answer, String> {
             return Err(format!("the host refused the request: {why}"));
         }
         Err(http::HttpError::Transport(why)) => {
-            return Ok(Answer::Failed(format!("transport: {why}")));
+            return Ok((Answer::Failed(format!("transport: {why}")), false));
         }
         Err(http::HttpError::TooLarge) => {
-            return Ok(Answer::Failed("the answer was too large".into()));
+            return Ok((Answer::Failed("the answer was too large".into()), false));
         }
     };
     let parsed: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
     if response.status == 200 {
-        return Ok(Answer::Ok(parsed));
+        return Ok((Answer::Ok(parsed), false));
     }
+    let ended = says_ended(&parsed);
     let mark = response
         .headers
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case("plimsoll-not-dispatched"))
         .map(|(_, v)| v.clone());
     let message = parsed["message"].as_str().unwrap_or("").to_string();
-    Ok(match mark {
+    let answer = match mark {
         Some(reason) => Answer::Refused(reason, message),
         None => Answer::Failed(format!("upstream status {}: {message}", response.status)),
-    })
+    };
+    Ok((answer, ended))
 }
 
 fn run_snippet(
@@ -192,7 +228,11 @@ fn run_snippet(
         }
         Answer::Failed(why) => return Err(RunError::MayHaveRun(why)),
     };
-    let js = &resp["javascript"];
+    Ok(process_output(&resp["javascript"], output_limit))
+}
+
+/// A snippet's (or a cell's) output as the upstream answered it.
+fn process_output(js: &Value, output_limit: u32) -> ProcessOutput {
     let bytes = |field: &str| -> Vec<u8> {
         let mut b = base64::engine::general_purpose::STANDARD
             .decode(js[field].as_str().unwrap_or(""))
@@ -201,7 +241,7 @@ fn run_snippet(
         b
     };
     let flag = |field: &str| js[field].as_bool().unwrap_or(false);
-    Ok(ProcessOutput {
+    ProcessOutput {
         stdout: bytes("stdout"),
         stderr: bytes("stderr"),
         exit_code: js["exitCode"]
@@ -211,7 +251,7 @@ fn run_snippet(
         timed_out: flag("timedOut"),
         stdout_truncated: flag("stdoutTruncated"),
         stderr_truncated: flag("stderrTruncated"),
-    })
+    }
 }
 
 fn refusal(reason: &str, message: String) -> Refusal {

@@ -18,7 +18,7 @@ use std::path::Path;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
 
 use super::settings::{SHM_MB, Settings, TMP_MB};
-use super::{DockerEngine, EXPIRES_LABEL, LABEL, OWNER_LABEL};
+use super::{DockerEngine, EXPIRES_LABEL, LABEL, OWNER_LABEL, PROCESS_LABEL, SESSION_LABEL, owner};
 use crate::grants::socket::MOUNT_POINT;
 use crate::plugin_host::capabilities::container_engine::backend::Approved;
 
@@ -38,14 +38,32 @@ const GATE_NAME: &str = "plimsoll-gate";
 /// What the host writes to open the gate.
 pub(super) const GATE_LINE: &[u8] = b"\n";
 
+/// How long a container may live, and what for: the sweeper reads both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Life {
+    /// Unix time after which the sweeper may remove it.
+    pub expires: u64,
+    /// A session's container (kept for many calls), not a run's.
+    pub session: bool,
+}
+
+impl Life {
+    pub fn run(expires: u64) -> Life {
+        Life {
+            expires,
+            session: false,
+        }
+    }
+}
+
 impl DockerEngine {
     pub(super) fn create_body(
         &self,
         spec: &Approved,
-        expires: u64,
+        life: Life,
         grant_dir: Option<&Path>,
     ) -> ContainerCreateBody {
-        create_body(&self.settings, self.image_id(), spec, expires, grant_dir)
+        create_body(&self.settings, self.image_id(), spec, life, grant_dir)
     }
 }
 
@@ -55,7 +73,7 @@ pub(super) fn create_body(
     s: &Settings,
     image_id: &str,
     spec: &Approved,
-    expires: u64,
+    life: Life,
     grant_dir: Option<&Path>,
 ) -> ContainerCreateBody {
     {
@@ -95,11 +113,18 @@ pub(super) fn create_body(
             stdin_once: Some(true),
             tty: Some(false),
             network_disabled: Some(true),
-            labels: Some(HashMap::from([
-                (LABEL.to_string(), "1".to_string()),
-                (EXPIRES_LABEL.to_string(), expires.to_string()),
-                (OWNER_LABEL.to_string(), std::process::id().to_string()),
-            ])),
+            labels: Some({
+                let mut labels = HashMap::from([
+                    (LABEL.to_string(), "1".to_string()),
+                    (EXPIRES_LABEL.to_string(), life.expires.to_string()),
+                    (OWNER_LABEL.to_string(), std::process::id().to_string()),
+                    (PROCESS_LABEL.to_string(), owner::this_process().to_string()),
+                ]);
+                if life.session {
+                    labels.insert(SESSION_LABEL.to_string(), "1".to_string());
+                }
+                labels
+            }),
             host_config: Some(HostConfig {
                 network_mode: Some("none".into()),
                 // The only host path a container ever sees: the run's broker
@@ -193,7 +218,7 @@ mod tests {
 
     #[test]
     fn every_container_gets_the_whole_envelope() {
-        let body = create_body(&settings(""), IMAGE, &spec(), 42, None);
+        let body = create_body(&settings(""), IMAGE, &spec(), Life::run(42), None);
         assert_eq!(body.image.as_deref(), Some(IMAGE));
         assert_eq!(body.user.as_deref(), Some("61000:61000"));
         assert_eq!(body.network_disabled, Some(true));
@@ -225,6 +250,28 @@ mod tests {
         assert_eq!(labels.get(LABEL).map(String::as_str), Some("1"));
         assert_eq!(labels.get(EXPIRES_LABEL).map(String::as_str), Some("42"));
         assert!(labels.contains_key(OWNER_LABEL));
+        assert_eq!(labels[PROCESS_LABEL], owner::this_process());
+        assert!(!labels.contains_key(SESSION_LABEL), "a run's container");
+        let session = create_body(
+            &settings(""),
+            IMAGE,
+            &spec(),
+            Life {
+                expires: 42,
+                session: true,
+            },
+            None,
+        );
+        let session_labels = session.labels.expect("labels");
+        assert_eq!(
+            session_labels.get(SESSION_LABEL).map(String::as_str),
+            Some("1")
+        );
+        assert_eq!(
+            session.host_config,
+            create_body(&settings(""), IMAGE, &spec(), Life::run(42), None).host_config,
+            "the same envelope"
+        );
 
         let h = body.host_config.expect("host config");
         assert_eq!(h.network_mode.as_deref(), Some("none"));
@@ -282,7 +329,7 @@ mod tests {
 
     #[test]
     fn under_runsc_gvisor_filters_and_the_host_cgroup_limits() {
-        let h = create_body(&settings("runsc"), IMAGE, &spec(), 42, None)
+        let h = create_body(&settings("runsc"), IMAGE, &spec(), Life::run(42), None)
             .host_config
             .expect("host config");
         assert_eq!(h.runtime.as_deref(), Some("runsc"));
@@ -294,7 +341,7 @@ mod tests {
     #[test]
     fn a_granted_run_mounts_only_its_broker_directory_read_only() {
         let dir = std::path::Path::new("/run/plimsoll-runs/abc");
-        let h = create_body(&settings(""), IMAGE, &spec(), 42, Some(dir))
+        let h = create_body(&settings(""), IMAGE, &spec(), Life::run(42), Some(dir))
             .host_config
             .expect("host config");
         assert_eq!(

@@ -22,7 +22,7 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use super::envelope::GATE_LINE;
+use super::envelope::{GATE_LINE, Life};
 use super::verify::PidsCgroup;
 use super::{DockerEngine, short};
 use crate::outcome::ProcessOutput;
@@ -48,14 +48,14 @@ impl DockerEngine {
     pub(super) async fn start_waiting(
         &self,
         spec: &Approved,
-        expires: u64,
+        life: Life,
         grant_dir: Option<&Path>,
         deadline: Deadline,
     ) -> Result<Warm, EngineFailure> {
         let mut id = [0u8; 8];
         let _ = getrandom::fill(&mut id);
         let name = format!("plimsoll-{}", hex::encode(id));
-        let body = self.create_body(spec, expires, grant_dir);
+        let body = self.create_body(spec, life, grant_dir);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
         let created = match timeout_at(deadline, self.docker.create_container(Some(options), body))
             .await

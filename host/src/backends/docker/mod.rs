@@ -27,7 +27,9 @@
 
 mod envelope;
 mod lifecycle;
+mod owner;
 mod pool;
+mod session;
 pub mod settings;
 mod smoke;
 mod sweep;
@@ -41,9 +43,10 @@ use futures_util::future::BoxFuture;
 
 use crate::outcome::{NotReady, ProcessOutput};
 use crate::plugin_host::capabilities::container_engine::backend::{
-    Approved, BackendFacts, ContainerBackend, EngineFailure, Envelope, GrantMount,
+    Approved, BackendFacts, ContainerBackend, EngineFailure, Envelope, GrantMount, SessionContainer,
 };
 use crate::tier::Tier;
+use envelope::Life;
 pub use settings::Settings;
 use verify::{PidsCgroup, RuntimeEvidence, pids_cgroup_root, resolve_image, verify_runtime};
 
@@ -52,8 +55,14 @@ pub const LABEL: &str = "io.plimsoll.run";
 /// The process ID of the daemon that created the container, so an operator
 /// (and the test suite) can tell whose it is.
 pub const OWNER_LABEL: &str = "io.plimsoll.owner";
+/// The making process as boot/PID-namespace/PID/start-time, so a later
+/// daemon can tell a dead maker from a live one (see `owner`).
+pub const PROCESS_LABEL: &str = "io.plimsoll.process";
 /// Unix time after which the sweeper may remove a container it finds.
 pub const EXPIRES_LABEL: &str = "io.plimsoll.expires";
+/// Set on a session's container: kept for many calls, and removed by a
+/// later daemon when the daemon that made it is gone.
+pub const SESSION_LABEL: &str = "io.plimsoll.session";
 /// How far past its deadline a container may live before it counts as leaked.
 const EXPIRY_GRACE: Duration = Duration::from_secs(300);
 
@@ -77,6 +86,7 @@ pub struct DockerEngine {
     ready: Arc<Mutex<Result<(), NotReady>>>,
     last_probe: Arc<Mutex<Option<Instant>>>,
     pool: Arc<Mutex<pool::Pool>>,
+    session_pool: Arc<Mutex<pool::Pool>>,
 }
 
 impl DockerEngine {
@@ -136,6 +146,7 @@ impl DockerEngine {
             ready: Arc::new(Mutex::new(Ok(()))),
             last_probe: Arc::new(Mutex::new(None)),
             pool: Arc::new(Mutex::new(pool::Pool::default())),
+            session_pool: Arc::new(Mutex::new(pool::Pool::default())),
         };
         let (mut checks, languages) = engine.smoke().await?;
         let v = Arc::make_mut(&mut engine.verified);
@@ -270,14 +281,14 @@ impl DockerEngine {
         let task = tokio::spawn(async move {
             // A granted run needs its own mount: never a warm container.
             let taken = if grant.is_none() {
-                engine.take_warm(&spec)
+                engine.take_warm(pool::Which::Runs, &spec)
             } else {
                 None
             };
             let warm = match taken {
                 Some(w) => {
                     let refill = engine.clone();
-                    tokio::spawn(async move { refill.top_up().await });
+                    tokio::spawn(async move { refill.top_up(pool::Which::Runs).await });
                     w
                 }
                 None => {
@@ -290,7 +301,7 @@ impl DockerEngine {
                     engine
                         .start_waiting(
                             &spec,
-                            expiry(timeout),
+                            Life::run(expiry(timeout)),
                             grant.as_ref().map(|g| g.dir.as_path()),
                             deadline,
                         )
@@ -337,11 +348,31 @@ impl ContainerBackend for DockerEngine {
     }
 
     fn prewarm(&self, spec: Approved) -> u32 {
-        self.prewarm_spec(spec)
+        self.prewarm_spec(pool::Which::Runs, spec)
+    }
+
+    fn prewarm_sessions(&self, spec: Approved) -> u32 {
+        self.prewarm_spec(pool::Which::Sessions, spec)
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.close_pool())
+    }
+
+    fn start_session(
+        &self,
+        spec: Approved,
+        lifetime: Duration,
+        deadline: Instant,
+        grant_dir: Option<std::path::PathBuf>,
+    ) -> BoxFuture<'static, Result<Box<dyn SessionContainer>, EngineFailure>> {
+        let engine = self.clone();
+        Box::pin(async move {
+            engine
+                .start_session_container(spec, lifetime, deadline, grant_dir)
+                .await
+                .map(|s| Box::new(s) as Box<dyn SessionContainer>)
+        })
     }
 }
 

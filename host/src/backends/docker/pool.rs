@@ -9,10 +9,15 @@
 //! being removed, or still starting, count against it. And a plugin may
 //! change the spec at most `TEMPLATE_CHANGES_PER_MINUTE` times a minute, so
 //! it cannot make the host churn containers.
+//!
+//! Two pools keep to these rules: one for single runs, one for sessions
+//! (`Which`). A warm session container carries the session label and an
+//! expiry past the longest session, as a cold one does.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::envelope::Life;
 use super::lifecycle::Warm;
 use super::{DockerEngine, expiry};
 use crate::plugin_host::capabilities::container_engine::backend::{Approved, EngineFailure};
@@ -27,6 +32,13 @@ const LONGEST_RUN: Duration = Duration::from_secs(120);
 const WARM_START_TIME: Duration = Duration::from_secs(60);
 /// Spec changes a plugin may make in a minute; more are refused.
 pub(super) const TEMPLATE_CHANGES_PER_MINUTE: usize = 6;
+
+/// Which pool: single runs', or sessions'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Which {
+    Runs,
+    Sessions,
+}
 
 #[derive(Default)]
 pub(super) struct Pool {
@@ -46,11 +58,12 @@ pub(super) struct Pool {
 impl DockerEngine {
     /// Registers the spec single runs use and starts keeping warm containers
     /// of it. Returns the pool size.
-    pub(super) fn prewarm_spec(&self, spec: Approved) -> u32 {
-        if self.settings.pool == 0 {
+    pub(super) fn prewarm_spec(&self, which: Which, spec: Approved) -> u32 {
+        let size = self.pool_size(which);
+        if size == 0 {
             return 0;
         }
-        let Ok(mut pool) = self.pool.lock() else {
+        let Ok(mut pool) = self.pool_of(which).lock() else {
             return 0;
         };
         if pool.template.as_ref() != Some(&spec) {
@@ -79,16 +92,49 @@ impl DockerEngine {
         drop(pool);
         let engine = self.clone();
         tokio::spawn(async move {
-            engine.remove_orphans().await;
-            engine.top_up().await;
+            engine.remove_orphans(which).await;
+            engine.top_up(which).await;
         });
-        self.settings.pool
+        size
     }
 
-    pub(super) async fn top_up(&self) {
+    pub(super) fn pool_of(&self, which: Which) -> &std::sync::Mutex<Pool> {
+        match which {
+            Which::Runs => &self.pool,
+            Which::Sessions => &self.session_pool,
+        }
+    }
+
+    fn pool_size(&self, which: Which) -> u32 {
+        match which {
+            Which::Runs => self.settings.pool,
+            Which::Sessions => self.settings.session_pool,
+        }
+    }
+
+    /// How a warm container of this pool is labelled: long enough for the
+    /// longest use it may be taken for.
+    fn warm_life(&self, which: Which) -> Life {
+        match which {
+            Which::Runs => Life::run(expiry(WARM_MAX_AGE + LONGEST_RUN)),
+            Which::Sessions => Life {
+                expires: expiry(WARM_MAX_AGE + self.settings.session_lifetime),
+                session: true,
+            },
+        }
+    }
+
+    /// Tops up both pools.
+    pub(super) async fn top_up_all(&self) {
+        self.top_up(Which::Runs).await;
+        self.top_up(Which::Sessions).await;
+    }
+
+    pub(super) async fn top_up(&self, which: Which) {
+        let size = self.pool_size(which);
         loop {
             let template = {
-                let Ok(mut pool) = self.pool.lock() else {
+                let Ok(mut pool) = self.pool_of(which).lock() else {
                     return;
                 };
                 // Age out containers that waited too long.
@@ -104,7 +150,7 @@ impl DockerEngine {
                 // ones not yet removed.
                 let have = pool.warm.len() as u32 + pool.starting + pool.orphans.len() as u32;
                 match pool.template.clone() {
-                    Some(t) if have < self.settings.pool && !pool.closed => {
+                    Some(t) if have < size && !pool.closed => {
                         pool.starting += 1;
                         t
                     }
@@ -114,7 +160,7 @@ impl DockerEngine {
             let started = self
                 .start_waiting(
                     &template,
-                    expiry(WARM_MAX_AGE + LONGEST_RUN),
+                    self.warm_life(which),
                     None,
                     tokio::time::Instant::now() + WARM_START_TIME,
                 )
@@ -129,7 +175,7 @@ impl DockerEngine {
             // `starting` drops, so shutdown, which waits for `starting` to
             // reach 0, never exits with it still in the engine.
             let unwanted = {
-                let Ok(mut pool) = self.pool.lock() else {
+                let Ok(mut pool) = self.pool_of(which).lock() else {
                     return;
                 };
                 match started {
@@ -148,7 +194,7 @@ impl DockerEngine {
             };
             if let Some(name) = unwanted {
                 self.remove(&name).await;
-                if let Ok(mut pool) = self.pool.lock() {
+                if let Ok(mut pool) = self.pool_of(which).lock() {
                     pool.starting = pool.starting.saturating_sub(1);
                 }
                 return;
@@ -159,45 +205,56 @@ impl DockerEngine {
     /// At shutdown: starts no more warm containers and removes the ones
     /// waiting, so a daemon stopped cleanly leaves nothing behind.
     pub(super) async fn close_pool(&self) {
-        if let Ok(mut pool) = self.pool.lock() {
-            pool.closed = true;
+        for which in [Which::Runs, Which::Sessions] {
+            if let Ok(mut pool) = self.pool_of(which).lock() {
+                pool.closed = true;
+            }
         }
         // A warm container being started now would be created after the
         // drain and outlive the daemon: wait for those starts to end (they
         // remove what they started once they see the pool closed).
         let deadline = Instant::now() + Duration::from_secs(30);
-        while self.pool.lock().is_ok_and(|p| p.starting > 0) && Instant::now() < deadline {
+        let starting = |w| self.pool_of(w).lock().is_ok_and(|p| p.starting > 0);
+        while (starting(Which::Runs) || starting(Which::Sessions)) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.drain_pool().await;
     }
 
-    /// Removes every waiting container, and every unwanted one.
+    /// Removes every waiting container, and every unwanted one, of both.
     pub(super) async fn drain_pool(&self) {
         self.orphan_warm();
-        self.remove_orphans().await;
+        self.remove_orphans(Which::Runs).await;
+        self.remove_orphans(Which::Sessions).await;
+    }
+
+    /// Whether either pool has containers no longer wanted.
+    pub(super) fn has_orphans(&self) -> bool {
+        [Which::Runs, Which::Sessions]
+            .iter()
+            .any(|w| self.pool_of(*w).lock().map_or(0, |p| p.orphans.len()) > 0)
     }
 
     /// Removes the containers no longer wanted; the ones the engine would
     /// not remove stay orphans (and count as alive) until it does.
     /// An orphan leaves the list only once it is gone, so it counts as
     /// alive while it is being removed.
-    pub(super) async fn remove_orphans(&self) {
-        let orphans: Vec<String> = match self.pool.lock() {
+    pub(super) async fn remove_orphans(&self, which: Which) {
+        let orphans: Vec<String> = match self.pool_of(which).lock() {
             Ok(pool) => pool.orphans.clone(),
             Err(_) => return,
         };
         for name in orphans {
             if self.remove(&name).await
-                && let Ok(mut pool) = self.pool.lock()
+                && let Ok(mut pool) = self.pool_of(which).lock()
             {
                 pool.orphans.retain(|o| *o != name);
             }
         }
     }
 
-    pub(super) fn take_warm(&self, spec: &Approved) -> Option<Warm> {
-        let mut pool = self.pool.lock().ok()?;
+    pub(super) fn take_warm(&self, which: Which, spec: &Approved) -> Option<Warm> {
+        let mut pool = self.pool_of(which).lock().ok()?;
         if pool.template.as_ref() != Some(spec) {
             return None;
         }
@@ -213,9 +270,11 @@ impl DockerEngine {
     /// Sends every waiting container to the orphans (removed once the
     /// engine answers): their attached streams may be dead.
     pub(super) fn orphan_warm(&self) {
-        if let Ok(mut pool) = self.pool.lock() {
-            let stale: Vec<String> = pool.warm.drain(..).map(|w| w.id).collect();
-            pool.orphans.extend(stale);
+        for which in [Which::Runs, Which::Sessions] {
+            if let Ok(mut pool) = self.pool_of(which).lock() {
+                let stale: Vec<String> = pool.warm.drain(..).map(|w| w.id).collect();
+                pool.orphans.extend(stale);
+            }
         }
     }
 }

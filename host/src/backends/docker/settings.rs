@@ -89,6 +89,12 @@ pub struct Settings {
     pub seccomp: Option<String>,
     /// Warm containers kept for single runs; 0 turns pooling off.
     pub pool: u32,
+    /// Warm containers kept for sessions (`SANDBOX_SESSION_POOL`, set from
+    /// the session settings); 0 turns that pool off.
+    pub session_pool: u32,
+    /// The session lifetime, which a warm session container's expiry
+    /// must outlast (set from the session settings).
+    pub session_lifetime: std::time::Duration,
 }
 
 impl Settings {
@@ -191,6 +197,8 @@ impl Settings {
             disk_mb,
             seccomp,
             pool,
+            session_pool: 0,
+            session_lifetime: std::time::Duration::ZERO,
         })
     }
 

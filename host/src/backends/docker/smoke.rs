@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::envelope::Life;
 use super::settings::{SHM_MB, TMP_MB};
 use super::{DockerEngine, expiry};
 use crate::plugin_host::capabilities::container_engine::backend::{Approved, EngineFailure};
@@ -26,7 +27,7 @@ impl DockerEngine {
         };
         let deadline = tokio::time::Instant::now() + SMOKE_TIME;
         let warm = self
-            .start_waiting(&spec, expiry(SMOKE_TIME), None, deadline)
+            .start_waiting(&spec, Life::run(expiry(SMOKE_TIME)), None, deadline)
             .await
             .map_err(
                 |(EngineFailure::BeforeStart(e)

@@ -1,15 +1,16 @@
 //! Upkeep for the daemon's life: readiness re-checked, the warm pool topped
-//! up, and run containers left past their expiry removed, whichever daemon
-//! left them (one that crashed, or was killed mid-run). Expiry decides, not
-//! mere presence, so a second daemon on the same engine never loses a
-//! container it is still running.
+//! up, and run containers left behind removed, whichever daemon left them
+//! (one that crashed, or was killed mid-run): those past their expiry, and
+//! those whose maker this host can prove dead (see `owner`). Neither rule
+//! takes a container from a daemon that still runs, so a second daemon on
+//! the same engine never loses one it is using.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bollard::query_parameters::ListContainersOptionsBuilder;
 
-use super::{DockerEngine, EXPIRES_LABEL, LABEL, short, unix_now};
+use super::{DockerEngine, EXPIRES_LABEL, LABEL, PROCESS_LABEL, owner, short, unix_now};
 
 /// How often the pool is topped up and aged, and readiness re-checked.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(2);
@@ -31,11 +32,10 @@ impl DockerEngine {
                     // engine answers again).
                     engine.drain_pool().await;
                 } else {
-                    let orphans = engine.pool.lock().map_or(0, |p| p.orphans.len());
-                    if orphans > 0 {
+                    if engine.has_orphans() {
                         engine.drain_pool().await;
                     }
-                    engine.top_up().await;
+                    engine.top_up_all().await;
                 }
                 if last_sweep.is_none_or(|t| t.elapsed() >= sweep_every) {
                     last_sweep = Some(Instant::now());
@@ -44,7 +44,7 @@ impl DockerEngine {
                         Ok(n) => {
                             tracing::warn!(
                                 removed = n,
-                                "removed run containers left past their expiry"
+                                "removed run containers left behind (expired, or their daemon is gone)"
                             )
                         }
                         Err(e) => {
@@ -58,10 +58,10 @@ impl DockerEngine {
     }
 
     /// Removes every container this host's label marks whose expiry has
-    /// passed: the ones a daemon that crashed, or was killed mid-run, left
-    /// behind. Expiry, not mere presence, decides, so a second daemon on the
-    /// same engine never loses a container it is still running. Returns how
-    /// many were removed.
+    /// passed or whose maker is provably gone: the ones a daemon that
+    /// crashed, or was killed, left behind. Mere presence never decides, so
+    /// a second daemon on the same engine never loses a container it is
+    /// still running. Returns how many were removed.
     async fn sweep(&self) -> Result<usize, String> {
         let filters = HashMap::from([("label", vec![format!("{LABEL}=1")])]);
         let options = ListContainersOptionsBuilder::default()
@@ -76,16 +76,18 @@ impl DockerEngine {
         let now = unix_now();
         let mut removed = 0;
         for c in found {
-            let expires = c
-                .labels
-                .as_ref()
+            let labels = c.labels.as_ref();
+            let orphaned = labels
+                .and_then(|l| l.get(PROCESS_LABEL))
+                .is_some_and(|p| owner::is_gone(p));
+            let expires = labels
                 .and_then(|l| l.get(EXPIRES_LABEL))
                 .and_then(|v| v.parse::<u64>().ok())
                 // A container with our run label but no readable expiry is
                 // not one this host made whole; it is old enough to go.
                 .unwrap_or(0);
             let Some(id) = c.id else { continue };
-            if expires <= now && self.remove(&id).await {
+            if (expires <= now || orphaned) && self.remove(&id).await {
                 removed += 1;
             }
         }

@@ -13,6 +13,7 @@
 //! script cannot catch its way around it.
 
 mod output;
+mod session;
 mod snapshot;
 
 use std::sync::Arc;
@@ -295,6 +296,20 @@ impl Provider for WasmProvider {
         })
     }
 
+    fn session_offer(&self) -> Option<super::SessionOffer> {
+        Some(session::offer())
+    }
+
+    fn open_session(
+        &self,
+        _options: super::SessionOptions,
+    ) -> BoxFuture<'_, Result<Box<dyn super::ProviderSession>, RunFailure>> {
+        let opened = self
+            .open_session()
+            .map(|s| Box::new(s) as Box<dyn super::ProviderSession>);
+        Box::pin(std::future::ready(opened))
+    }
+
     fn run(&self, job: Job) -> BoxFuture<'_, Result<Output, RunFailure>> {
         let Payload::JavaScript(code) = job.payload else {
             return Box::pin(std::future::ready(Err(not_offered())));
@@ -325,8 +340,11 @@ struct RunState {
     stdout: Capped,
     stderr: Capped,
     /// The run's broker session, when it carries a grant.
-    broker: Option<(Arc<broker::Session>, tokio::runtime::Handle)>,
+    broker: Option<Grant>,
 }
+
+/// A grant's broker session, and the runtime its calls are made on.
+type Grant = (Arc<broker::Session>, tokio::runtime::Handle);
 
 impl RunState {
     pub(super) fn new(memory_limit: usize, output_limit: usize) -> Self {

@@ -12,7 +12,7 @@
 //! the pipeline.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 
@@ -118,4 +118,47 @@ pub trait ContainerBackend: Send + Sync + 'static {
 
     /// Releases what would outlive the daemon (warm containers).
     fn shutdown(&self) -> BoxFuture<'_, ()>;
+
+    /// Starts a session's container: created, started and its gate opened
+    /// by `deadline`, labelled to expire after `lifetime`. The container is
+    /// the session's alone until `SessionContainer::end`.
+    fn start_session(
+        &self,
+        _spec: Approved,
+        _lifetime: Duration,
+        _deadline: Instant,
+        _grant_dir: Option<PathBuf>,
+    ) -> BoxFuture<'static, Result<Box<dyn SessionContainer>, EngineFailure>> {
+        Box::pin(std::future::ready(Err(EngineFailure::BeforeStart(
+            "this backend has no session containers".into(),
+        ))))
+    }
+
+    /// Registers the spec session containers use and keeps some started
+    /// behind the gate. Returns the pool size (0: no pooling).
+    fn prewarm_sessions(&self, _spec: Approved) -> u32 {
+        0
+    }
+}
+
+/// One session's container, started and bound to that session.
+pub trait SessionContainer: Send + Sync {
+    /// Writes `request` to the container's stdin and reads its stdout
+    /// until `until` appears, returning what came before it. `BeforeStart`
+    /// only when nothing was written (the container had already ended); any
+    /// failure after that (the deadline, more than `limit` bytes, the
+    /// stream ending) kills the container, and it stays dead.
+    fn exchange(
+        &self,
+        request: Vec<u8>,
+        until: Vec<u8>,
+        deadline: Instant,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<u8>, EngineFailure>>;
+
+    /// Whether the container can still take an exchange.
+    fn alive(&self) -> bool;
+
+    /// Removes the container, on every path; later exchanges fail.
+    fn end(&self) -> BoxFuture<'_, ()>;
 }

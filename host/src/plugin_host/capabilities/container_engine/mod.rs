@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod policy;
+pub mod session;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +25,7 @@ use crate::plugin_host::bindings::{engine_if, types};
 use crate::plugin_host::lazy;
 use backend::{Approved, ContainerBackend, EngineFailure, GrantMount};
 use policy::ContainerPolicy;
+pub use session::SessionSlot;
 
 /// Longest a single container may run at a plugin's request.
 const MAX_CONTAINER_TIME: Duration = Duration::from_secs(120);
@@ -62,6 +64,8 @@ impl ContainerEngine {
 pub struct ContainerEngineState {
     pub engine: Arc<ContainerEngine>,
     mount: Option<Arc<socket::Mount>>,
+    /// The session this call serves, for the session functions.
+    pub session: Option<Arc<SessionSlot>>,
 }
 
 impl ContainerEngineState {
@@ -69,6 +73,7 @@ impl ContainerEngineState {
         ContainerEngineState {
             engine,
             mount: None,
+            session: None,
         }
     }
 }
@@ -109,6 +114,7 @@ pub fn add_to_linker<T: ContainerEngineView>(linker: &mut Linker<T>) -> wasmtime
             Box::new(async move { Ok((answer,)) })
         },
     )?;
+    session::add_to_linker(&mut engine)?;
     Ok(())
 }
 

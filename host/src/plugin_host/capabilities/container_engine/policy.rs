@@ -218,57 +218,105 @@ mod tests {
     }
 
     #[test]
-    fn every_weakening_is_refused() {
+    fn every_weakening_is_refused_by_the_rule_that_names_it() {
+        // Each case names the rule that must refuse it, not only that
+        // something does: the checks overlap (a root user also differs from
+        // the configured one), and a rule that stopped working would go
+        // unnoticed behind the next.
         type Mutate = fn(&mut Owned);
-        let cases: &[(&str, Mutate)] = &[
-            ("privileged", |o| o.privileged = true),
-            ("cap add", |o| o.cap_add = vec!["SYS_ADMIN".into()]),
-            ("host pid", |o| o.host_namespaces = vec!["pid".into()]),
-            ("host network", |o| o.network = "host".into()),
-            ("bridge network", |o| o.network = "bridge".into()),
-            ("empty network", |o| o.network = String::new()),
-            ("writable root", |o| o.read_only_root = false),
-            ("default runtime", |o| o.runtime = String::new()),
-            ("other runtime", |o| o.runtime = "runc".into()),
-            ("root user", |o| o.user = "0:0".into()),
-            ("root group", |o| o.user = "61000:0".into()),
-            ("named user", |o| o.user = "root".into()),
-            ("uid only", |o| o.user = "61000".into()),
-            ("tag image", |o| o.image = "node:22".into()),
-            ("short digest", |o| o.image = "sha256:abc".into()),
-            ("uppercase digest", |o| o.image = IMAGE.to_uppercase()),
-            ("another image", |o| {
+        let cases: &[(&str, &str, Mutate)] = &[
+            ("privileged", "privileged", |o| o.privileged = true),
+            ("cap add", "capabilit", |o| {
+                o.cap_add = vec!["SYS_ADMIN".into()]
+            }),
+            ("host pid", "namespace", |o| {
+                o.host_namespaces = vec!["pid".into()]
+            }),
+            ("host network", "network", |o| o.network = "host".into()),
+            ("bridge network", "network", |o| o.network = "bridge".into()),
+            ("empty network", "network", |o| o.network = String::new()),
+            ("writable root", "read-only", |o| o.read_only_root = false),
+            ("default runtime", "runtime", |o| o.runtime = String::new()),
+            ("other runtime", "runtime", |o| o.runtime = "runc".into()),
+            ("root user", "uid or gid 0", |o| o.user = "0:0".into()),
+            ("root group", "uid or gid 0", |o| o.user = "61000:0".into()),
+            ("named user", "numeric uid:gid", |o| o.user = "root".into()),
+            ("uid only", "numeric uid:gid", |o| o.user = "61000".into()),
+            ("named group", "numeric uid:gid", |o| {
+                o.user = "61000:staff".into()
+            }),
+            ("another user", "configured", |o| {
+                o.user = "61001:61001".into()
+            }),
+            ("tag image", "content-addressed", |o| {
+                o.image = "node:22".into()
+            }),
+            ("short digest", "content-addressed", |o| {
+                o.image = "sha256:abc".into()
+            }),
+            ("uppercase digest", "content-addressed", |o| {
+                o.image = IMAGE.to_uppercase()
+            }),
+            ("digest without prefix", "content-addressed", |o| {
+                o.image = IMAGE["sha256:".len()..].to_string()
+            }),
+            ("another image", "verified at start", |o| {
                 o.image = format!("sha256:{}", "f".repeat(64))
             }),
-            ("empty command", |o| o.command = vec![]),
-            ("LD_PRELOAD", |o| {
+            ("empty command", "argument vector", |o| o.command = vec![]),
+            ("NUL in command", "argument vector", |o| {
+                o.command = vec!["node\0".into()]
+            }),
+            ("LD_PRELOAD", "loader", |o| {
                 o.env = vec!["LD_PRELOAD=/tmp/x.so".into()]
             }),
-            ("GLIBC_TUNABLES", |o| {
+            ("GLIBC_TUNABLES", "loader", |o| {
                 o.env = vec!["GLIBC_TUNABLES=x".into()]
             }),
-            ("bad env", |o| o.env = vec!["NOEQUALS".into()]),
-            ("host root mount", |o| o.mounts = vec!["/:/host".into()]),
-            ("docker socket", |o| {
+            ("bad env", "KEY=value", |o| o.env = vec!["NOEQUALS".into()]),
+            ("empty key", "keys must be", |o| o.env = vec!["=x".into()]),
+            ("odd key", "keys must be", |o| o.env = vec!["A-B=1".into()]),
+            ("NUL in value", "keys must be", |o| {
+                o.env = vec!["A=x\0y".into()]
+            }),
+            ("host root mount", "directory the host created", |o| {
+                o.mounts = vec!["/:/host".into()]
+            }),
+            ("docker socket", "directory the host created", |o| {
                 o.mounts = vec!["/var/run/docker.sock:/var/run/docker.sock".into()]
             }),
-            ("escape via ..", |o| {
+            ("escape via ..", "absolute and clean", |o| {
                 o.mounts = vec!["/var/lib/plimsoll/runs/abc/../..:/work".into()]
             }),
-            ("sibling run dir", |o| {
+            ("target with ..", "absolute and clean", |o| {
+                o.mounts = vec!["/var/lib/plimsoll/runs/abc:/work/..".into()]
+            }),
+            ("sibling run dir", "directory the host created", |o| {
                 o.mounts = vec!["/var/lib/plimsoll/runs/abd:/work".into()]
             }),
-            ("mount options", |o| {
+            ("mount options", "absolute and clean", |o| {
                 o.mounts = vec!["/var/lib/plimsoll/runs/abc:/work:rw".into()]
             }),
-            ("relative mount", |o| {
+            ("relative mount", "absolute and clean", |o| {
                 o.mounts = vec!["runs/abc:/work".into()]
             }),
+            ("relative target", "absolute and clean", |o| {
+                o.mounts = vec!["/var/lib/plimsoll/runs/abc:work".into()]
+            }),
+            ("no target", "source:target", |o| {
+                o.mounts = vec!["/var/lib/plimsoll/runs/abc".into()]
+            }),
         ];
-        for (name, mutate) in cases {
+        for (name, rule, mutate) in cases {
             let mut o = Owned::good();
             mutate(&mut o);
-            assert!(check(&o.spec(), &policy()).is_err(), "{name} was allowed");
+            match check(&o.spec(), &policy()) {
+                Err(why) => assert!(
+                    why.contains(rule),
+                    "{name} was refused by another rule: {why}"
+                ),
+                Ok(()) => panic!("{name} was allowed"),
+            }
         }
     }
 

@@ -1,0 +1,46 @@
+//! CloseSession: ends the caller's session, or collects one that ended by
+//! itself, and states the chain's length and last record.
+//!
+//! The close waits for a call in progress (its own deadline bounds the
+//! wait), so the count it states covers every call that may have run,
+//! answered or not: a client that compares it with its own count learns
+//! whether anyone else used the session.
+
+use std::sync::Arc;
+
+use super::{SessionError, not_found};
+use crate::callers::Caller;
+use crate::pipeline::Daemon;
+use crate::wire::{CloseSessionRequest, CloseSessionResponse, I64, SessionEnd};
+
+impl Daemon {
+    pub async fn close_session(
+        self: &Arc<Self>,
+        req: CloseSessionRequest,
+        caller: Arc<Caller>,
+    ) -> Result<CloseSessionResponse, SessionError> {
+        let entry = self
+            .sessions
+            .get(&req.session_id, &caller.id)
+            .ok_or_else(not_found)?;
+        let daemon = self.clone();
+        // In a task of its own: a caller that leaves mid-close does not leave
+        // the sandbox half closed.
+        let task = tokio::spawn(async move {
+            let mut turn = entry.turn().await;
+            entry.mark_ended(SessionEnd::Closed, "closed by its caller");
+            turn.finish(&entry, &daemon.metrics).await;
+            daemon.sessions.remove(&entry.fingerprint);
+            let end = entry.ended().map_or(SessionEnd::Closed, |e| e.reason);
+            CloseSessionResponse {
+                session: entry.fingerprint.clone(),
+                calls: I64(i64::try_from(turn.chain.calls).unwrap_or(i64::MAX)),
+                last_record_sha256: turn.chain.last.clone(),
+                ended: end,
+            }
+        });
+        task.await.map_err(|e| SessionError::Internal {
+            id: crate::pipeline::internal_id(&format!("session close task failed: {e}")),
+        })
+    }
+}

@@ -1,0 +1,248 @@
+//! OpenSession: checks, a place, slots, then the provider's sandbox.
+//!
+//! The order mirrors a run's. Everything that can refuse does so before
+//! the provider is asked for a sandbox: the request on its own, the
+//! provider's offer, the wall (floor and software rule against current
+//! evidence), a place under the caps, a daemon slot and the caller's slot.
+//! The sandbox is opened in a task of its own: a caller that goes away
+//! while it opens does not leak it (the task closes what nobody claimed).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::SessionError;
+use crate::admission::{CELL_LANGUAGES, valid_trace_id};
+use crate::callers::Caller;
+use crate::pipeline::{Daemon, floor, internal_id};
+use crate::providers::{Evidence, SessionOptions};
+use crate::quota::Shed;
+use crate::refusal::Refusal;
+use crate::sessions::{self, Entry, Holds, Opened, reaper, settings::MIN_IDLE};
+use crate::tier::Tier;
+use crate::wire::{I64, OpenSessionRequest, OpenSessionResponse, SessionEnd};
+
+/// How long a provider may take to open a sandbox (create, start, and
+/// its agent's first answer).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The configured duration, or the request's when it asks for less (0 is
+/// "the daemon's").
+fn shorter(configured: Duration, requested_ms: u32) -> Duration {
+    let asked = Duration::from_millis(u64::from(requested_ms));
+    if !asked.is_zero() && asked < configured {
+        asked
+    } else {
+        configured
+    }
+}
+
+impl Daemon {
+    pub async fn open_session(
+        self: &Arc<Self>,
+        req: OpenSessionRequest,
+        caller: Arc<Caller>,
+    ) -> Result<OpenSessionResponse, SessionError> {
+        // 1. The request on its own.
+        let floor = Tier::parse_floor(&req.minimum_isolation)
+            .map_err(|e| Refusal::request(e.to_string()))?;
+        if let Some(rule) = &req.software_rule {
+            crate::admission::validate_rule(rule)?;
+        }
+        for l in &req.languages {
+            if !CELL_LANGUAGES.contains(&l.as_str()) {
+                return Err(Refusal::request(format!(
+                    "unknown language {l:?} in the hint (want javascript or python)"
+                ))
+                .into());
+            }
+        }
+        let owner = match req.owner.as_str() {
+            "" => None,
+            o if sessions::valid_owner(o) => Some(o.to_string()),
+            _ => {
+                return Err(Refusal::request(
+                    "owner must be 1 to 64 characters of [A-Za-z0-9._:-]",
+                )
+                .into());
+            }
+        };
+        let trace_id = Some(req.trace_id.as_str()).filter(|t| valid_trace_id(t));
+
+        // 2. What this daemon can do.
+        if let Some(refusal) = self.provider.refuses_everything() {
+            return Err(refusal.into());
+        }
+        let settings = &self.sessions.settings;
+        let offer = match self.provider.session_offer() {
+            Some(o) if settings.enabled() => o,
+            _ => {
+                return Err(Refusal::unsupported(
+                    "this daemon has no sessions (its provider has none, or SANDBOX_MAX_SESSIONS is 0)",
+                )
+                .into());
+            }
+        };
+        // The hint keeps only languages the sessions have, in the offer's
+        // order: it changes latency, never behaviour.
+        let languages: Vec<String> = offer
+            .cell_languages
+            .iter()
+            .filter(|l| req.languages.contains(l))
+            .cloned()
+            .collect();
+
+        // 3. The wall, against the evidence sessions run under now.
+        let now = self.provider.evidence();
+        let evidence = Evidence {
+            software_identity: offer
+                .software_identity
+                .clone()
+                .unwrap_or_else(|| now.software_identity.clone()),
+            ..now
+        };
+        floor::check(floor, req.software_rule.as_ref(), &evidence)?;
+
+        // 4. A place, then the slots a session holds for its life.
+        let shed = |why: Shed| {
+            self.metrics.shed.with_label_values(&[why.label()]).inc();
+            Refusal::capacity(why.text())
+        };
+        let mut reservation = self
+            .sessions
+            .reserve(&caller.id, owner.as_deref())
+            .map_err(|full| {
+                self.metrics.shed.with_label_values(&[full.label()]).inc();
+                Refusal::capacity(full.text())
+            })?;
+        // Replaced sessions are closed before this one takes a slot, so the
+        // owner never holds more sandboxes than its cap.
+        for (victim, mut turn) in reservation.replaced.drain(..) {
+            turn.finish(&victim, &self.metrics).await;
+        }
+        let lifetime = shorter(settings.lifetime, req.lifetime_ms);
+        let idle = match shorter(settings.idle, req.idle_timeout_ms) {
+            d if d.is_zero() => d,
+            d => d.max(MIN_IDLE),
+        };
+        let daemon_slot = self
+            .in_flight
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| shed(Shed::AtCapacity))?;
+        let reserved_paid = lifetime.as_secs().max(1);
+        let caller_slot = self
+            .quotas
+            .admit(&caller.id, caller.paid_seconds_per_day, reserved_paid)
+            .map_err(shed)?;
+        let holds = Holds {
+            daemon_slot,
+            caller_slot,
+            reserved_paid,
+            quotas: self.quotas.clone(),
+        };
+
+        // 5. The sandbox, in a task that outlives a caller who left.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let daemon = self.clone();
+        let trace = trace_id.map(str::to_string);
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let opened = daemon
+                .provider
+                .open_session(SessionOptions {
+                    languages,
+                    lifetime,
+                    open_timeout: OPEN_TIMEOUT,
+                })
+                .await;
+            let sandbox = match opened {
+                Ok(s) => s,
+                Err(f) => {
+                    let e = match f {
+                        crate::outcome::RunFailure::NotDispatched(r) => r.into(),
+                        crate::outcome::RunFailure::MayHaveRun(detail) => SessionError::Internal {
+                            id: internal_id(&detail),
+                        },
+                    };
+                    // The reservation and the holds go back here.
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let id = match sessions::new_id() {
+                Ok(id) => id,
+                Err(_) => {
+                    sandbox.close().await;
+                    let _ = tx.send(Err(Refusal::environment(
+                        "no session ID could be drawn from the OS random source",
+                    )
+                    .into()));
+                    return;
+                }
+            };
+            let fingerprint = sessions::fingerprint(&id);
+            let expires_unix_ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64)
+                + lifetime.as_millis() as i64;
+            let entry = Entry::new(
+                Opened {
+                    fingerprint: fingerprint.clone(),
+                    caller: caller.id.clone(),
+                    owner,
+                    evidence: evidence.clone(),
+                    floor,
+                    rule: req.software_rule.clone(),
+                    offer,
+                    lifetime,
+                    expires_unix_ms,
+                    idle_timeout: idle,
+                },
+                sandbox,
+                holds,
+                daemon.sessions.tick(),
+            );
+            daemon.sessions.commit(reservation, entry.clone());
+            daemon.metrics.sessions_open.inc();
+            daemon.metrics.sessions_opened.inc();
+            tracing::info!(
+                target: "plimsoll::audit",
+                op = "session_open",
+                caller = caller.id.as_str(),
+                session = fingerprint.as_str(),
+                sandbox = evidence.sandbox.as_str(),
+                isolation = evidence.tier.as_str(),
+                lifetime_ms = lifetime.as_millis() as u64,
+                idle_timeout_ms = idle.as_millis() as u64,
+                duration_ms = started.elapsed().as_millis() as u64,
+                trace_id = trace.as_deref().unwrap_or(""),
+                "session opened"
+            );
+            let answer = OpenSessionResponse {
+                session_id: id,
+                session: fingerprint,
+                sandbox: evidence.sandbox.clone(),
+                isolation: evidence.tier.as_str().to_string(),
+                expires_unix_ms: I64(expires_unix_ms),
+                idle_timeout_ms: u32::try_from(idle.as_millis()).unwrap_or(u32::MAX),
+                software_identity: evidence.software_identity.clone(),
+            };
+            if tx.send(Ok(answer)).is_err() {
+                // Nobody holds the ID: nobody can ever use or close it.
+                reaper::end(
+                    &entry,
+                    SessionEnd::Closed,
+                    "the caller left before the session was opened",
+                    &daemon.metrics,
+                    None,
+                );
+            }
+        });
+        match rx.await {
+            Ok(answer) => answer,
+            Err(_) => Err(SessionError::Internal {
+                id: internal_id("the session open task ended without an answer"),
+            }),
+        }
+    }
+}

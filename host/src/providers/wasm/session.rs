@@ -1,0 +1,243 @@
+//! wasm sessions: one QuickJS instance kept for a session's calls.
+//!
+//! The instance comes from the same pre-initialized component as single
+//! runs (so it starts with a ready engine) and lives in a `Store` the
+//! session owns. Each call gets its own epoch deadline and output budget;
+//! the memory cap holds over the session's whole life, since the store's
+//! limiter is the session's. Calls continue the engine's global state.
+//!
+//! A trap (the deadline, the memory cap, a stack overflow) leaves the
+//! instance in no state to continue from: the call reports what happened,
+//! the instance is dropped at once, and the session ends with it.
+
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+use wasmtime::{Store, Trap};
+
+use super::output::Capped;
+use super::{
+    EXIT_ENGINE_TRAP, EXIT_OUT_OF_MEMORY, EXIT_TIMED_OUT, RunState, TICK, WasmProvider, generated,
+};
+use crate::outcome::{CellOutput, ProcessOutput, RunFailure};
+use crate::providers::{Ended, Job, Output, Payload, ProviderSession, SessionOffer, not_offered};
+use crate::refusal::Refusal;
+use crate::store_limits::ticks;
+use crate::wire::SessionEnd;
+
+/// What wasm sessions run: JavaScript snippets and JavaScript cells, both
+/// in the session's engine; no projects (there is no filesystem).
+pub fn offer() -> SessionOffer {
+    SessionOffer {
+        javascript: true,
+        project: false,
+        cell_languages: vec!["javascript".to_string()],
+        javascript_grants: true,
+        project_grants: false,
+        software_identity: None,
+    }
+}
+
+struct Live {
+    store: Store<RunState>,
+    guest: generated::Guest,
+    /// No call has run yet: the next one starts from the pristine engine.
+    fresh: bool,
+}
+
+pub struct WasmSession {
+    provider: WasmProvider,
+    live: Arc<Mutex<Option<Live>>>,
+    ended: Arc<Mutex<Option<Ended>>>,
+}
+
+impl WasmProvider {
+    /// A fresh instance for a session. Instantiation runs no caller code,
+    /// so a failure here is a refusal (usually the pool is full).
+    pub fn open_session(&self) -> Result<WasmSession, RunFailure> {
+        let mut store = Store::new(
+            &self.engine,
+            RunState::new(self.memory_limit, self.output_limit),
+        );
+        store.limiter(|s| &mut s.limits);
+        store.epoch_deadline_trap();
+        // Instantiation runs the component's own start-up, never a
+        // caller's code; each call sets its own deadline afterwards.
+        store.set_epoch_deadline(ticks(std::time::Duration::from_secs(5), TICK));
+        let guest = self.pre.instantiate(&mut store).map_err(|e| {
+            tracing::warn!(error = %format!("{e:#}"), "wasm session instantiation failed");
+            RunFailure::NotDispatched(Refusal::capacity(
+                "no wasm instance could be created for this session",
+            ))
+        })?;
+        Ok(WasmSession {
+            provider: self.clone(),
+            live: Arc::new(Mutex::new(Some(Live {
+                store,
+                guest,
+                fresh: true,
+            }))),
+            ended: Arc::new(Mutex::new(None)),
+        })
+    }
+}
+
+/// What one call did to the session.
+enum Called {
+    Done(ProcessOutput, bool),
+    /// The instance trapped: the output so far, and why the session ends.
+    Trapped(ProcessOutput, bool, String),
+}
+
+impl WasmSession {
+    fn call(
+        &self,
+        code: String,
+        cell: bool,
+        grant: Option<super::Grant>,
+        timeout: std::time::Duration,
+    ) -> Result<Called, RunFailure> {
+        let mut slot = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(live) = slot.as_mut() else {
+            return Err(RunFailure::NotDispatched(Refusal::request(
+                "the session's instance has ended",
+            )));
+        };
+        let p = &self.provider;
+        let global = grant.as_ref().map(|(s, _)| s.profile().global.clone());
+        // Each call has its own output budget and its own deadline.
+        let state = live.store.data_mut();
+        state.stdout = Capped::new(p.output_limit);
+        state.stderr = Capped::new(p.output_limit);
+        state.broker = grant;
+        live.store.set_epoch_deadline(ticks(timeout, TICK));
+        let started = std::mem::replace(&mut live.fresh, false);
+        let result = live
+            .guest
+            .call_session_run(&mut live.store, &code, cell, global.as_deref());
+        let state = live.store.data_mut();
+        state.broker = None;
+        let (mut out, mut err) = (
+            std::mem::replace(&mut state.stdout, Capped::new(0)),
+            std::mem::replace(&mut state.stderr, Capped::new(0)),
+        );
+        let denied = state.limits.denied();
+        let (exit_code, timed_out, trapped) = match result {
+            Ok(code) => (code, false, None),
+            Err(e) => {
+                let trap = e.downcast_ref::<Trap>().copied();
+                if trap == Some(Trap::Interrupt) {
+                    err.push_notice("plimsoll: the call was stopped at its deadline\n");
+                    (
+                        EXIT_TIMED_OUT,
+                        true,
+                        Some("the interpreter was stopped at a call's deadline"),
+                    )
+                } else if denied {
+                    err.push_notice(&format!(
+                        "plimsoll: the session reached its memory limit of {} MiB\n",
+                        p.memory_limit >> 20
+                    ));
+                    (
+                        EXIT_OUT_OF_MEMORY,
+                        false,
+                        Some("the interpreter reached the session's memory limit"),
+                    )
+                } else if trap.is_some() {
+                    err.push_notice("plimsoll: the engine stopped the call (a trap)\n");
+                    (EXIT_ENGINE_TRAP, false, Some("the engine trapped"))
+                } else {
+                    // Not a trap: the host failed the call; the instance
+                    // cannot be trusted to continue either.
+                    *slot = None;
+                    return Err(RunFailure::MayHaveRun(format!("{e:#}")));
+                }
+            }
+        };
+        let output = ProcessOutput {
+            stdout_truncated: out.truncated,
+            stderr_truncated: err.truncated,
+            stdout: std::mem::take(&mut out.buf),
+            stderr: std::mem::take(&mut err.buf),
+            exit_code,
+            timed_out,
+        };
+        Ok(match trapped {
+            None => Called::Done(output, started),
+            Some(why) => {
+                *slot = None;
+                Called::Trapped(output, started, why.to_string())
+            }
+        })
+    }
+}
+
+impl ProviderSession for WasmSession {
+    fn run(&self, job: Job) -> BoxFuture<'_, Result<Output, RunFailure>> {
+        let (code, cell) = match job.payload {
+            Payload::JavaScript(code) => (code, false),
+            Payload::Cell(c) if c.language == "javascript" && c.files.is_empty() => (c.code, true),
+            Payload::Cell(_) => {
+                return Box::pin(std::future::ready(Err(RunFailure::NotDispatched(
+                    Refusal::unsupported(
+                        "wasm sessions run javascript cells without files (there is no filesystem)",
+                    ),
+                ))));
+            }
+            Payload::Project(_) => return Box::pin(std::future::ready(Err(not_offered()))),
+        };
+        let me = WasmSession {
+            provider: self.provider.clone(),
+            live: self.live.clone(),
+            ended: self.ended.clone(),
+        };
+        let handle = tokio::runtime::Handle::current();
+        let grant = job.grant.map(|s| (s, handle));
+        let timeout = job.timeout;
+        Box::pin(async move {
+            let joined = tokio::task::spawn_blocking(move || {
+                let called = me.call(code, cell, grant, timeout);
+                (me, called)
+            })
+            .await;
+            let (me, called) = match joined {
+                Ok(v) => v,
+                Err(join) => {
+                    return Err(RunFailure::MayHaveRun(format!(
+                        "session call task failed: {join}"
+                    )));
+                }
+            };
+            let (output, started, ended) = match called? {
+                Called::Done(o, s) => (o, s, false),
+                Called::Trapped(o, s, why) => {
+                    *me.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ended {
+                        reason: SessionEnd::MainProcessEnded,
+                        detail: why,
+                    });
+                    (o, s, true)
+                }
+            };
+            Ok(if cell {
+                Output::Cell(CellOutput {
+                    output,
+                    interpreter_started: started,
+                    interpreter_ended: ended,
+                })
+            } else {
+                Output::JavaScript(output)
+            })
+        })
+    }
+
+    fn ended(&self) -> Option<Ended> {
+        self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        // Dropping the store returns the instance's slot to the pool.
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(live);
+        Box::pin(std::future::ready(()))
+    }
+}
