@@ -64,6 +64,7 @@ bench: build
 # snippet, under runc and runsc (docs/benchmarks.md).
 bench-docker: build image
 	.venv/bin/python scripts/bench_docker.py
+	.venv/bin/python scripts/bench_sessions_docker.py
 
 # Tens of thousands of mixed runs; what each daemon holds before and after
 # (docs/benchmarks.md). Bounded in time, not a timed test.

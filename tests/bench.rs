@@ -4,8 +4,11 @@
 //!    snippet, no HTTP (what one run costs the engine).
 //! 2. http: the same snippet end to end through the real daemon on loopback,
 //!    sequentially (latency) and from several concurrent clients (throughput).
-//! 3. idle RSS of a freshly started daemon.
-//! 4. the broker: a Run making one granted call, against the same Run
+//! 3. a session cell: the same snippet as a JavaScript cell in a kept
+//!    QuickJS instance, in process (no instantiation per call) and over
+//!    HTTP (SessionRun), beside the HTTP Run above as its baseline.
+//! 4. idle RSS of a freshly started daemon.
+//! 5. the broker: a Run making one granted call, against the same Run
 //!    making none and against the same call made directly to the API; the
 //!    broker's overhead is the first minus the other two (medians).
 //!
@@ -14,6 +17,7 @@
 use std::time::{Duration, Instant};
 
 use plimsoll::providers::wasm::WasmProvider;
+use plimsoll::providers::{CellInput, Job, Output, Payload, ProviderSession};
 use plimsoll_tests::{Daemon, js_run};
 
 const SNIPPET: &str = "console.log(6*7)";
@@ -47,6 +51,77 @@ fn bare(n: usize) {
         assert_eq!(out.stdout, b"42\n");
     }
     summary("bare instantiate+run (in process)", v);
+}
+
+/// A cell in a kept instance, through the provider's session (the blocking
+/// hand-off included), no HTTP.
+async fn bare_cell(n: usize) {
+    let w = WasmProvider::new(256, 8, 64 << 10).expect("wasm provider");
+    let s = w.open_session().map_err(|_| "open").expect("session");
+    let job = || Job {
+        payload: Payload::Cell(CellInput {
+            language: "javascript".into(),
+            code: "6*7".into(),
+            files: vec![],
+        }),
+        timeout: Duration::from_secs(5),
+        output_limit: 64 << 10,
+        grant: None,
+    };
+    for _ in 0..200 {
+        let _ = s.run(job()).await;
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let out = s.run(job()).await.map_err(|_| "cell").expect("cell");
+        v.push(t.elapsed());
+        match out {
+            Output::Cell(c) => assert_eq!(c.output.stdout, b"42\n"),
+            _ => panic!("a cell answered something else"),
+        }
+    }
+    s.close().await;
+    summary("session cell in a kept instance (in process)", v);
+}
+
+/// A cell over HTTP: one session, SessionRun after SessionRun on one
+/// keep-alive connection.
+async fn http_cell(d: &Daemon, n: usize) {
+    let c = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let opened: serde_json::Value = c
+        .post(d.url("/plimsoll.v1.SandboxService/OpenSession"))
+        .header("content-type", "application/json")
+        .body(r#"{"protocol":4}"#)
+        .send()
+        .await
+        .expect("open")
+        .json()
+        .await
+        .expect("open answer");
+    let id = opened["sessionId"]
+        .as_str()
+        .expect("a session ID")
+        .to_string();
+    let url = d.url("/plimsoll.v1.SandboxService/SessionRun");
+    let body = serde_json::to_vec(&serde_json::json!({
+        "protocol": 4, "sessionId": id,
+        "cell": {"language": "javascript", "code": "6*7"},
+    }))
+    .expect("json");
+    for _ in 0..200 {
+        timed_run(&c, &url, &body).await;
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (elapsed, ok) = timed_run(&c, &url, &body).await;
+        assert!(ok, "a benchmark cell was refused");
+        v.push(elapsed);
+    }
+    summary("HTTP SessionRun cell, 1 client, keep-alive", v);
 }
 
 async fn http(d: &Daemon, n: usize) {
@@ -208,13 +283,16 @@ async fn main() {
     println!("| what | runs | p50 | p99 | min |");
     println!("|---|---|---|---|---|");
     bare(n);
+    bare_cell(n).await;
     let d = Daemon::start(&[
         ("SANDBOX_PROVIDER", "wasm"),
         ("SANDBOX_MAX_CONCURRENT", "16"),
+        ("SANDBOX_MAX_SESSIONS", "2"),
     ]);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle = d.pid().and_then(rss_kib);
     http(&d, n).await;
+    http_cell(&d, n).await;
     throughput(&d, 4, n / 2).await;
     throughput(&d, 8, n / 4).await;
     broker(n / 2).await;

@@ -18,7 +18,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::serve::{FIRST_REQUEST_TIMEOUT, IDLE_TIMEOUT};
+/// A connection must begin its first request this long after it is
+/// accepted: the TLS handshake and protocol detection come within it.
+pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection with no request in flight is closed after this long.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How many connections a listener holds, in all and per peer address,
 /// and how long one may go without a request.

@@ -10,8 +10,8 @@
 //!   closed to make room, so a flood of idle, half-sent or half-handshaken
 //!   connections cannot lock out callers with a token;
 //! - a connection must begin its first request (TLS handshake and protocol
-//!   detection included) within `FIRST_REQUEST_TIMEOUT`;
-//! - a connection with no request in flight for `IDLE_TIMEOUT` is closed,
+//!   detection included) within `connections::FIRST_REQUEST_TIMEOUT`;
+//! - a connection with no request in flight for `connections::IDLE_TIMEOUT` is closed,
 //!   HTTP/2 included;
 //! - headers must arrive within a deadline, HTTP/2 connections carry a
 //!   bounded number of streams and are pinged so dead peers are dropped.
@@ -36,11 +36,6 @@ pub use super::connections::{Connection, ConnectionLimits};
 
 /// A request's headers must be complete this long after its first byte.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// A connection must begin its first request this long after it is
-/// accepted: the TLS handshake and protocol detection come within it.
-pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// A connection with no request in flight is closed after this long.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Streams one HTTP/2 connection may have open at once.
 const MAX_H2_STREAMS: u32 = 32;
 /// How long shutdown waits for answers in progress.

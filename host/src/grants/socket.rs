@@ -37,7 +37,8 @@ pub const BROKER_HEADER: &str = "plimsoll-broker";
 const NODE_CLIENT: &str = include_str!("clients/host.cjs");
 const PYTHON_CLIENT: &str = include_str!("clients/sitecustomize.py");
 
-/// One run's socket directory and its server; both go when this is dropped.
+/// One run's (or one session's) socket directory and its server; both go
+/// when this is dropped.
 pub struct Mount {
     /// The root the directory was made in, and its name there: it is
     /// removed through the root's handle, never by path.
@@ -47,6 +48,25 @@ pub struct Mount {
     dir: PathBuf,
     server: tokio::task::JoinHandle<()>,
     global: String,
+    /// The broker session requests are served with now. A run's mount
+    /// serves its one session for its whole life; a session's mount serves
+    /// none between calls and each granted call's own while it runs.
+    serving: Serving,
+}
+
+/// Which broker session a mount's requests go to, looked up per request.
+type Serving = Arc<std::sync::Mutex<Option<Arc<Session>>>>;
+
+/// While held, a session's mount serves one call's broker session; dropped
+/// (the call is over), it serves none again.
+pub struct Serve {
+    serving: Serving,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        *self.serving.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
 }
 
 /// Where run directories live, opened once: made by the daemon, owned by
@@ -92,6 +112,32 @@ impl Mount {
     /// cannot spend the run's grant. Every step goes through the handle of
     /// the directory just made.
     pub fn open(root: &Root, session: Arc<Session>, guest_gid: u32) -> std::io::Result<Mount> {
+        let global = session.profile().global.clone();
+        Mount::make(root, Some(session), global, guest_gid)
+    }
+
+    /// A session's mount: made when its container is, serving nothing until
+    /// a granted call hands it that call's broker session (`serve`).
+    /// Between calls, and in a call without a grant, every request is
+    /// refused as not permitted.
+    pub fn open_idle(root: &Root, guest_gid: u32) -> std::io::Result<Mount> {
+        Mount::make(root, None, String::new(), guest_gid)
+    }
+
+    /// Serves `session` on this mount until the returned guard drops.
+    pub fn serve(&self, session: Arc<Session>) -> Serve {
+        *self.serving.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
+        Serve {
+            serving: self.serving.clone(),
+        }
+    }
+
+    fn make(
+        root: &Root,
+        session: Option<Arc<Session>>,
+        global: String,
+        guest_gid: u32,
+    ) -> std::io::Result<Mount> {
         let mut id = [0u8; 16];
         getrandom::fill(&mut id).map_err(|e| std::io::Error::other(e.to_string()))?;
         let name = hex::encode(id);
@@ -120,14 +166,15 @@ impl Mount {
                 return Err(e);
             }
         };
-        let global = session.profile().global.clone();
-        let server = tokio::spawn(serve(listener, session));
+        let serving: Serving = Arc::new(std::sync::Mutex::new(session));
+        let server = tokio::spawn(serve(listener, serving.clone()));
         Ok(Mount {
             root: root.dir.clone(),
             dir: root.path.join(&name),
             name,
             server,
             global,
+            serving,
         })
     }
 
@@ -138,13 +185,19 @@ impl Mount {
     /// The environment a container of this run gets, so node and python
     /// find the client without the guest doing anything.
     pub fn env(&self) -> Vec<String> {
-        vec![
-            format!("HOST_API_SOCKET={MOUNT_POINT}/host.sock"),
-            format!("PLIMSOLL_GRANT_GLOBAL={}", self.global),
-            format!("NODE_OPTIONS=--require={MOUNT_POINT}/host.cjs"),
-            format!("PYTHONPATH={MOUNT_POINT}"),
-        ]
+        env_for(&self.global)
     }
+}
+
+/// The environment that points a process at the mounted client, naming the
+/// grant's global.
+pub fn env_for(global: &str) -> Vec<String> {
+    vec![
+        format!("HOST_API_SOCKET={MOUNT_POINT}/host.sock"),
+        format!("PLIMSOLL_GRANT_GLOBAL={global}"),
+        format!("NODE_OPTIONS=--require={MOUNT_POINT}/host.cjs"),
+        format!("PYTHONPATH={MOUNT_POINT}"),
+    ]
 }
 
 /// Where run directories live by default.
@@ -157,7 +210,7 @@ impl Drop for Mount {
     }
 }
 
-async fn serve(listener: UnixListener, session: Arc<Session>) {
+async fn serve(listener: UnixListener, serving: Serving) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     // Connection tasks live in this set, so ending the server (the run is
     // over) ends them too, and with them every reference to the session
@@ -172,12 +225,24 @@ async fn serve(listener: UnixListener, session: Arc<Session>) {
             // Over the cap: the connection is closed unanswered.
             continue;
         };
-        let session = session.clone();
+        let serving = serving.clone();
         conns.spawn(async move {
             let _permit = permit;
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let session = session.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(session, req).await) }
+                // Per request, not per connection: a connection kept open
+                // from one session call must not carry that call's grant
+                // into the next.
+                let session = serving.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                async move {
+                    Ok::<_, std::convert::Infallible>(match session {
+                        Some(s) => handle(s, req).await,
+                        None => broker_answer(
+                            StatusCode::FORBIDDEN,
+                            "not-permitted",
+                            "no grant is in force for this call",
+                        ),
+                    })
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())

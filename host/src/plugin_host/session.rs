@@ -48,11 +48,26 @@ impl PluginProvider {
             ))));
         }
         let runner = self.runner.clone();
+        // A container session gets a broker directory when the daemon has
+        // grants: its container is made once, so the mount must be there
+        // from the start; it serves only while a granted call runs.
+        let mount = match (self.backend(), o.grants) {
+            (Some(b), true) => match SessionSlot::grant_mount(b.facts().guest_uid) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    tracing::error!(error = %e, "making a session's broker directory failed");
+                    return Err(RunFailure::NotDispatched(Refusal::environment(
+                        "the session's broker directory could not be made",
+                    )));
+                }
+            },
+            _ => None,
+        };
         let slot = runner
             .granted
             .container_engine
             .as_ref()
-            .map(|_| SessionSlot::new(o.lifetime, None, Vec::new()));
+            .map(|_| SessionSlot::new(o.lifetime, mount));
         let deadline = o.open_timeout + CALL_MARGIN;
         let mut store = runner.store(deadline);
         store.data_mut().bind_session(slot.clone());
@@ -171,6 +186,12 @@ impl PluginSession {
         let mut store = runner.store(deadline);
         store.data_mut().bind_session(self.slot.clone());
         store.data_mut().report.output_limit = job.output_limit;
+        // The session's broker directory serves this call's grant, and only
+        // while this call runs (the guard drops when the call is answered).
+        let _serving = match (&self.slot, &job.grant) {
+            (Some(slot), Some(g)) => slot.grant.as_ref().map(|m| m.serve(g.clone())),
+            _ => None,
+        };
         store.data_mut().call.grant = job.grant;
         let request = types::RunRequest {
             timeout_ms: u32::try_from(job.timeout.as_millis()).unwrap_or(u32::MAX),

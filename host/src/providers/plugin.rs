@@ -150,10 +150,10 @@ impl Provider for PluginProvider {
             javascript: s.javascript,
             project: s.project,
             cell_languages: s.cell_languages.clone(),
-            // A session's container mounts no broker directory (yet): no
-            // grant is offered in plugin sessions.
-            javascript_grants: false,
-            project_grants: false,
+            // A container session mounts a broker directory that serves
+            // each granted call while it runs (see plugin_host/session.rs).
+            javascript_grants: self.backend().is_some() && s.javascript,
+            project_grants: self.backend().is_some() && s.project,
             software_identity: None,
         })
     }

@@ -38,6 +38,9 @@ pub struct SessionOptions {
     pub lifetime: Duration,
     /// How long opening may take.
     pub open_timeout: Duration,
+    /// The daemon has grant profiles: a sandbox that can carry a grant into
+    /// a call should be made able to (a docker session's broker mount).
+    pub grants: bool,
 }
 
 /// Why a session's sandbox ended without being closed.

@@ -145,6 +145,7 @@ impl Daemon {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let daemon = self.clone();
         let trace = trace_id.map(str::to_string);
+        let grants = !self.grants.is_empty();
         tokio::spawn(async move {
             let started = std::time::Instant::now();
             let opened = daemon
@@ -153,6 +154,7 @@ impl Daemon {
                     languages,
                     lifetime,
                     open_timeout: OPEN_TIMEOUT,
+                    grants,
                 })
                 .await;
             let sandbox = match opened {

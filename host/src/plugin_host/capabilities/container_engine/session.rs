@@ -7,7 +7,6 @@
 //! another's container, whatever it sends. `start-session` works only in
 //! the call that opens the session, once.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,6 +19,7 @@ use super::{
     ContainerEngineView, MAX_CONTAINER_OUTPUT, MAX_CONTAINER_STDIN, REPORT_MARGIN, approve,
     copy_spec, refuse,
 };
+use crate::grants::socket;
 use crate::plugin_host::bindings::engine_if;
 use crate::plugin_host::lazy;
 
@@ -32,25 +32,26 @@ pub struct SessionSlot {
     /// Open only during the call that opens the session.
     may_start: AtomicBool,
     container: Mutex<Option<Arc<dyn SessionContainer>>>,
-    /// The session's broker directory, when its container mounts one.
-    pub grant_dir: Option<PathBuf>,
-    /// The environment that points a granted call's processes at it.
-    pub grant_env: Vec<String>,
+    /// The session's broker directory, when its container mounts one: it
+    /// serves a granted call's broker session while that call runs, and
+    /// nothing otherwise.
+    pub grant: Option<Arc<socket::Mount>>,
 }
 
 impl SessionSlot {
-    pub fn new(
-        lifetime: Duration,
-        grant_dir: Option<PathBuf>,
-        grant_env: Vec<String>,
-    ) -> Arc<Self> {
+    pub fn new(lifetime: Duration, grant: Option<socket::Mount>) -> Arc<Self> {
         Arc::new(SessionSlot {
             lifetime,
             may_start: AtomicBool::new(true),
             container: Mutex::new(None),
-            grant_dir,
-            grant_env,
+            grant: grant.map(Arc::new),
         })
+    }
+
+    /// Makes the broker directory a session's container will mount.
+    pub fn grant_mount(guest_gid: u32) -> std::io::Result<socket::Mount> {
+        let root = socket::Root::open(std::path::Path::new(socket::ROOT))?;
+        socket::Mount::open_idle(&root, guest_gid)
     }
 
     fn container(&self) -> Option<Arc<dyn SessionContainer>> {
@@ -108,7 +109,7 @@ pub(super) fn add_to_linker<T: ContainerEngineView>(
     engine.func_wrap_async("grant-env", |mut store: StoreContextMut<'_, T>, (): ()| {
         let (call, state) = store.data_mut().container_engine();
         let env = match (state.and_then(|s| s.session.as_ref()), &call.grant) {
-            (Some(slot), Some(_)) if slot.grant_dir.is_some() => slot.grant_env.clone(),
+            (Some(slot), Some(g)) if slot.grant.is_some() => socket::env_for(&g.profile().global),
             _ => Vec::new(),
         };
         Box::new(async move { Ok((env,)) })
@@ -159,7 +160,12 @@ async fn start<T: ContainerEngineView>(
     let before = call.mark.before_execution();
     match engine
         .backend
-        .start_session(approved, slot.lifetime, deadline, slot.grant_dir.clone())
+        .start_session(
+            approved,
+            slot.lifetime,
+            deadline,
+            slot.grant.as_ref().map(|m| m.dir().to_path_buf()),
+        )
         .await
     {
         Ok(container) => {
