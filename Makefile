@@ -44,11 +44,11 @@ demo: build
 	@scripts/demo.sh examples/hello.js
 
 test: build image
+	scripts/leftovers.sh > $(CARGO_TARGET_DIR)/leftovers.before
 	$(CARGO) test --release -p plimsoll-host -p plimsoll-tests
 	.venv/bin/python -m pytest -q tests/compat tests/session_agent
 	python3 scripts/soak.py --short
-	@left=$$(docker ps -aq --filter label=io.plimsoll.run | wc -l); \
-	if [ "$$left" -ne 0 ]; then echo "test: $$left run containers were left behind" >&2; exit 1; fi
+	scripts/leftovers.sh --since $(CARGO_TARGET_DIR)/leftovers.before
 
 audit: guest
 	$(CARGO) fmt --all -- --check

@@ -214,11 +214,21 @@ pub fn plant_container_made_by(name: &str, image: &str, expires: u64, process: O
 }
 
 /// The `io.plimsoll.process` value for process `pid` started at `start`
-/// (clock ticks after boot), in this boot and PID namespace.
+/// (clock ticks after boot), in this boot, PID namespace and user.
 pub fn process_identity(pid: u32, start: &str) -> String {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
     let ns = std::fs::read_link("/proc/self/ns/pid").expect("pid namespace");
-    format!("{}/{}/{pid}/{start}", boot.trim(), ns.to_string_lossy())
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let uid = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .expect("uid");
+    format!(
+        "{}/{}/{uid}/{pid}/{start}",
+        boot.trim(),
+        ns.to_string_lossy()
+    )
 }
 
 /// This test process's start time, as `process_identity` wants it.

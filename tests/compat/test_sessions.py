@@ -238,9 +238,11 @@ def _open_and_hold(url: str, hold: float, out) -> None:
     s.close()
 
 
-def test_the_daemon_wide_cap_is_exact_under_racing_processes():
-    d = GracefulDaemon({**WASM_SESSIONS, "SANDBOX_MAX_SESSIONS": "3",
-                        "SANDBOX_MAX_SESSIONS_PER_CALLER": "3"})
+@pytest.mark.parametrize("daemon_cap,caller_cap,expected", [("3", "3", 3), ("4", "2", 2)],
+                         ids=["daemon-wide", "per-caller"])
+def test_caps_are_exact_under_racing_processes(daemon_cap, caller_cap, expected):
+    d = GracefulDaemon({**WASM_SESSIONS, "SANDBOX_MAX_SESSIONS": daemon_cap,
+                        "SANDBOX_MAX_SESSIONS_PER_CALLER": caller_cap})
     try:
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
@@ -250,7 +252,7 @@ def test_the_daemon_wide_cap_is_exact_under_racing_processes():
         answers = [out.get(timeout=60) for _ in procs]
         for p in procs:
             p.join(60)
-        assert sorted(a for a, _ in answers).count("opened") == 3, answers
+        assert sorted(a for a, _ in answers).count("opened") == expected, answers
         assert all(r == "capacity" for a, r in answers if a == "refused"), answers
     finally:
         d.stop()

@@ -233,9 +233,10 @@ async fn serve(listener: UnixListener, serving: Serving) {
                 // from one session call must not carry that call's grant
                 // into the next.
                 let session = serving.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let serving = serving.clone();
                 async move {
                     Ok::<_, std::convert::Infallible>(match session {
-                        Some(s) => handle(s, req).await,
+                        Some(s) => handle(s, &serving, req).await,
                         None => broker_answer(
                             StatusCode::FORBIDDEN,
                             "not-permitted",
@@ -253,7 +254,11 @@ async fn serve(listener: UnixListener, serving: Serving) {
     }
 }
 
-async fn handle(session: Arc<Session>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+async fn handle(
+    session: Arc<Session>,
+    serving: &Serving,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Body> {
     let method = req.method().as_str().to_string();
     // The raw request target, exactly as sent: a query or anything the
     // broker would have to rewrite is refused there, never repaired here.
@@ -275,6 +280,16 @@ async fn handle(session: Arc<Session>, req: Request<hyper::body::Incoming>) -> R
             );
         }
     };
+    // A request begun in one session call and finished after it must not
+    // spend that call's grant once the call is over.
+    let current = serving.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if !current.is_some_and(|c| Arc::ptr_eq(&c, &session)) {
+        return broker_answer(
+            StatusCode::FORBIDDEN,
+            "not-permitted",
+            "no grant is in force for this call",
+        );
+    }
     let body = (!body.is_empty()).then(|| body.to_vec());
     // The call runs in a task of its own: a guest that hangs up mid-call
     // must not cancel it after the request may have left, which would leave

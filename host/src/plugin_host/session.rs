@@ -25,7 +25,9 @@ use crate::wire::SessionEnd;
 /// Longest state a plugin may keep for a session.
 const MAX_STATE_BYTES: usize = 4096;
 /// How long a plugin's close-session may take.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Below the 10 s shutdown gives each session, so the host still removes
+/// the container itself after a plugin that used all of it.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(8);
 /// Extra time a session call gets over its budget: a session's sandbox
 /// stops the call at the budget and may need a moment more to answer (a
 /// run's container is simply killed instead).
@@ -183,15 +185,20 @@ impl PluginSession {
             Payload::Cell(_) => 2,
         };
         let deadline = job.timeout + SESSION_CALL_MARGIN;
+        // However this call ends (even dropped mid-way), the session's
+        // broker directory stops serving its grant.
+        struct EndCall<'a>(Option<&'a SessionSlot>);
+        impl Drop for EndCall<'_> {
+            fn drop(&mut self) {
+                if let Some(s) = self.0 {
+                    s.call_ended();
+                }
+            }
+        }
+        let _end = EndCall(self.slot.as_deref());
         let mut store = runner.store(deadline);
         store.data_mut().bind_session(self.slot.clone());
         store.data_mut().report.output_limit = job.output_limit;
-        // The session's broker directory serves this call's grant, and only
-        // while this call runs (the guard drops when the call is answered).
-        let _serving = match (&self.slot, &job.grant) {
-            (Some(slot), Some(g)) => slot.grant.as_ref().map(|m| m.serve(g.clone())),
-            _ => None,
-        };
         store.data_mut().call.grant = job.grant;
         let request = types::RunRequest {
             timeout_ms: u32::try_from(job.timeout.as_millis()).unwrap_or(u32::MAX),

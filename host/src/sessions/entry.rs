@@ -38,6 +38,15 @@ pub struct Holds {
     pub quotas: Arc<Quotas>,
 }
 
+impl Holds {
+    /// Gives back the paid seconds booked at open beyond `lived` (rounded
+    /// up to whole seconds); the slots go back when `self` drops.
+    pub fn settle(self, caller: &str, lived: std::time::Duration) {
+        let used = lived.as_millis().div_ceil(1000) as u64;
+        self.quotas.settle(caller, self.reserved_paid, used);
+    }
+}
+
 /// What the turn guards: the chain and the sandbox.
 pub struct Turn {
     pub chain: Chain,
@@ -216,10 +225,7 @@ impl Turn {
             sandbox.close().await;
         }
         if let Some(h) = self.holds.take() {
-            let used = entry.opened.elapsed().as_millis().div_ceil(1000) as u64;
-            h.quotas.settle(&entry.caller, h.reserved_paid, used);
-            drop(h.caller_slot);
-            drop(h.daemon_slot);
+            h.settle(&entry.caller, entry.opened.elapsed());
             let reason = entry.ended().map_or(SessionEnd::Closed, |e| e.reason);
             metrics.sessions_open.dec();
             metrics

@@ -55,7 +55,7 @@ pub const LABEL: &str = "io.plimsoll.run";
 /// The process ID of the daemon that created the container, so an operator
 /// (and the test suite) can tell whose it is.
 pub const OWNER_LABEL: &str = "io.plimsoll.owner";
-/// The making process as boot/PID-namespace/PID/start-time, so a later
+/// The making process as boot/PID-namespace/user/PID/start-time, so a later
 /// daemon can tell a dead maker from a live one (see `owner`).
 pub const PROCESS_LABEL: &str = "io.plimsoll.process";
 /// Unix time after which the sweeper may remove a container it finds.

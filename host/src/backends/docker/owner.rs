@@ -1,13 +1,15 @@
 //! Which daemon process made a container, in a form a later daemon on the
-//! same machine can check: boot, PID namespace, PID and the process's start
-//! time. Expiry alone lets a killed daemon's session containers (which live
+//! same machine can check: boot, PID namespace, user, PID and the process's
+//! start time. Expiry alone lets a killed daemon's session containers (which live
 //! for a session's lifetime) outlast it by half an hour; with this, the next
 //! daemon that sweeps removes them as soon as it can prove their maker gone.
 //!
 //! The proof is deliberately narrow. A container whose label was written in
 //! another boot or another PID namespace (a daemon in its own container
 //! sharing the engine) is never judged by PID: our `/proc` says nothing
-//! about that process, and expiry still decides for it.
+//! about that process, and expiry still decides for it. Nor is one written
+//! by another user: with `/proc` mounted `hidepid`, another user's live
+//! process looks exactly like a dead one.
 
 use std::sync::OnceLock;
 
@@ -17,33 +19,32 @@ pub(super) fn this_process() -> &'static str {
     ID.get_or_init(|| {
         let pid = std::process::id();
         format!(
-            "{}/{}/{}/{}",
+            "{}/{}/{}/{}/{}",
             boot_id().unwrap_or_default(),
             pid_namespace().unwrap_or_default(),
+            user().unwrap_or_default(),
             pid,
             start_time(pid).unwrap_or_default()
         )
     })
 }
 
-/// True only when `label` names a process of this boot and PID namespace
-/// that no longer runs (its PID is free, or held by a process that started
-/// at another time). Anything unreadable or foreign answers false.
+/// True only when `label` names a process of this boot, PID namespace and
+/// user that no longer runs (its PID is free, or held by a process that
+/// started at another time). Anything empty, unreadable or foreign answers
+/// false.
 pub(super) fn is_gone(label: &str) -> bool {
-    let mut parts = label.split('/');
-    let (Some(boot), Some(ns), Some(pid), Some(start), None) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
+    let parts: Vec<&str> = label.split('/').collect();
+    let [boot, ns, uid, pid, start] = parts[..] else {
         return false;
     };
-    let (Some(our_boot), Some(our_ns)) = (boot_id(), pid_namespace()) else {
+    if [boot, ns, uid, pid, start].iter().any(|p| p.is_empty()) {
+        return false;
+    }
+    let (Some(our_boot), Some(our_ns), Some(our_uid)) = (boot_id(), pid_namespace(), user()) else {
         return false;
     };
-    if boot.is_empty() || ns.is_empty() || boot != our_boot || ns != our_ns {
+    if boot != our_boot || ns != our_ns || uid != our_uid {
         return false;
     }
     let Ok(pid) = pid.parse::<u32>() else {
@@ -53,6 +54,13 @@ pub(super) fn is_gone(label: &str) -> bool {
         None => std::path::Path::new("/proc/self").exists(),
         Some(now) => now != start,
     }
+}
+
+/// The real user of this process, from `/proc/self/status`.
+fn user() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1).map(str::to_string)
 }
 
 fn boot_id() -> Option<String> {
@@ -82,7 +90,7 @@ mod tests {
     #[test]
     fn this_process_is_not_gone() {
         assert!(!is_gone(this_process()));
-        assert_eq!(this_process().split('/').count(), 4);
+        assert_eq!(this_process().split('/').count(), 5);
     }
 
     #[test]
@@ -94,11 +102,11 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id().to_string();
         child.wait().unwrap();
-        parts[2] = &pid;
+        parts[3] = &pid;
         assert!(is_gone(&parts.join("/")));
         // Our own PID with another start time: reused.
         let mut reused: Vec<&str> = me.split('/').collect();
-        reused[3] = "1";
+        reused[4] = "1";
         assert!(is_gone(&reused.join("/")));
     }
 

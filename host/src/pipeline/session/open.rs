@@ -115,9 +115,19 @@ impl Daemon {
                 Refusal::capacity(full.text())
             })?;
         // Replaced sessions are closed before this one takes a slot, so the
-        // owner never holds more sandboxes than its cap.
-        for (victim, mut turn) in reservation.replaced.drain(..) {
-            turn.finish(&victim, &self.metrics).await;
+        // owner never holds more sandboxes than its cap. In a task of its
+        // own: they are already marked replaced (the reaper and shutdown
+        // pass them by), so a caller who leaves mid-open must not cancel
+        // the only thing that frees them.
+        let replaced: Vec<_> = reservation.replaced.drain(..).collect();
+        if !replaced.is_empty() {
+            let metrics = self.metrics.clone();
+            let closing = tokio::spawn(async move {
+                for (victim, mut turn) in replaced {
+                    turn.finish(&victim, &metrics).await;
+                }
+            });
+            let _ = closing.await;
         }
         let lifetime = shorter(settings.lifetime, req.lifetime_ms);
         let idle = match shorter(settings.idle, req.idle_timeout_ms) {
@@ -166,7 +176,10 @@ impl Daemon {
                             id: internal_id(&detail),
                         },
                     };
-                    // The reservation and the holds go back here.
+                    // The reservation and the slots go back as they drop;
+                    // the paid seconds reserved for the lifetime are settled
+                    // to the time the attempt took.
+                    holds.settle(&caller.id, started.elapsed());
                     let _ = tx.send(Err(e));
                     return;
                 }
@@ -175,6 +188,7 @@ impl Daemon {
                 Ok(id) => id,
                 Err(_) => {
                     sandbox.close().await;
+                    holds.settle(&caller.id, started.elapsed());
                     let _ = tx.send(Err(Refusal::environment(
                         "no session ID could be drawn from the OS random source",
                     )

@@ -148,8 +148,14 @@ impl WasmSession {
                     (EXIT_ENGINE_TRAP, false, Some("the engine trapped"))
                 } else {
                     // Not a trap: the host failed the call; the instance
-                    // cannot be trusted to continue either.
+                    // cannot be trusted to continue either, and the session
+                    // ends with it (not a session that refuses every call
+                    // while it holds its slots).
                     *slot = None;
+                    *self.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ended {
+                        reason: SessionEnd::MainProcessEnded,
+                        detail: "the engine failed the call".into(),
+                    });
                     return Err(RunFailure::MayHaveRun(format!("{e:#}")));
                 }
             }

@@ -33,9 +33,11 @@ pub struct SessionSlot {
     may_start: AtomicBool,
     container: Mutex<Option<Arc<dyn SessionContainer>>>,
     /// The session's broker directory, when its container mounts one: it
-    /// serves a granted call's broker session while that call runs, and
-    /// nothing otherwise.
+    /// serves a granted call's broker session from that call's first
+    /// exchange (the moment the call is marked dispatched) until the call is
+    /// answered, and nothing otherwise.
     pub grant: Option<Arc<socket::Mount>>,
+    serving: Mutex<Option<socket::Serve>>,
 }
 
 impl SessionSlot {
@@ -45,7 +47,16 @@ impl SessionSlot {
             may_start: AtomicBool::new(true),
             container: Mutex::new(None),
             grant: grant.map(Arc::new),
+            serving: Mutex::new(None),
         })
+    }
+
+    /// The call is over: its grant is served no more.
+    pub fn call_ended(&self) {
+        self.serving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
     }
 
     /// Makes the broker directory a session's container will mount.
@@ -213,10 +224,8 @@ async fn exchange<T: ContainerEngineView>(
         .bytes(store, &until)
         .map_err(too_large)?;
     let (call, state) = store.data_mut().container_engine();
-    let Some(container) = state
-        .and_then(|s| s.session.as_ref())
-        .and_then(|slot| slot.container())
-    else {
+    let slot = state.and_then(|s| s.session.clone());
+    let Some(container) = slot.as_ref().and_then(|slot| slot.container()) else {
         return Err(refuse(call, "this call has no session container"));
     };
     if until.is_empty() {
@@ -229,6 +238,17 @@ async fn exchange<T: ContainerEngineView>(
     let deadline = (Instant::now() + Duration::from_millis(u64::from(timeout_ms))).min(ends);
     let limit = (limit as usize).min(MAX_CONTAINER_OUTPUT);
     let before = call.mark.before_execution();
+    // From here the call counts as dispatched, so only from here may its
+    // grant be used: anything in the container (a kernel an earlier cell
+    // left running) could call the socket once it serves.
+    if let (Some(slot), Some(grant)) = (&slot, &call.grant)
+        && let Some(mount) = &slot.grant
+    {
+        let mut serving = slot.serving.lock().unwrap_or_else(|p| p.into_inner());
+        // The old guard goes first: its drop clears the mount.
+        drop(serving.take());
+        *serving = Some(mount.serve(grant.clone()));
+    }
     match container.exchange(request, until, deadline, limit).await {
         Ok(reply) => Ok(reply),
         Err(EngineFailure::BeforeStart(why)) | Err(EngineFailure::OutOfTime(why)) => {
