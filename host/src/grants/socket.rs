@@ -391,4 +391,75 @@ mod tests {
         );
         let _ = std::fs::remove_dir_all(&base);
     }
+
+    /// Sends `head`, then `body` once `between` has run, on one connection
+    /// to the mount's socket; the answer's first line and broker kind.
+    async fn ask(
+        mount: &Mount,
+        head: &str,
+        body: &str,
+        between: impl std::future::Future<Output = ()>,
+    ) -> (String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::UnixStream::connect(mount.dir().join("host.sock"))
+            .await
+            .expect("connect");
+        c.write_all(head.as_bytes()).await.expect("head");
+        // Let the server take the headers before anything changes.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        between.await;
+        // A refusal may come before the body is wanted; the answer tells.
+        let _ = c.write_all(body.as_bytes()).await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            c.read_to_end(&mut answer),
+        )
+        .await;
+        let text = String::from_utf8_lossy(&answer).to_string();
+        let status = text.lines().next().unwrap_or("").to_string();
+        let kind = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{BROKER_HEADER}: ")))
+            .unwrap_or("")
+            .to_string();
+        (status, kind)
+    }
+
+    const GET: &str =
+        "GET /x HTTP/1.1\r\nhost: h\r\nconnection: close\r\ncontent-length: 2\r\n\r\n";
+
+    #[tokio::test]
+    async fn a_session_mount_serves_only_while_a_call_holds_it() {
+        use std::os::unix::fs::MetadataExt;
+        let base = scratch("idle");
+        let root = Root::open(&base.join("root")).expect("root");
+        let gid = std::fs::metadata("/proc/self").expect("self").gid();
+        let mount = Mount::open_idle(&root, gid).expect("mount");
+        // Between calls: refused by the host, nothing sent.
+        let (status, kind) = ask(&mount, GET, "{}", async {}).await;
+        assert!(status.contains("403"), "{status}");
+        assert_eq!(kind, "not-permitted");
+        // While a call serves its grant, the request goes to the broker (its
+        // upstream, port 9, refuses: the broker's own failure, not a 403).
+        let guard = mount.serve(session());
+        let (status, kind) = ask(&mount, GET, "{}", async {}).await;
+        assert!(!status.contains("403"), "{status}");
+        assert_eq!(kind, "upstream-failed");
+        // The call ends while a request is half sent: the rest of it does
+        // not spend the grant of a call that is over.
+        let (status, kind) = ask(&mount, GET, "{}", async move { drop(guard) }).await;
+        assert!(status.contains("403"), "{status}");
+        assert_eq!(kind, "not-permitted");
+        // The next call's grant is that call's own, not the last one's.
+        let first = session();
+        let next = session();
+        let g1 = mount.serve(first.clone());
+        drop(g1);
+        let _g2 = mount.serve(next.clone());
+        let current = mount.serving.lock().unwrap().clone().expect("serving");
+        assert!(Arc::ptr_eq(&current, &next));
+        drop(mount);
+        let _ = std::fs::remove_dir_all(&base);
+    }
 }
