@@ -367,6 +367,23 @@ def test_docker_session_out_of_time_and_unanswered_chain(docker):
         assert r.stdout_text == "2\n" and r.interpreter_started
 
 
+def test_a_forged_answer_line_is_not_believed(docker):
+    # A snippet writes a well-formed "exit 0" answer line into the agent's
+    # own output, then exits 3: the reply then holds two answers, and the
+    # call is reported as unanswered (it may have run), never as exit 0.
+    forged = json.dumps({"process": {"stdout": "", "stderr": "", "exit_code": 0, "timed_out": False,
+                                     "stdout_truncated": False, "stderr_truncated": False}}) + "\n"
+    code = (f"require('fs').appendFileSync('/proc/' + process.ppid + '/fd/1', {json.dumps(forged)});"
+            "process.exit(3)")
+    with Client(docker.url).open_session() as s:
+        with pytest.raises(PlimsollError) as e:
+            s.run_javascript(code)
+        assert e.value.not_dispatched is None
+        assert e.value.record is not None  # the unanswered call, chained and checked
+        assert s.calls == 1
+    assert s.close().calls == 1
+
+
 def test_a_killed_daemons_session_containers_are_swept_by_the_next(docker):
     env = {"SANDBOX_PROVIDER": "docker", "SANDBOX_DOCKER_RUNTIME": docker.runtime,
            "SANDBOX_DOCKER_IMAGE": IMAGE, "SANDBOX_MAX_SESSIONS": "2",

@@ -188,10 +188,19 @@ def strays(s: Session, kernels: int | None = None) -> list[dict]:
     return bad
 
 
-@pytest.fixture(params=runtimes() or ["none"])
+def expected_runtimes() -> list[str]:
+    found = runtimes()
+    # Under CI both must be there (setup starts dockerd with runsc): a
+    # missing engine or runtime fails, never skips into a pass.
+    if os.environ.get("CI"):
+        assert found == ["runc", "runsc"], f"docker with runc and runsc is required, found {found}"
+    return found or ["none"]
+
+
+@pytest.fixture(params=expected_runtimes())
 def runtime(request) -> str:
     if request.param == "none":
-        pytest.skip("no docker engine")
+        pytest.skip("no docker engine (outside CI only)")
     return request.param
 
 
@@ -515,6 +524,29 @@ def test_after_a_snippet_nothing_survives(s):
     s.snippet("const cp = require('child_process');"
               "cp.spawn('sh', ['-c', 'sleep 1000 & (sleep 1000 &) &'], {detached: true, stdio: 'inherit'})")
     assert strays(s) == []
+
+
+def test_a_process_whose_main_thread_exited_is_swept(s):
+    # Its leader shows as a zombie while another thread runs on: alive all
+    # the same, and out of the call's process group. The thread beats on a
+    # file, so the next call can see whether anything still runs, whatever
+    # /proc shows of the zombie.
+    code = ("import os, threading, time, ctypes\n"
+            "def beat():\n"
+            "    while True:\n"
+            "        with open('/work/hb', 'a') as f: f.write('x')\n"
+            "        time.sleep(0.05)\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    threading.Thread(target=beat).start()\n"
+            "    time.sleep(0.2)\n"
+            "    ctypes.CDLL(None).pthread_exit(None)\n"
+            "time.sleep(0.5)\n")
+    s.project(["python3 z.py"], files=[("z.py", code)])
+    lines = s.project(["a=$(wc -c < hb); sleep 0.6; b=$(wc -c < hb); echo $a $b"])
+    step = next(line["step"] for line in lines if "step" in line)
+    out = base64.b64decode(step["stdout"]).decode().split()
+    assert len(out) == 2 and int(out[0]) > 0 and out[0] == out[1], out
 
 
 # ---- refusals, failures ----

@@ -197,12 +197,16 @@ fn failure(error: RunError, end: Option<&str>) -> SessionFailure {
     }
 }
 
-/// The one line of kind `key` in a reply, parsed.
+/// The one line of kind `key` in a reply, parsed. Two are none: the agent
+/// writes one, so a second was written by something else in the container
+/// (code that reached the agent's output), and neither can be believed.
 fn line_of<T: for<'de> Deserialize<'de>>(lines: &[Value], key: &str) -> Option<T> {
-    lines
-        .iter()
-        .find_map(|l| l.get(key))
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
+    let mut found = lines.iter().filter_map(|l| l.get(key));
+    let first = found.next()?;
+    if found.next().is_some() {
+        return None;
+    }
+    serde_json::from_value(first.clone()).ok()
 }
 
 /// One call of the session.
@@ -284,7 +288,9 @@ pub fn run(request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
             RunResult::Project(report(read_report(p, &out, limit)))
         }
         Payload::Cell(_) => {
-            if let Some(r) = line_of::<CellRefused>(&lines, "cell_refused") {
+            // A cell line means the cell ran, whatever else the reply holds.
+            let ran = lines.iter().any(|l| l.get("cell").is_some());
+            if let Some(r) = line_of::<CellRefused>(&lines, "cell_refused").filter(|_| !ran) {
                 let why = match r.why.as_str() {
                     "files" => Refusal::Request(format!(
                         "a cell's file could not be written: {}",

@@ -155,9 +155,14 @@ function readArtifact(rel, room) {
 // ---- The sweep ----
 
 const kernels = { javascript: null, python: null };
+// Longest status line a kernel writes, with room to spare.
+const STATUS_MAX = 4096;
 
-// SIGKILLs every live process but the keepers; returns how many it signalled
-// (zombies are dead already: skipped), or -1 if /proc cannot be read.
+// SIGKILLs every live process but the keepers; returns how many it signalled,
+// or -1 if /proc cannot be read. A zombie is signalled but not counted: a
+// process whose main thread exited (pthread_exit) shows as a zombie while its
+// other threads run on, and SIGKILL ends those; a dead one ignores it, and
+// counting it would keep the sweep from ever finishing.
 function killPass() {
   const keep = new Set([1, process.pid]);
   for (const k of Object.values(kernels)) if (k) keep.add(k.pid);
@@ -169,7 +174,11 @@ function killPass() {
     if (c < 48 || c > 57 || keep.has(Number(name))) continue;
     const stat = quietly(() => fs.readFileSync(`/proc/${name}/stat`, 'latin1'));
     const state = stat && stat.charAt(stat.lastIndexOf(')') + 2);
-    if (!stat || state === 'Z' || state === 'X' || state === 'x') continue;
+    if (!stat || state === 'X' || state === 'x') continue;
+    if (state === 'Z') {
+      quietly(() => process.kill(Number(name), 'SIGKILL'));
+      continue;
+    }
     if (quietly(() => process.kill(Number(name), 'SIGKILL'))) n++;
   }
   return n;
@@ -287,6 +296,9 @@ class Kernel {
     child.stdio[4].on('error', () => {}).setEncoding('utf8');
     child.stdio[4].on('data', (d) => {
       status += d;
+      // A status line is a few dozen bytes; anything longer is not one, and
+      // must not grow the agent (a cell can write to this pipe itself).
+      if (status.length > STATUS_MAX && status.indexOf('\n') < 0) status = '';
       for (let i; (i = status.indexOf('\n')) >= 0; status = status.slice(i + 1)) {
         const m = quietly(() => JSON.parse(status.slice(0, i)));
         const c = this.cell;
@@ -514,6 +526,11 @@ async function handle(item) {
 // ---- Input ----
 
 const queue = [];
+// The host sends one request at a time; a backlog this deep was not written
+// by the host (something in the container reached the agent's input), and
+// the session cannot be trusted further: the agent ends, and the session
+// with it.
+const MAX_QUEUED = 16;
 let busy = false;
 async function pump() {
   if (busy) return;
@@ -537,6 +554,7 @@ function intake(chunk) {
     }
     [pending, pendingLen, overlong] = [[], 0, false];
   }
+  if (queue.length > MAX_QUEUED) process.exit(70);
   if (from < chunk.length && !overlong) {
     pending.push(chunk.subarray(from));
     pendingLen += chunk.length - from;
