@@ -290,6 +290,9 @@ mod tests {
         for bad in [
             "http://api.example.com",
             "https://user:pw@api.example.com",
+            // Either half of the credentials alone is refused too.
+            "https://user@api.example.com",
+            "https://:pw@api.example.com",
             "https://api.example.com/path",
             "https://api.example.com?q",
             "ftp://api.example.com",
@@ -299,6 +302,35 @@ mod tests {
             assert!(Origin::parse(bad).is_err(), "{bad}");
         }
         assert!(Origin::parse("http://[::1]:9").is_ok());
+        // What the plugin is told: scheme, lowercased host and the port,
+        // default ports written out.
+        let told = |s: &str| Origin::parse(s).expect(s).display();
+        assert_eq!(
+            told("https://API.Example.com"),
+            "https://api.example.com:443"
+        );
+        assert_eq!(told("http://127.0.0.1:8080"), "http://127.0.0.1:8080");
+    }
+
+    #[test]
+    fn each_named_method_is_sent_as_itself_and_the_body_cap_is_exact() {
+        let g = grant();
+        let url = "https://api.example.com/v1/run";
+        for (asked, sent) in [
+            ("get", reqwest::Method::GET),
+            ("HEAD", reqwest::Method::HEAD),
+            ("post", reqwest::Method::POST),
+            ("Put", reqwest::Method::PUT),
+            ("patch", reqwest::Method::PATCH),
+            ("DELETE", reqwest::Method::DELETE),
+        ] {
+            let ok = check(Some(&g), asked, url, &[], None).expect(asked);
+            assert_eq!(ok.method, sent);
+        }
+        assert!(check(Some(&g), "OPTIONS", url, &[], None).is_err());
+        // 8 MiB exactly is allowed; a byte more is not.
+        assert!(check(Some(&g), "post", url, &[], Some(vec![0; 8 << 20])).is_ok());
+        assert!(check(Some(&g), "post", url, &[], Some(vec![0; (8 << 20) + 1])).is_err());
     }
 
     #[test]
