@@ -20,30 +20,16 @@ Each figure is a client's wall time over a keep-alive HTTP/1.1 connection.
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from bench_docker import IMAGE, free_port, pct  # the same image and helpers
+
 N = int(os.environ.get("BENCH_N", "40"))
 OPEN_GAP = int(os.environ.get("BENCH_OPEN_GAP_MS", "1500")) / 1000
 BIN = os.environ.get("PLIMSOLLD_BIN", "target/release/plimsolld")
-IMAGE = subprocess.run(
-    ["docker", "image", "inspect", "plimsoll/sandbox:bookworm", "--format", "{{.Id}}"],
-    check=True, capture_output=True, text=True,
-).stdout.strip()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 class Api:

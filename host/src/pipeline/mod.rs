@@ -138,6 +138,26 @@ impl Daemon {
         self.provider.evidence()
     }
 
+    /// A grant's broker session for one run or session call: its
+    /// credential minted now, after every check and immediately before
+    /// dispatch. No profile, no session.
+    pub(crate) fn mint_grant(
+        &self,
+        profile: Option<Arc<Profile>>,
+        caller: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Option<Arc<broker::Session>>, Refusal> {
+        let Some(p) = profile else { return Ok(None) };
+        let Some(client) = &self.broker_client else {
+            return Err(Refusal::environment(
+                "the broker is not available on this daemon",
+            ));
+        };
+        broker::Session::open(p, caller, timeout, client.clone())
+            .map(|s| Some(Arc::new(s)))
+            .map_err(|_| Refusal::environment("the grant's credential could not be minted"))
+    }
+
     /// Ends every session and releases what the provider holds that would
     /// outlive the process (session and warm containers), before a clean
     /// exit.
@@ -337,19 +357,7 @@ impl Daemon {
         // The run's credential is minted here, after every check and
         // immediately before dispatch; it lives in the session only.
         let op = work.payload_kind();
-        let session = match (work.profile, &self.broker_client) {
-            (None, _) => None,
-            (Some(_), None) => {
-                return Err(
-                    Refusal::environment("the broker is not available on this daemon").into(),
-                );
-            }
-            (Some(p), Some(client)) => Some(Arc::new(
-                broker::Session::open(p, &caller.id, checked.timeout, client.clone()).map_err(
-                    |_| Refusal::environment("the grant's credential could not be minted"),
-                )?,
-            )),
-        };
+        let session = self.mint_grant(work.profile, &caller.id, checked.timeout)?;
 
         // 5. Dispatch.
         self.metrics.runs.inc();

@@ -17,7 +17,6 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use super::{SessionError, ended_refusal, not_found};
 use crate::admission::{self, Payload as Checked};
 use crate::callers::Caller;
-use crate::grants::broker;
 use crate::outcome::RunFailure;
 use crate::pipeline::{Daemon, answer, audit::AuditLine, floor, internal_id};
 use crate::providers::{CellInput, Ended, Job, Payload, ProjectInput};
@@ -97,19 +96,7 @@ impl Daemon {
                 daemon.metrics.shed.with_label_values(&[why.label()]).inc();
                 return Err(Refusal::capacity(why.text()).into());
             }
-            let grant = match (profile, &daemon.broker_client) {
-                (None, _) => None,
-                (Some(_), None) => {
-                    return Err(
-                        Refusal::environment("the broker is not available on this daemon").into(),
-                    );
-                }
-                (Some(p), Some(client)) => Some(Arc::new(
-                    broker::Session::open(p, &caller.id, checked.timeout, client.clone()).map_err(
-                        |_| Refusal::environment("the grant's credential could not be minted"),
-                    )?,
-                )),
-            };
+            let grant = daemon.mint_grant(profile, &caller.id, checked.timeout)?;
 
             // 5. Dispatch, in the session's sandbox.
             let Some(sandbox) = turn.sandbox.as_ref() else {

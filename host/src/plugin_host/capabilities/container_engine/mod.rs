@@ -105,12 +105,7 @@ pub fn add_to_linker<T: ContainerEngineView>(linker: &mut Linker<T>) -> wasmtime
     engine.func_wrap_async(
         "prewarm",
         |mut store: StoreContextMut<'_, T>, (spec,): (lazy::ContainerSpec,)| {
-            let copied = copy_spec(&mut store, &spec);
-            let (call, state) = store.data_mut().container_engine();
-            let answer = copied
-                .map_err(|rule| refuse(call, rule))
-                .and_then(|spec| approve(call, state.as_deref(), &spec))
-                .map(|(engine, approved)| engine.backend.prewarm(approved));
+            let answer = prewarm_with(&mut store, &spec, |b, approved| b.prewarm(approved));
             Box::new(async move { Ok((answer,)) })
         },
     )?;
@@ -289,6 +284,21 @@ pub async fn run(
             ))
         }
     }
+}
+
+/// A prewarm request (for runs or for sessions): the spec copied and
+/// approved exactly as a run's, then handed to `warm` on the backend.
+pub(super) fn prewarm_with<T: ContainerEngineView>(
+    store: &mut StoreContextMut<'_, T>,
+    spec: &lazy::ContainerSpec,
+    warm: impl FnOnce(&Arc<dyn ContainerBackend>, Approved) -> u32,
+) -> Result<u32, engine_if::EngineError> {
+    let copied = copy_spec(store, spec);
+    let (call, state) = store.data_mut().container_engine();
+    copied
+        .map_err(|rule| refuse(call, rule))
+        .and_then(|spec| approve(call, state.as_deref(), &spec))
+        .map(|(engine, approved)| warm(&engine.backend, approved))
 }
 
 /// For a granted run, the broker directory its containers mount, made on

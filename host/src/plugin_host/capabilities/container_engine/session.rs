@@ -17,7 +17,7 @@ use wasmtime::component::{LinkerInstance, WasmList};
 use super::backend::{EngineFailure, SessionContainer};
 use super::{
     ContainerEngineView, MAX_CONTAINER_OUTPUT, MAX_CONTAINER_STDIN, REPORT_MARGIN, approve,
-    copy_spec, refuse,
+    copy_spec, prewarm_with, refuse,
 };
 use crate::grants::socket;
 use crate::plugin_host::bindings::engine_if;
@@ -128,12 +128,9 @@ pub(super) fn add_to_linker<T: ContainerEngineView>(
     engine.func_wrap_async(
         "prewarm-sessions",
         |mut store: StoreContextMut<'_, T>, (spec,): (lazy::ContainerSpec,)| {
-            let copied = copy_spec(&mut store, &spec);
-            let (call, state) = store.data_mut().container_engine();
-            let answer = copied
-                .map_err(|rule| refuse(call, rule))
-                .and_then(|spec| approve(call, state.as_deref(), &spec))
-                .map(|(engine, approved)| engine.backend.prewarm_sessions(approved));
+            let answer = prewarm_with(&mut store, &spec, |b, approved| {
+                b.prewarm_sessions(approved)
+            });
             Box::new(async move { Ok((answer,)) })
         },
     )?;
