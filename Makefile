@@ -47,6 +47,7 @@ test: build image
 	scripts/leftovers.sh > $(CARGO_TARGET_DIR)/leftovers.before
 	$(CARGO) test --release -p plimsoll-host -p plimsoll-tests
 	.venv/bin/python -m pytest -q tests/compat tests/session_agent
+	.venv-e2b/bin/python -m pytest -q tests/fakes/e2b
 	python3 scripts/soak.py --short
 	scripts/leftovers.sh --since $(CARGO_TARGET_DIR)/leftovers.before
 

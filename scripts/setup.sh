@@ -5,6 +5,7 @@
 #   - llvm: llvm-ar for that archive
 #   - the wasm32-wasip2 Rust target: the guest components
 #   - a venv with the published Python client, for the compatibility suite
+#   - a venv with E2B's official SDK, to prove the fake E2B against it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,15 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import plimsoll_client, p
   echo "setup: creating .venv with plimsoll-client 0.23.0 (with its anthropic and openai-agents extras) and pytest"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check 'plimsoll-client[anthropic,openai-agents]==0.23.0' 'pytest>=8,<9'
+fi
+
+# E2B's official SDK, pinned, in a venv of its own (its HTTP stack must not
+# change what the published client is tested with): the client nobody here
+# wrote that the fake E2B is proven against.
+if [ ! -x .venv-e2b/bin/python ] || ! .venv-e2b/bin/python -c 'import e2b, pytest' 2>/dev/null; then
+  echo "setup: creating .venv-e2b with e2b 2.63.0 and pytest"
+  python3 -m venv .venv-e2b
+  .venv-e2b/bin/pip install -q --disable-pip-version-check 'e2b==2.63.0' 'pytest>=8,<9'
 fi
 
 # dockerd with gVisor registered. --network=none: runsc refuses to start in

@@ -1,0 +1,348 @@
+"""E2B's API (spec/openapi.yml): sandboxes created, listed, described,
+timed and killed; every request needs the team's `X-API-Key`.
+
+Create comes in two versions. `POST /sandboxes` takes the published spec's
+`NewSandbox`; `POST /v2/sandboxes` takes `NewSandboxV2`, which the official
+SDK (2.63.0) sends: the same fields less `secure`, plus lifecycle, IAM and
+volume options, and envd access is always secured. Bodies are validated
+strictly: a field neither version defines is refused with 400.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import ipaddress
+import re
+import secrets
+import threading
+import time
+from urllib.parse import parse_qsl, unquote
+
+from container import ContainerError
+from httpio import BadRequest, Exchange
+from sandboxes import Registry, Sandbox
+
+# ---- request bodies: a small JSON-schema subset -------------------------------------
+
+INT32_MAX = 2**31 - 1
+STR = {"type": "string"}
+BOOL = {"type": "boolean"}
+STR_LIST = {"type": "array", "items": STR}
+STR_MAP = {"type": "object", "values": STR}  # additionalProperties: string
+ANY_OBJECT = {"type": "object", "values": None}  # any properties
+TIMEOUT = {"type": "integer", "min": 0, "max": INT32_MAX}
+
+NETWORK_V1 = {"type": "object", "properties": {
+    "allowPublicTraffic": BOOL, "allowOut": STR_LIST, "denyOut": STR_LIST,
+    "maskRequestHost": STR}}
+NETWORK_V2 = {"type": "object", "properties": {
+    **NETWORK_V1["properties"],
+    "allowPublicTraffic": {**BOOL, "nullable": True},
+    "dnsServers": STR_LIST, "egressProxy": {**ANY_OBJECT, "nullable": True},
+    "httpsPorts": {"type": "array", "items": {"type": "integer", "min": 1, "max": 65535}},
+    "rules": ANY_OBJECT}}
+MCP = {**ANY_OBJECT, "nullable": True}
+
+NEW_SANDBOX = {"type": "object", "required": ["templateID"], "properties": {
+    "templateID": STR, "timeout": TIMEOUT, "autoPause": BOOL, "secure": BOOL,
+    "allow_internet_access": BOOL, "network": NETWORK_V1, "metadata": STR_MAP,
+    "envVars": STR_MAP, "mcp": MCP}}
+NEW_SANDBOX_V2 = {"type": "object", "required": ["templateID"], "properties": {
+    "templateID": STR, "timeout": TIMEOUT, "autoPause": BOOL, "autoPauseMemory": BOOL,
+    "autoResume": {"type": "object", "required": ["enabled"], "properties": {"enabled": BOOL}},
+    "allow_internet_access": BOOL, "network": NETWORK_V2, "metadata": STR_MAP,
+    "envVars": STR_MAP, "mcp": MCP, "iam": ANY_OBJECT,
+    "volumeMounts": {"type": "array", "items": {"type": "object", "required": ["name", "path"],
+                                                "properties": {"name": STR, "path": STR}}}}}
+TIMEOUT_BODY = {"type": "object", "required": ["timeout"], "properties": {"timeout": TIMEOUT}}
+REFRESH_BODY = {"type": "object", "properties": {
+    "duration": {"type": "integer", "min": 0, "max": 3600}}}
+CONNECT_BODY = TIMEOUT_BODY
+CONNECT_V2_BODY = {"type": "object", "properties": {"timeout": TIMEOUT, "memory": BOOL}}
+
+
+class Invalid(Exception):
+    pass
+
+
+def validate(schema: dict, value, where: str = "body") -> None:
+    if value is None:
+        if schema.get("nullable"):
+            return
+        raise Invalid(f"{where}: must not be null")
+    kind = schema["type"]
+    if kind == "string" and not isinstance(value, str):
+        raise Invalid(f"{where}: expected a string")
+    if kind == "boolean" and not isinstance(value, bool):
+        raise Invalid(f"{where}: expected a boolean")
+    if kind == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise Invalid(f"{where}: expected an integer")
+        if not schema.get("min", -INT32_MAX - 1) <= value <= schema.get("max", INT32_MAX):
+            raise Invalid(f"{where}: {value} is out of range")
+    if kind == "array":
+        if not isinstance(value, list):
+            raise Invalid(f"{where}: expected an array")
+        for i, item in enumerate(value):
+            validate(schema["items"], item, f"{where}[{i}]")
+    if kind == "object":
+        if not isinstance(value, dict):
+            raise Invalid(f"{where}: expected an object")
+        for name in schema.get("required", []):
+            if name not in value:
+                raise Invalid(f"{where}: {name} is required")
+        properties = schema.get("properties")
+        for name, item in value.items():
+            if properties is not None:
+                if name not in properties:
+                    raise Invalid(f"{where}: unknown field {name!r}")
+                validate(properties[name], item, f"{where}.{name}")
+            elif schema.get("values") is not None:
+                validate(schema["values"], item, f"{where}.{name}")
+
+
+# ---- the API ---------------------------------------------------------------------------
+
+def _error(ex: Exchange, status: int, message: str, headers=None) -> None:
+    ex.json(status, {"code": status, "message": message}, headers)
+
+
+def _rfc3339(seconds: float) -> str:
+    return _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+class ControlPlane:
+    def __init__(self, registry: Registry, faults, *, api_key: str, templates: dict,
+                 envd_version: str, domain: "str | None", allow_egress: bool) -> None:
+        self.registry, self.faults, self.api_key = registry, faults, api_key
+        self.templates, self.envd_version = templates, envd_version
+        self.domain, self.allow_egress = domain, allow_egress
+        self._idempotent: "dict[str, str]" = {}  # Idempotency-Key -> sandbox ID
+        self._idempotent_lock = threading.Lock()
+
+    def serve(self, ex: Exchange) -> None:
+        if ex.header("X-API-Key") != self.api_key:
+            return _error(ex, 401, "Invalid API key")
+        path, method = ex.path.rstrip("/") or "/", ex.method
+        if path == "/health" and method == "GET":
+            return ex.json(200, {"status": "ok"})
+        if path in ("/sandboxes", "/v2/sandboxes"):
+            if method == "POST":
+                return self.create(ex, v2=path.startswith("/v2"))
+            if method == "GET":
+                return self.list(ex, v2=path.startswith("/v2"))
+            return _error(ex, 405, f"{method} is not allowed on {path}")
+        match = re.fullmatch(r"(/v2)?/sandboxes/([^/]+)(?:/([a-z]+))?", path)
+        if not match:
+            return _error(ex, 404, f"no route {method} {path}")
+        v2, sandbox_id, action = bool(match.group(1)), match.group(2), match.group(3)
+        route = (method, action, v2)
+        handlers = {
+            ("GET", None, False): self.get,
+            ("DELETE", None, False): self.delete,
+            ("POST", "timeout", False): self.set_timeout,
+            ("POST", "refreshes", False): self.refresh,
+            ("POST", "connect", False): self.connect,
+            ("POST", "connect", True): self.connect,
+        }
+        if route in handlers:
+            return handlers[route](ex, sandbox_id)
+        # In E2B's API but not in this fake (pause/resume, metrics, logs,
+        # snapshots, forks, network updates): say so rather than pretend.
+        return _error(ex, 501, f"{method} {path} is not implemented by fake-e2b")
+
+    # ---- create ------------------------------------------------------------------------
+
+    def create(self, ex: Exchange, v2: bool) -> None:
+        # Rate limiting and overload come first, as from a gateway in front.
+        for name, status in (("create_429", 429), ("create_503", 503)):
+            fault = self.faults.take(name)
+            if fault is not None:
+                text = "rate limit exceeded" if status == 429 else "service unavailable"
+                return _error(ex, status, text, {"Retry-After": str(fault["retry_after"])})
+        try:
+            body = ex.read_json()
+            validate(NEW_SANDBOX_V2 if v2 else NEW_SANDBOX, body)
+            spec = self._spec(body, v2)
+        except (Invalid, BadRequest) as e:
+            return _error(ex, 400, str(e))
+        template = body["templateID"]
+        if template not in self.templates:
+            return _error(ex, 404, f"template '{template}' not found")
+        delay = self.faults.take("create_delay")
+        if delay is not None:
+            time.sleep(float(delay["seconds"]))
+        key = ex.header("Idempotency-Key")
+        with self._idempotent_lock:  # a retried create answers with the same sandbox
+            replay = self.registry.get(self._idempotent.get(key, "")) if key else None
+        try:
+            sandbox = replay or self.registry.create(self.templates[template], spec)
+        except (ContainerError, RuntimeError) as e:
+            return _error(ex, 500, f"cannot create the sandbox: {e}")
+        if key:
+            with self._idempotent_lock:
+                self._idempotent[key] = sandbox.id
+        answer = self._created(sandbox)
+        if self.faults.take("create_no_sandbox_id") is not None:
+            answer.pop("sandboxID")
+        if self.faults.take("create_no_access_token") is not None:
+            answer.pop("envdAccessToken", None)
+        old = self.faults.take("create_old_envd")
+        if old is not None:
+            answer["envdVersion"] = old["version"]
+        ex.json(201, answer)
+
+    def _spec(self, body: dict, v2: bool) -> dict:
+        """What the sandbox will be, from a valid body; Invalid for what the
+        fake cannot honour (it refuses rather than pretends)."""
+        network = body.get("network") or {}
+        for name in ("allowOut", "denyOut"):
+            for entry in network.get(name, []):
+                if not _valid_destination(entry, allow_domains=v2 and name == "allowOut"):
+                    raise Invalid(f"body.network.{name}: {entry!r} is not a CIDR or IP"
+                                  + (" or domain" if v2 and name == "allowOut" else ""))
+        if body.get("autoPause"):
+            raise Invalid("autoPause: pausing is not implemented by fake-e2b")
+        for name in ("mcp", "iam", "volumeMounts"):
+            if body.get(name):
+                raise Invalid(f"{name}: not implemented by fake-e2b")
+        for name in ("egressProxy", "rules", "httpsPorts"):
+            if network.get(name):
+                raise Invalid(f"network.{name}: not implemented by fake-e2b")
+        # Egress: E2B allows it unless told otherwise; this fake gives a
+        # sandbox a network only when asked explicitly and started with
+        # allow_egress. Absent any ask, the sandbox has none (see README).
+        wants = body.get("allow_internet_access") is True or bool(network.get("allowOut"))
+        if wants and not self.allow_egress:
+            raise Invalid("egress was requested (allow_internet_access or network.allowOut) "
+                          "but this fake-e2b gives sandboxes no network; start it with "
+                          "allow_egress to get the default bridge network")
+        secure = True if v2 else bool(body.get("secure"))
+        return {
+            "template_id": body["templateID"],
+            "timeout": body.get("timeout", 300 if v2 else 15),
+            "metadata": body.get("metadata") or {},
+            "env_vars": body.get("envVars") or {},
+            "allow_internet": wants,
+            "network": network or None,
+            "access_token": secrets.token_hex(16) if secure else None,
+            "traffic_token": (secrets.token_hex(16)
+                              if network.get("allowPublicTraffic") is False else None),
+            "envd_version": self.envd_version,
+        }
+
+    def _created(self, sandbox: Sandbox) -> dict:
+        answer = {"templateID": sandbox.template_id, "sandboxID": sandbox.id,
+                  "alias": sandbox.template_id, "clientID": "fake-e2b",
+                  "envdVersion": sandbox.envd_version, "trafficAccessToken":
+                  sandbox.traffic_token, "domain": self.domain}
+        if sandbox.access_token is not None:
+            answer["envdAccessToken"] = sandbox.access_token
+        return answer
+
+    # ---- read ---------------------------------------------------------------------------
+
+    def _listed(self, sandbox: Sandbox) -> dict:
+        return {"templateID": sandbox.template_id, "alias": sandbox.template_id,
+                "sandboxID": sandbox.id, "clientID": "fake-e2b",
+                "startedAt": _rfc3339(sandbox.started_at), "endAt": _rfc3339(sandbox.end_at),
+                "cpuCount": 2, "memoryMB": 512, "diskSizeMB": 1024, "metadata": sandbox.metadata,
+                "state": "running", "envdVersion": sandbox.envd_version}
+
+    def list(self, ex: Exchange, v2: bool) -> None:
+        wanted = {}
+        if ex.arg("metadata"):
+            # "k=v&k2=v2", each key and value URL-encoded once more.
+            wanted = {unquote(k): unquote(v) for k, v in parse_qsl(ex.arg("metadata"))}
+        sandboxes = [s for s in self.registry.all()
+                     if all(s.metadata.get(k) == v for k, v in wanted.items())]
+        headers = {}
+        if v2:
+            states = set(filter(None, (ex.arg("state") or "").split(",")))
+            if states - {"running", "paused"}:
+                return _error(ex, 400, f"invalid state filter {ex.arg('state')!r}")
+            if states and "running" not in states:
+                sandboxes = []  # nothing is ever paused here
+            if ex.arg("order") == "desc":
+                sandboxes.reverse()
+            try:
+                limit = int(ex.arg("limit") or 100)
+                start = int(ex.arg("nextToken") or 0)
+            except ValueError:
+                return _error(ex, 400, "limit and nextToken must be integers")
+            if not 1 <= limit <= 100 or start < 0:
+                return _error(ex, 400, "limit must be within 1..100")
+            if start + limit < len(sandboxes):
+                headers["X-Next-Token"] = str(start + limit)
+            sandboxes = sandboxes[start:start + limit]
+        ex.json(200, [self._listed(s) for s in sandboxes], headers)
+
+    def get(self, ex: Exchange, sandbox_id: str) -> None:
+        sandbox = self.registry.get(sandbox_id)
+        if sandbox is None:
+            return _error(ex, 404, f"sandbox \"{sandbox_id}\" doesn't exist or you don't "
+                                   "have access to it")
+        detail = {**self._listed(sandbox), "domain": self.domain,
+                  "allowInternetAccess": sandbox.allow_internet,
+                  "lifecycle": {"autoResume": False, "onTimeout": "kill"}}
+        if sandbox.access_token is not None:
+            detail["envdAccessToken"] = sandbox.access_token
+        if sandbox.network:
+            detail["network"] = sandbox.network
+        ex.json(200, detail)
+
+    # ---- change --------------------------------------------------------------------------
+
+    def delete(self, ex: Exchange, sandbox_id: str) -> None:
+        fault = self.faults.take("delete_404")
+        if fault is not None:
+            if fault.get("remove", True):
+                self.registry.remove(sandbox_id)  # as if its timeout won the race
+            return _error(ex, 404, f"sandbox \"{sandbox_id}\" not found")
+        if not self.registry.remove(sandbox_id):
+            return _error(ex, 404, f"sandbox \"{sandbox_id}\" not found")
+        ex.reply(204)
+
+    def _timed(self, ex: Exchange, sandbox_id: str, schema: dict) -> "tuple[Sandbox, dict] | None":
+        try:
+            body = ex.read_json() or {}
+            validate(schema, body)
+        except (Invalid, BadRequest) as e:
+            _error(ex, 400, str(e))
+            return None
+        sandbox = self.registry.get(sandbox_id)
+        if sandbox is None:
+            _error(ex, 404, f"sandbox \"{sandbox_id}\" not found")
+            return None
+        return sandbox, body
+
+    def set_timeout(self, ex: Exchange, sandbox_id: str) -> None:
+        found = self._timed(ex, sandbox_id, TIMEOUT_BODY)
+        if found:  # overwrites the end time, counted from now
+            found[0].end_at = time.time() + found[1]["timeout"]
+            ex.reply(204)
+
+    def refresh(self, ex: Exchange, sandbox_id: str) -> None:
+        found = self._timed(ex, sandbox_id, REFRESH_BODY)
+        if found:
+            found[0].end_at = max(found[0].end_at, time.time() + found[1].get("duration", 0))
+            ex.reply(204)
+
+    def connect(self, ex: Exchange, sandbox_id: str) -> None:
+        v2 = ex.path.startswith("/v2/")
+        found = self._timed(ex, sandbox_id, CONNECT_V2_BODY if v2 else CONNECT_BODY)
+        if found:  # a running sandbox: the end time is only ever extended
+            sandbox, body = found
+            sandbox.end_at = max(sandbox.end_at, time.time() + body.get("timeout", 300))
+            ex.json(200, self._created(sandbox))
+
+
+def _valid_destination(entry: str, *, allow_domains: bool) -> bool:
+    try:
+        ipaddress.ip_network(entry, strict=False)
+        return True
+    except ValueError:
+        pass
+    return allow_domains and re.fullmatch(
+        r"(\*\.)?([a-z0-9]([a-z0-9-]*[a-z0-9])?\.)+[a-z]{2,}", entry.lower()) is not None

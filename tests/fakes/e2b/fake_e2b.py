@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""fake-e2b: a named fake of E2B (hosted microVM sandboxes), for tests only.
+
+One HTTP/1.1 server plays both of E2B's faces. A request carrying
+`E2b-Sandbox-Id` (what the SDK sends when a sandbox URL is configured), or
+with Host `<port>-<sandboxID>.<domain>`, goes to that sandbox's envd through
+the edge; any other request is for the API (control plane). Fake-only
+endpoints live under `/_fake/`. Each sandbox is a real docker container.
+
+    python3 fake_e2b.py --port 0 --api-key KEY [--ready-file PATH]
+
+prints `listening 127.0.0.1:PORT` as its first line (and writes the same
+line to the ready file), and removes every container it made on SIGTERM or
+SIGINT. From Python: `FakeE2B(api_key).start()`, then `.url`, `.live_count()`,
+`.set_fault(...)`, `.stop()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import threading
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from container import Docker  # noqa: E402
+from control_plane import ControlPlane  # noqa: E402
+from envd import ENVD_PORT, Envd  # noqa: E402
+from faults import FaultError, Faults  # noqa: E402
+from httpio import BadRequest, Exchange  # noqa: E402
+from sandboxes import Registry, new_id  # noqa: E402
+
+DEFAULT_IMAGE = "plimsoll/sandbox:bookworm"
+# The envd version the fake claims: new enough for stdin (0.3.0), a default
+# user (0.4.0), CloseStdin (0.5.2) and octet-stream uploads (0.5.7), older
+# than file metadata (0.6.2), which the fake does not implement.
+ENVD_VERSION = "0.5.7"
+_SANDBOX_HOST = re.compile(r"^(\d+)-([a-z0-9]+)\.")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive and chunked streams, as the SDK expects
+    server_version = "fake-e2b"
+    fake: "FakeE2B"  # set on the subclass made per server
+
+    def _dispatch(self) -> None:
+        try:
+            ex = Exchange(self)
+        except BadRequest as e:
+            self.close_connection = True
+            self.send_error(400, str(e))
+            return
+        try:
+            self.fake._route(ex)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away mid-answer
+        except BadRequest as e:
+            if not ex.answered:
+                ex.json(400, {"code": 400, "message": str(e)})
+            self.close_connection = True
+        except Exception:
+            traceback.print_exc()
+            self.close_connection = True
+            if not ex.answered:
+                ex.json(500, {"code": 500, "message": "fake-e2b internal error"})
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _dispatch
+
+    def log_message(self, format, *args) -> None:  # noqa: A002
+        if self.fake.verbose:
+            super().log_message(format, *args)
+
+
+class FakeE2B:
+    def __init__(self, api_key: str, *, host: str = "127.0.0.1", port: int = 0,
+                 image: str = DEFAULT_IMAGE, templates: "dict[str, str] | None" = None,
+                 allow_egress: bool = False, domain: "str | None" = None,
+                 envd_version: str = ENVD_VERSION, docker: str = "docker",
+                 verbose: bool = False) -> None:
+        self.instance_id = "fake-e2b-" + new_id(12)  # the container label's value
+        self.host, self.port, self.verbose = host, port, verbose
+        self.faults = Faults()
+        self.docker = Docker(self.instance_id, docker)
+        self.registry = Registry(self.docker)
+        self.control = ControlPlane(self.registry, self.faults, api_key=api_key,
+                                    templates=templates or {"base": image},
+                                    envd_version=envd_version, domain=domain,
+                                    allow_egress=allow_egress)
+        self.envd = Envd(self.registry, self.faults)
+        self._server: "ThreadingHTTPServer | None" = None
+        self._thread: "threading.Thread | None" = None
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> "FakeE2B":
+        handler = type("Handler", (_Handler,), {"fake": self})
+        self._server = ThreadingHTTPServer((self.host, self.port), handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="fake-e2b-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and remove every container this instance made."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        self.registry.stop()
+
+    def __enter__(self) -> "FakeE2B":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # ---- what tests look at and turn ------------------------------------------------------
+
+    def live_count(self) -> int:
+        return len(self.registry.all())
+
+    def state(self) -> dict:
+        live = self.registry.all()
+        return {"instance": self.instance_id, "live": [s.id for s in live],
+                "live_count": len(live),
+                "containers": {s.id: s.container for s in live},
+                **self.registry.counts, "faults": self.faults.snapshot()}
+
+    def set_fault(self, name: str, count: "int | None" = 1, **params) -> None:
+        self.faults.set(name, count, **params)
+
+    def clear_faults(self, name: "str | None" = None) -> None:
+        self.faults.clear(name)
+
+    # ---- routing ----------------------------------------------------------------------------
+
+    def _route(self, ex: Exchange) -> None:
+        sandbox_id = ex.header("E2b-Sandbox-Id")
+        port = ex.header("E2b-Sandbox-Port")
+        host = _SANDBOX_HOST.match((ex.header("Host") or "").lower())
+        if sandbox_id is None and host:
+            port, sandbox_id = host.group(1), host.group(2)
+        if sandbox_id is not None:
+            return self.envd.serve(ex, sandbox_id, int(port) if port and port.isdigit()
+                                   else ENVD_PORT)
+        if ex.path.startswith("/_fake/"):
+            return self._fake_api(ex)
+        return self.control.serve(ex)
+
+    def _fake_api(self, ex: Exchange) -> None:
+        """Test-only endpoints; no API key, since they are not E2B's."""
+        if ex.path == "/_fake/state" and ex.method == "GET":
+            return ex.json(200, self.state())
+        if ex.path == "/_fake/faults":
+            if ex.method == "GET":
+                return ex.json(200, self.faults.snapshot())
+            if ex.method == "DELETE":
+                self.faults.clear()
+                return ex.reply(204)
+            if ex.method == "POST":
+                try:
+                    self.faults.apply_json(ex.read_json())
+                except FaultError as e:
+                    return ex.json(400, {"code": 400, "message": str(e)})
+                return ex.json(200, self.faults.snapshot())
+        return ex.json(404, {"code": 404, "message": f"no route {ex.method} {ex.path}"})
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--api-key", required=True)
+    parser.add_argument("--ready-file", help="where to write 'listening 127.0.0.1:PORT'")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="the 'base' template's image")
+    parser.add_argument("--domain", help="the domain create answers name (default: null)")
+    parser.add_argument("--allow-egress", action="store_true",
+                        help="let sandboxes that ask for internet access have the bridge network")
+    parser.add_argument("--verbose", action="store_true", help="log every request")
+    args = parser.parse_args(argv)
+
+    fake = FakeE2B(args.api_key, port=args.port, image=args.image, domain=args.domain,
+                   allow_egress=args.allow_egress, verbose=args.verbose).start()
+    done = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: done.set())
+    line = f"listening {fake.host}:{fake.port}"
+    if args.ready_file:
+        tmp = args.ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(line + "\n")
+        os.replace(tmp, args.ready_file)  # readers never see a half-written file
+    print(line, flush=True)
+    while not done.wait(0.5):  # wake up for signals
+        pass
+    fake.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
