@@ -222,6 +222,27 @@ mod tests {
         assert_eq!(body.image.as_deref(), Some(IMAGE));
         assert_eq!(body.user.as_deref(), Some("61000:61000"));
         assert_eq!(body.network_disabled, Some(true));
+        // The gate reads its one line on stdin, attached before start and
+        // closed after it; output is read from the attach, in /work.
+        assert_eq!(
+            (
+                body.attach_stdin,
+                body.attach_stdout,
+                body.attach_stderr,
+                body.open_stdin,
+                body.stdin_once,
+                body.tty,
+            ),
+            (
+                Some(true),
+                Some(true),
+                Some(true),
+                Some(true),
+                Some(true),
+                Some(false)
+            )
+        );
+        assert_eq!(body.working_dir.as_deref(), Some("/work"));
         assert_eq!(
             body.env,
             Some(vec![]),
