@@ -58,7 +58,7 @@ audit: guest
 		-p plimsoll-guest-js -p plimsoll-plugin-docker -p plimsoll-plugin-remote-plimsoll -p plimsoll-fixture-hostile -- -D warnings
 	$(MAKE) test
 
-bench: build
+bench: build image
 	$(CARGO_TARGET_DIR)/release/plimsoll-bench
 
 # The docker provider beside plain `docker run --rm` of the same image and

@@ -11,6 +11,9 @@
 //! 5. the broker: a Run making one granted call, against the same Run
 //!    making none and against the same call made directly to the API; the
 //!    broker's overhead is the first minus the other two (medians).
+//! 6. a plugin's HTTP: the same loopback GET through the `http` interface
+//!    and through wasi:http, timed inside the hostile test plugin (which
+//!    needs the container engine granted, so docker and the image).
 //!
 //! Everything is bounded in count and time and only talks to 127.0.0.1.
 
@@ -264,6 +267,29 @@ async fn broker(n: usize) {
     let _ = std::fs::remove_file(&file);
 }
 
+/// The plugin's two ways to send the same request, timed in the plugin.
+async fn plugin_http() {
+    let app = axum::Router::new().route("/small", axum::routing::get(|| async { "ok" }));
+    let origin = plimsoll_tests::serve_loopback(app).await;
+    let dir = plimsoll_tests::test_plugin_dir().display().to_string();
+    let image = plimsoll_tests::sandbox_image();
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "hostile"),
+        ("PLIMSOLL_PLUGIN_DIR", dir.as_str()),
+        ("SANDBOX_PLUGIN_HTTP_ORIGINS", origin.as_str()),
+        ("SANDBOX_PLUGIN_CONTAINER_ENGINE", "1"),
+        ("SANDBOX_DOCKER_IMAGE", image.as_str()),
+        ("SANDBOX_DOCKER_POOL", "0"),
+    ]);
+    let mut run = js_run("http-bench");
+    run["timeoutMs"] = serde_json::json!(30_000);
+    let a = plimsoll_tests::call(&d, "Run", &run).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    for line in a.stdout().lines() {
+        println!("plugin {line} (500 requests each, alternated)");
+    }
+}
+
 fn rss_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines()
@@ -296,6 +322,8 @@ async fn main() {
     throughput(&d, 4, n / 2).await;
     throughput(&d, 8, n / 4).await;
     broker(n / 2).await;
+    println!();
+    plugin_http().await;
     println!();
     match idle {
         Some(kib) => println!(

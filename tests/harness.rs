@@ -579,22 +579,24 @@ pub fn metrics_url(d: &Daemon) -> String {
     format!("http://{}/metrics", v["addr"].as_str().expect("addr"))
 }
 
+/// Runs openssl, failing the test with its error if it fails.
+fn openssl(args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A test CA and a server certificate it signed for localhost and
 /// 127.0.0.1, made with openssl. Returns the server's cert and key; the CA
 /// is `ca.pem` in `dir`.
 pub fn certificate(dir: &Scratch) -> (PathBuf, PathBuf) {
     let p = |n: &str| dir.path(n).display().to_string();
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .output()
-            .expect("openssl");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let ec = [
         "-newkey",
         "ec",
@@ -622,17 +624,17 @@ pub fn certificate(dir: &Scratch) -> (PathBuf, PathBuf) {
         "-out",
         &ca,
     ]);
-    run(&a);
+    openssl(&a);
     let mut a = vec!["req"];
     a.extend(ec);
     a.extend(["-subj", "/CN=localhost", "-keyout", &key, "-out", &csr]);
-    run(&a);
+    openssl(&a);
     std::fs::write(
         &ext,
         "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
     )
     .expect("ext");
-    run(&[
+    openssl(&[
         "x509",
         "-req",
         "-in",
@@ -650,6 +652,55 @@ pub fn certificate(dir: &Scratch) -> (PathBuf, PathBuf) {
         &cert,
     ]);
     (dir.path("cert.pem"), dir.path("key.pem"))
+}
+
+/// A client certificate signed by the CA `certificate` made in `dir` (call
+/// that first), for mutual TLS. Returns the certificate and key files.
+pub fn client_certificate(dir: &Scratch) -> (PathBuf, PathBuf) {
+    let p = |n: &str| dir.path(n).display().to_string();
+    let (key, csr, ext, cert) = (
+        p("client.key"),
+        p("client.csr"),
+        p("client.cnf"),
+        p("client.pem"),
+    );
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-subj",
+        "/CN=plimsoll plugin",
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+    ]);
+    std::fs::write(
+        &ext,
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+    )
+    .expect("ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &p("ca.pem"),
+        "-CAkey",
+        &p("ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        &ext,
+        "-out",
+        &cert,
+    ]);
+    (dir.path("client.pem"), dir.path("client.key"))
 }
 
 pub fn test_ca(dir: &Scratch) -> reqwest::Certificate {

@@ -15,11 +15,13 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{Component, ComponentExportIndex, ResourceTable};
 use wasmtime::{Engine, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::PluginPre;
 use super::capabilities::container_engine::{
     ContainerEngine, ContainerEngineState, ContainerEngineView,
 };
+use super::capabilities::http::outgoing::{FIELDS_LIMIT, OutgoingHooks};
 use super::capabilities::http::{HttpCapability, HttpView};
 use super::capabilities::log::{LogState, LogView};
 use super::capabilities::project_report::{ProjectReport, ProjectReportView};
@@ -108,11 +110,21 @@ impl Runner {
         // WASI resources (streams, pollables) a plugin may hold at once; the
         // default allows about a million, each costing host memory.
         table.set_max_capacity(MAX_RESOURCES);
+        let call = CallContext::new(self.name.clone(), ends);
+        let mut http_ctx = WasiHttpCtx::new();
+        http_ctx.set_field_size_limit(FIELDS_LIMIT);
         let state = PluginState {
             wasi: WasiCtx::builder().build(),
             table,
             limits: MemoryCap::new(self.memory_limit),
-            call: CallContext::new(self.name.clone(), ends),
+            http_ctx,
+            http_hooks: OutgoingHooks::new(
+                self.granted.http.clone(),
+                self.name.clone(),
+                ends,
+                call.mark.elsewhere(),
+            ),
+            call,
             log: LogState::new(self.name.clone()),
             report: ProjectReport::default(),
             http: self.granted.http.clone(),
@@ -193,11 +205,22 @@ pub struct PluginState {
     wasi: WasiCtx,
     table: ResourceTable,
     limits: MemoryCap,
+    http_ctx: WasiHttpCtx,
+    http_hooks: OutgoingHooks,
     pub(super) call: CallContext,
     pub(super) log: LogState,
     pub(super) report: ProjectReport,
     http: Option<Arc<HttpCapability>>,
     engine: Option<ContainerEngineState>,
+}
+
+/// The call ends before its resources do: wasi:http learns it first, so a
+/// request body the plugin left unfinished is not sent as finished while
+/// the table is torn down, and no connection task outlives the call.
+impl Drop for PluginState {
+    fn drop(&mut self) {
+        self.http_hooks.close();
+    }
 }
 
 impl PluginState {
@@ -218,6 +241,17 @@ impl WasiView for PluginState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+/// wasi:http shares WASI's resource table; its hooks are the host's policy.
+impl WasiHttpView for PluginState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http_ctx,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
         }
     }
 }

@@ -10,6 +10,9 @@
 //! abandoned at its deadline mid-act still counts; and they put the mark
 //! back only when the act proved that nothing started.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::outcome::RunFailure;
 use crate::refusal::Refusal;
 
@@ -17,6 +20,21 @@ use crate::refusal::Refusal;
 #[derive(Debug, Default)]
 pub struct DispatchMark {
     may_have_started: bool,
+    /// Set by acts that run outside the host function that began them (a
+    /// wasi:http request is sent by a task of its own): they can only set
+    /// it, never put it back, because nothing proves such an act sent nothing.
+    elsewhere: Arc<AtomicBool>,
+}
+
+/// A handle that marks the call from outside the store's data.
+#[derive(Debug, Clone)]
+pub struct Elsewhere(Arc<AtomicBool>);
+
+impl Elsewhere {
+    /// Called before anything that could start execution; never undone.
+    pub fn before_execution(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 /// The mark as it was before an act, to put back if the act started nothing.
@@ -38,14 +56,19 @@ impl DispatchMark {
 
     /// Whether the plugin used anything that could have started execution.
     pub fn may_have_started(&self) -> bool {
-        self.may_have_started
+        self.may_have_started || self.elsewhere.load(Ordering::SeqCst)
+    }
+
+    /// A handle for acts that outlive the host function that began them.
+    pub fn elsewhere(&self) -> Elsewhere {
+        Elsewhere(self.elsewhere.clone())
     }
 
     /// A call that ended without a result (a trap, a deadline, memory):
     /// marked `environment` if nothing could have started, unmarked if
     /// something could.
     pub fn failed(&self, plugin: &str, what: &str) -> RunFailure {
-        if self.may_have_started {
+        if self.may_have_started() {
             RunFailure::MayHaveRun(format!(
                 "plugin {plugin} failed after it started work: {what}"
             ))
@@ -59,7 +82,7 @@ impl DispatchMark {
     /// A plugin that says nothing ran: repeated only if the host saw
     /// nothing that could have started execution.
     pub fn refused(&self, plugin: &str, refusal: Refusal) -> RunFailure {
-        if self.may_have_started {
+        if self.may_have_started() {
             RunFailure::MayHaveRun(format!(
                 "plugin {plugin} reported a refusal after using a capability that can start execution"
             ))
@@ -100,5 +123,26 @@ mod tests {
         let before = m.before_execution();
         m.nothing_started(before);
         assert!(m.may_have_started());
+    }
+
+    #[test]
+    fn a_mark_set_elsewhere_is_never_put_back() {
+        let mut m = DispatchMark::default();
+        let handle = m.elsewhere();
+        let before = m.before_execution();
+        m.nothing_started(before);
+        assert!(!m.may_have_started());
+        handle.before_execution();
+        assert!(m.may_have_started());
+        let before = m.before_execution();
+        m.nothing_started(before);
+        assert!(
+            m.may_have_started(),
+            "an act proven empty does not clear it"
+        );
+        assert!(matches!(
+            m.refused("p", Refusal::capacity("full")),
+            RunFailure::MayHaveRun(_)
+        ));
     }
 }

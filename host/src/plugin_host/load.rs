@@ -237,17 +237,11 @@ fn check_imports(
 ) -> Result<(), PluginError> {
     for (import, _) in component.component_type().imports(engine) {
         let interface = import.split('@').next().unwrap_or(import);
-        let granted = match interface {
-            _ if interface.starts_with("wasi:") => true,
-            capabilities::TYPES | capabilities::LOG | capabilities::PROJECT_REPORT => true,
-            capabilities::HTTP => grants.http,
-            capabilities::CONTAINER_ENGINE => grants.container_engine,
-            _ => {
-                return Err(PluginError::UnknownImport(
-                    name.to_string(),
-                    import.to_string(),
-                ));
-            }
+        let Some(granted) = granted_by(interface, grants) else {
+            return Err(PluginError::UnknownImport(
+                name.to_string(),
+                import.to_string(),
+            ));
         };
         if !granted {
             return Err(PluginError::Ungranted(
@@ -257,6 +251,19 @@ fn check_imports(
         }
     }
     Ok(())
+}
+
+/// Whether `grants` allow importing `interface` (`None`: no plugin may).
+fn granted_by(interface: &str, grants: Grants) -> Option<bool> {
+    Some(match interface {
+        // The network: only for a plugin the operator gave origins.
+        _ if interface.starts_with(capabilities::WASI_HTTP) => grants.http,
+        _ if interface.starts_with("wasi:") => true,
+        capabilities::TYPES | capabilities::LOG | capabilities::PROJECT_REPORT => true,
+        capabilities::HTTP => grants.http,
+        capabilities::CONTAINER_ENGINE => grants.container_engine,
+        _ => return None,
+    })
 }
 
 /// Stage 3: linked with its capabilities, ready to call.
@@ -281,6 +288,7 @@ impl Checked {
         let engine_err = |e: wasmtime::Error| PluginError::Engine(format!("{e:#}"));
         let mut linker: Linker<PluginState> = Linker::new(&self.wasm);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(engine_err)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(engine_err)?;
         capabilities::add_to_linker(&mut linker).map_err(engine_err)?;
         let mismatch =
             |e: wasmtime::Error| PluginError::Mismatch(self.name.clone(), format!("{e:#}"));
@@ -439,6 +447,30 @@ fn language_name(l: types::Language) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_network_in_either_form_needs_the_http_grant() {
+        let none = Grants::default();
+        let http = Grants {
+            http: true,
+            ..Grants::default()
+        };
+        for network in [
+            "wasi:http/outgoing-handler",
+            "wasi:http/types",
+            "wasi:http/incoming-handler",
+            "plimsoll:provider/http",
+        ] {
+            assert_eq!(granted_by(network, none), Some(false), "{network}");
+            assert_eq!(granted_by(network, http), Some(true), "{network}");
+        }
+        assert_eq!(granted_by("wasi:io/streams", none), Some(true));
+        assert_eq!(
+            granted_by("plimsoll:provider/container-engine", http),
+            Some(false)
+        );
+        assert_eq!(granted_by("plimsoll:provider/secrets", http), None);
+    }
 
     #[test]
     fn names() {

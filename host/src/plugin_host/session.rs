@@ -124,7 +124,9 @@ impl PluginProvider {
                 .mark
                 .failed(&name, "opening the session overran its deadline"),
         };
-        // Whatever the plugin started for a session that did not open goes.
+        // The call is over: its store (and any request it left open) goes
+        // first, then whatever it started for a session that did not open.
+        drop(store);
         if let Some(s) = &slot {
             s.end().await;
         }

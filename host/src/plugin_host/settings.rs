@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::capabilities::http::policy::{HttpAllowance, Origin};
+use super::capabilities::http::policy::{HttpAllowance, HttpTls, Origin};
 use crate::env_vars::{ConfigError, Env, Var, invalid, var};
 use crate::tier::Tier;
 
@@ -37,6 +37,21 @@ pub const VARIABLES: &[Var] = &[
         "SANDBOX_PLUGIN_API_KEY_HEADER",
         "authorization",
         "header carrying that key (authorization sends Bearer <key>; any other sends the key as is)",
+    ),
+    var(
+        "SANDBOX_PLUGIN_HTTP_CA",
+        "(unset: the system's roots only)",
+        "PEM file of CA certificates the plugin's https origins may also be verified against",
+    ),
+    var(
+        "SANDBOX_PLUGIN_HTTP_CLIENT_CERT",
+        "(unset)",
+        "PEM client certificate chain the host presents on the plugin's wasi:http requests (mutual TLS; with SANDBOX_PLUGIN_HTTP_CLIENT_KEY); the plugin never holds it",
+    ),
+    var(
+        "SANDBOX_PLUGIN_HTTP_CLIENT_KEY",
+        "(unset)",
+        "PEM private key for SANDBOX_PLUGIN_HTTP_CLIENT_CERT",
     ),
     var(
         "SANDBOX_PLUGIN_CONTAINER_ENGINE",
@@ -108,9 +123,25 @@ impl PluginSettings {
                         "an API key is only ever sent over https; remove the plain-http origins",
                     ));
                 }
-                Some(HttpAllowance { origins, api_key })
+                Some(HttpAllowance {
+                    origins,
+                    api_key,
+                    tls: http_tls(env)?,
+                })
             }
         };
+        for tls_var in [
+            "SANDBOX_PLUGIN_HTTP_CA",
+            "SANDBOX_PLUGIN_HTTP_CLIENT_CERT",
+            "SANDBOX_PLUGIN_HTTP_CLIENT_KEY",
+        ] {
+            if http.is_none() && env.is_set(tls_var) {
+                return Err(invalid(
+                    tls_var,
+                    "applies to the plugin's requests: set SANDBOX_PLUGIN_HTTP_ORIGINS too",
+                ));
+            }
+        }
         if http.is_none() && env.is_set("SANDBOX_PLUGIN_API_KEY_ENV") {
             return Err(invalid(
                 "SANDBOX_PLUGIN_API_KEY_ENV",
@@ -126,6 +157,27 @@ impl PluginSettings {
             container_engine,
         })
     }
+}
+
+/// The TLS files the operator named; read when the capability is built.
+fn http_tls(env: &Env) -> Result<HttpTls, ConfigError> {
+    let client = match (
+        env.get("SANDBOX_PLUGIN_HTTP_CLIENT_CERT"),
+        env.get("SANDBOX_PLUGIN_HTTP_CLIENT_KEY"),
+    ) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+        _ => {
+            return Err(invalid(
+                "SANDBOX_PLUGIN_HTTP_CLIENT_CERT",
+                "SANDBOX_PLUGIN_HTTP_CLIENT_CERT and SANDBOX_PLUGIN_HTTP_CLIENT_KEY go together: set both or neither",
+            ));
+        }
+    };
+    Ok(HttpTls {
+        ca: env.get("SANDBOX_PLUGIN_HTTP_CA").map(PathBuf::from),
+        client,
+    })
 }
 
 /// The header the host adds to a plugin's requests, from the variable the

@@ -63,11 +63,9 @@ pub(super) async fn load_plugin(
     })?;
     let http = match http {
         None => None,
-        Some(allowance) => Some(Arc::new(HttpCapability {
-            allowance,
-            client: crate::outbound::client()
-                .map_err(|e| PluginError::Engine(format!("http client: {e}")))?,
-        })),
+        Some(allowance) => Some(Arc::new(
+            HttpCapability::new(allowance).map_err(PluginError::Engine)?,
+        )),
     };
     // The backend is reached (and a configured runtime found registered
     // there) before the plugin can ask for anything.

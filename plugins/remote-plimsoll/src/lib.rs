@@ -1,5 +1,6 @@
 //! remote-plimsoll: an example provider plugin that runs JavaScript on
-//! another plimsolld, reached through the host's `http` capability.
+//! another plimsolld, reached over standard `wasi:http` (the host polices
+//! every request; `allowed-origins` from the `http` interface says where).
 //!
 //! It is small on purpose; copy it to start an adapter of your own. What it
 //! shows:
@@ -20,6 +21,7 @@
 //! this plugin never sees it.
 
 mod session;
+mod transport;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
@@ -171,22 +173,13 @@ fn call(procedure: &str, body: &Value) -> Result<Answer, String> {
 /// One call, and whether an error answer said the upstream session ended.
 fn call_full(procedure: &str, body: &Value) -> Result<(Answer, bool), String> {
     let url = format!("{}/plimsoll.v1.SandboxService/{procedure}", upstream()?);
-    let request = http::Request {
-        method: "POST".to_string(),
-        url,
-        headers: vec![("content-type".to_string(), "application/json".to_string())],
-        body: Some(body.to_string().into_bytes()),
-    };
-    let response = match http::send(&request) {
+    let response = match transport::post_json(&url, body.to_string().as_bytes()) {
         Ok(r) => r,
-        Err(http::HttpError::Forbidden(why)) => {
+        Err(transport::Failure::Refused(why)) => {
             return Err(format!("the host refused the request: {why}"));
         }
-        Err(http::HttpError::Transport(why)) => {
+        Err(transport::Failure::Transport(why)) => {
             return Ok((Answer::Failed(format!("transport: {why}")), false));
-        }
-        Err(http::HttpError::TooLarge) => {
-            return Ok((Answer::Failed("the answer was too large".into()), false));
         }
     };
     let parsed: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);

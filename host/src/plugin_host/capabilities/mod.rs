@@ -59,6 +59,10 @@ pub const PROJECT_REPORT: &str = "plimsoll:provider/project-report";
 pub const HTTP: &str = "plimsoll:provider/http";
 pub const CONTAINER_ENGINE: &str = "plimsoll:provider/container-engine";
 pub const TYPES: &str = "plimsoll:provider/types";
+/// Every wasi:http interface (only the outgoing side and its types are
+/// linked, policed by `http::outgoing`): granted with `http`, from the same
+/// allowlist.
+pub const WASI_HTTP: &str = "wasi:http/";
 
 /// Links every capability into `linker`.
 pub fn add_to_linker<T>(linker: &mut Linker<T>) -> wasmtime::Result<()>

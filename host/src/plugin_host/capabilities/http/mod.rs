@@ -8,7 +8,10 @@
 //! counts as possible dispatch from the moment it may leave: whatever the
 //! plugin reports afterwards may follow execution.
 
+pub mod metered;
+pub mod outgoing;
 pub mod policy;
+pub mod sender;
 
 use std::sync::Arc;
 
@@ -29,9 +32,22 @@ const MAX_HEADERS: usize = 64;
 pub struct HttpCapability {
     pub allowance: HttpAllowance,
     pub client: reqwest::Client,
+    /// TLS for wasi:http requests, which the host sends itself.
+    pub tls: Arc<tokio_rustls::rustls::ClientConfig>,
 }
 
 impl HttpCapability {
+    /// The capability for `allowance`, with the host's client for the
+    /// `http` interface and its TLS settings for wasi:http.
+    pub fn new(allowance: HttpAllowance) -> Result<HttpCapability, String> {
+        let tls = sender::tls_config(&allowance.tls)?;
+        Ok(HttpCapability {
+            allowance,
+            client: crate::outbound::client().map_err(|e| format!("http client: {e}"))?,
+            tls,
+        })
+    }
+
     /// The origins the plugin may reach, as it is told them.
     pub fn origins(&self) -> Vec<String> {
         self.allowance

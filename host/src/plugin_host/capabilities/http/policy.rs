@@ -88,6 +88,18 @@ pub struct HttpAllowance {
     pub origins: Vec<Origin>,
     /// Header the host adds to every request, carrying the provider's key.
     pub api_key: Option<(HeaderName, HeaderValue)>,
+    /// TLS the host uses for the plugin's wasi:http requests.
+    pub tls: HttpTls,
+}
+
+/// Files the operator named for the plugin's TLS: extra trusted CAs (an
+/// origin with a private CA) and a client certificate for mutual TLS, which
+/// the host presents and the plugin never holds.
+#[derive(Debug, Clone, Default)]
+pub struct HttpTls {
+    pub ca: Option<std::path::PathBuf>,
+    /// Certificate chain and key, PEM.
+    pub client: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// Headers a plugin may never set: the host owns framing, the target, and
@@ -115,8 +127,28 @@ const RESERVED: &[&str] = &[
     "x-real-ip",
 ];
 
+/// Whether the host reserves `name`: framing, the target, every kind of
+/// credential, and the header that carries the operator's key.
+pub fn is_reserved(grant: &HttpAllowance, name: &HeaderName) -> bool {
+    RESERVED.contains(&name.as_str())
+        || name.as_str().starts_with("proxy-")
+        || name.as_str().starts_with("x-forwarded-")
+        || grant.api_key.as_ref().is_some_and(|(k, _)| k == name)
+}
+
 pub const MAX_REQUEST_BODY: usize = 8 << 20;
 pub const MAX_RESPONSE_BODY: usize = 8 << 20;
+
+/// wasi:http streams, so its budgets are per call rather than per message:
+/// bytes each way summed over every request of the call, and requests in
+/// flight at once. A hosted service's process output streams for as long as
+/// the process runs; 64 MiB is far past what an adapter keeps (64 KiB per
+/// stream) and still bounds what one call can make the host move.
+pub const MAX_CALL_BYTES_OUT: u64 = 64 << 20;
+pub const MAX_CALL_BYTES_IN: u64 = 64 << 20;
+pub const MAX_CALL_REQUESTS_IN_FLIGHT: usize = 8;
+/// Requests one call may send in all: each costs a connection.
+pub const MAX_CALL_REQUESTS: u32 = 1024;
 
 /// A refusal, with the rule that was broken (never the URL or headers: a
 /// plugin could put a snippet in either).
@@ -180,11 +212,7 @@ pub fn check(
     for (name, value) in headers {
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| HttpRefusal::Forbidden("a header name is not valid"))?;
-        let reserved = RESERVED.contains(&name.as_str())
-            || name.as_str().starts_with("proxy-")
-            || name.as_str().starts_with("x-forwarded-")
-            || grant.api_key.as_ref().is_some_and(|(k, _)| *k == name);
-        if reserved {
+        if is_reserved(grant, &name) {
             return Err(HttpRefusal::Forbidden(
                 "the plugin set a header the host reserves (framing, target or credentials)",
             ));
@@ -282,6 +310,7 @@ mod tests {
                 HeaderName::from_static("x-provider-key"),
                 HeaderValue::from_static("k"),
             )),
+            tls: HttpTls::default(),
         }
     }
 

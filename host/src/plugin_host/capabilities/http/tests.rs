@@ -10,9 +10,12 @@ use axum::http::{HeaderName, HeaderValue};
 use super::*;
 use crate::plugin_host::capabilities::CallContext;
 
+/// What the recording server saw: each request's path and key header.
+pub(super) type Seen = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
 /// A loopback server that records the path and the key header of every
-/// request it receives.
-async fn server() -> (String, Arc<Mutex<Vec<(String, Option<String>)>>>) {
+/// request it receives (the wasi:http hooks' tests use it too).
+pub(super) async fn server() -> (String, Seen) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
@@ -38,16 +41,15 @@ async fn server() -> (String, Arc<Mutex<Vec<(String, Option<String>)>>>) {
 }
 
 fn capability(origin: &str) -> HttpCapability {
-    HttpCapability {
-        allowance: HttpAllowance {
-            origins: vec![policy::Origin::parse(origin).expect("origin")],
-            api_key: Some((
-                HeaderName::from_static("x-provider-key"),
-                HeaderValue::from_static("host-held-key"),
-            )),
-        },
-        client: crate::outbound::client().expect("client"),
-    }
+    HttpCapability::new(HttpAllowance {
+        origins: vec![policy::Origin::parse(origin).expect("origin")],
+        api_key: Some((
+            HeaderName::from_static("x-provider-key"),
+            HeaderValue::from_static("host-held-key"),
+        )),
+        tls: Default::default(),
+    })
+    .expect("capability")
 }
 
 fn call() -> CallContext {

@@ -1,0 +1,126 @@
+//! One POST to the upstream over standard `wasi:http`, the interface any
+//! WASI HTTP library targets. The host polices it (the allowlist, reserved
+//! headers, its key added, budgets); this side only builds the request and
+//! reads a bounded answer.
+
+use wasi::http::outgoing_handler;
+use wasi::http::types::{ErrorCode, Fields, Method, OutgoingBody, OutgoingRequest, Scheme};
+use wasi::io::streams::StreamError;
+
+/// Most of an answer this plugin keeps; a Connect JSON answer carrying
+/// 64 KiB of each stream base64-encoded fits with room to spare.
+const MAX_ANSWER: usize = 8 << 20;
+
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+pub enum Failure {
+    /// The host refused the request before it left.
+    Refused(String),
+    /// It may have reached the upstream.
+    Transport(String),
+}
+
+/// POSTs `body` as JSON to `url` (`scheme://host:port/path`).
+pub fn post_json(url: &str, body: &[u8]) -> Result<Response, Failure> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| Failure::Refused("the upstream URL has no scheme".into()))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let headers = Fields::new();
+    headers
+        .append("content-type", b"application/json")
+        .map_err(|e| Failure::Refused(format!("content-type: {e:?}")))?;
+    let req = OutgoingRequest::new(headers);
+    let invalid = |what: &str| Failure::Refused(format!("the upstream URL's {what} is invalid"));
+    req.set_method(&Method::Post)
+        .map_err(|()| invalid("method"))?;
+    let scheme = match scheme {
+        "https" => Scheme::Https,
+        "http" => Scheme::Http,
+        _ => return Err(invalid("scheme")),
+    };
+    req.set_scheme(Some(&scheme))
+        .map_err(|()| invalid("scheme"))?;
+    req.set_authority(Some(authority))
+        .map_err(|()| invalid("authority"))?;
+    req.set_path_with_query(Some(path))
+        .map_err(|()| invalid("path"))?;
+
+    let out = req.body().map_err(|()| invalid("body"))?;
+    let future = outgoing_handler::handle(req, None).map_err(failure)?;
+    {
+        let stream = out.write().map_err(|()| invalid("body"))?;
+        for chunk in body.chunks(4096) {
+            stream
+                .blocking_write_and_flush(chunk)
+                .map_err(|_| Failure::Transport("the request body could not be sent".into()))?;
+        }
+    }
+    OutgoingBody::finish(out, None).map_err(failure)?;
+
+    future.subscribe().block();
+    let resp = match future.get() {
+        Some(Ok(Ok(r))) => r,
+        Some(Ok(Err(e))) => return Err(failure(e)),
+        _ => return Err(Failure::Transport("no answer".into())),
+    };
+    let status = resp.status();
+    let headers = resp
+        .headers()
+        .entries()
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, String::from_utf8(v).ok()?)))
+        .collect();
+    let incoming = resp
+        .consume()
+        .map_err(|()| Failure::Transport("the answer has no body".into()))?;
+    let mut body = Vec::new();
+    {
+        let stream = incoming
+            .stream()
+            .map_err(|()| Failure::Transport("the answer has no body".into()))?;
+        loop {
+            match stream.blocking_read(64 << 10) {
+                Ok(bytes) => {
+                    if body.len() + bytes.len() > MAX_ANSWER {
+                        return Err(Failure::Transport("the answer was too large".into()));
+                    }
+                    body.extend_from_slice(&bytes);
+                }
+                Err(StreamError::Closed) => break,
+                Err(StreamError::LastOperationFailed(_)) => {
+                    return Err(Failure::Transport("the answer's body failed".into()));
+                }
+            }
+        }
+    }
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// A refusal by the host is the one error that proves nothing left.
+fn failure(e: ErrorCode) -> Failure {
+    match e {
+        ErrorCode::HttpRequestDenied => Failure::Refused("the host denied the request".into()),
+        ErrorCode::ConnectionLimitReached => {
+            Failure::Refused("the host's in-flight limit was reached".into())
+        }
+        other => Failure::Transport(
+            format!("{other:?}")
+                .split(['(', ' ', '{'])
+                .next()
+                .unwrap_or("transport")
+                .to_string(),
+        ),
+    }
+}
