@@ -652,6 +652,15 @@ async fn containers_expired_or_orphaned_are_swept_and_live_ones_kept() {
         format!("sweep-living-maker-{pid}"),
         format!("sweep-foreign-{pid}"),
     );
+    // Removed however the test ends: a failed assertion must not leave a
+    // planted container for the suite's leftover check (or the next run).
+    let _planted = Planted(vec![
+        expired.clone(),
+        live.clone(),
+        orphan.clone(),
+        living_maker.clone(),
+        foreign.clone(),
+    ]);
     // A daemon that ran and exited, as a killed daemon's session container
     // would name it: unexpired for an hour, but its maker provably gone.
     let mut child = std::process::Command::new("true").spawn().expect("true");
@@ -680,9 +689,19 @@ async fn containers_expired_or_orphaned_are_swept_and_live_ones_kept() {
     for kept in [&live, &living_maker, &foreign] {
         assert!(plimsoll_tests::container_exists(kept), "{kept} was swept");
     }
-    let _ = std::process::Command::new("docker")
-        .args(["rm", "-f", &live, &living_maker, &foreign])
-        .output();
+}
+
+/// Containers a test planted, removed when it ends, passed or failed.
+struct Planted(Vec<String>);
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .arg("rm")
+            .arg("-f")
+            .args(&self.0)
+            .output();
+    }
 }
 
 /// A loopback server for wasi:http's streaming cases: `/small` answers at
