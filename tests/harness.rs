@@ -600,24 +600,12 @@ fn openssl(args: &[&str]) {
 /// 127.0.0.1, made with openssl. Returns the server's cert and key; the CA
 /// is `ca.pem` in `dir`.
 pub fn certificate(dir: &Scratch) -> (PathBuf, PathBuf) {
-    let p = |n: &str| dir.path(n).display().to_string();
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-    ];
-    let (ca_key, ca, key, csr, ext, cert) = (
-        p("ca.key"),
-        p("ca.pem"),
-        p("key.pem"),
-        p("server.csr"),
-        p("ext.cnf"),
-        p("cert.pem"),
+    let (ca_key, ca) = (
+        dir.path("ca.key").display().to_string(),
+        dir.path("ca.pem").display().to_string(),
     );
     let mut a = vec!["req", "-x509"];
-    a.extend(ec);
+    a.extend(EC_KEY);
     a.extend([
         "-days",
         "1",
@@ -629,64 +617,50 @@ pub fn certificate(dir: &Scratch) -> (PathBuf, PathBuf) {
         &ca,
     ]);
     openssl(&a);
-    let mut a = vec!["req"];
-    a.extend(ec);
-    a.extend(["-subj", "/CN=localhost", "-keyout", &key, "-out", &csr]);
-    openssl(&a);
-    std::fs::write(
-        &ext,
+    signed_by_test_ca(
+        dir,
+        ["key.pem", "server.csr", "ext.cnf", "cert.pem"],
+        "/CN=localhost",
         "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
     )
-    .expect("ext");
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        &csr,
-        "-CA",
-        &ca,
-        "-CAkey",
-        &ca_key,
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        &ext,
-        "-out",
-        &cert,
-    ]);
-    (dir.path("cert.pem"), dir.path("key.pem"))
 }
 
 /// A client certificate signed by the CA `certificate` made in `dir` (call
 /// that first), for mutual TLS. Returns the certificate and key files.
 pub fn client_certificate(dir: &Scratch) -> (PathBuf, PathBuf) {
-    let p = |n: &str| dir.path(n).display().to_string();
-    let (key, csr, ext, cert) = (
-        p("client.key"),
-        p("client.csr"),
-        p("client.cnf"),
-        p("client.pem"),
-    );
-    openssl(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-        "-subj",
+    signed_by_test_ca(
+        dir,
+        ["client.key", "client.csr", "client.cnf", "client.pem"],
         "/CN=plimsoll plugin",
-        "-keyout",
-        &key,
-        "-out",
-        &csr,
-    ]);
-    std::fs::write(
-        &ext,
         "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
     )
-    .expect("ext");
+}
+
+/// A P-256 key, made unencrypted.
+const EC_KEY: [&str; 5] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:P-256",
+    "-nodes",
+];
+
+/// A key and a certificate for `subject` with the extensions `ext`, signed
+/// by the test CA in `dir`. `files` names the key, request, extension and
+/// certificate files; returns the certificate and key.
+fn signed_by_test_ca(
+    dir: &Scratch,
+    files: [&str; 4],
+    subject: &str,
+    ext_text: &str,
+) -> (PathBuf, PathBuf) {
+    let p = |n: &str| dir.path(n).display().to_string();
+    let (key, csr, ext, cert) = (p(files[0]), p(files[1]), p(files[2]), p(files[3]));
+    let mut a = vec!["req"];
+    a.extend(EC_KEY);
+    a.extend(["-subj", subject, "-keyout", &key, "-out", &csr]);
+    openssl(&a);
+    std::fs::write(&ext, ext_text).expect("ext");
     openssl(&[
         "x509",
         "-req",
@@ -704,7 +678,7 @@ pub fn client_certificate(dir: &Scratch) -> (PathBuf, PathBuf) {
         "-out",
         &cert,
     ]);
-    (dir.path("client.pem"), dir.path("client.key"))
+    (dir.path(files[3]), dir.path(files[0]))
 }
 
 pub fn test_ca(dir: &Scratch) -> reqwest::Certificate {
