@@ -6,6 +6,7 @@
 #   - the wasm32-wasip2 Rust target: the guest components
 #   - a venv with the published Python client, for the compatibility suite
 #   - a venv with E2B's official SDK, to prove the fake E2B against it
+#   - openssl: a test CA for the fake E2B's TLS
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,8 @@ command -v llvm-ar >/dev/null || need_apt+=(llvm)
 command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v runsc >/dev/null || need_apt+=(runsc)
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
+# The E2B adapter tests make a test CA and a server certificate for fake-e2b.
+command -v openssl >/dev/null || need_apt+=(openssl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} from Debian"
   export DEBIAN_FRONTEND=noninteractive

@@ -49,7 +49,7 @@ class Docker:
     # ---- container lifecycle -------------------------------------------------
 
     def create(self, image: str, sandbox_id: str, *, network: str,
-               env: "dict[str, str]") -> str:
+               env: "dict[str, str]", container_signs: bool = False) -> str:
         args = ["run", "-d", "--rm", "--init", "--network", network,
                 "--label", f"{LABEL}={self.instance_id}",
                 "--label", f"{LABEL}.sandbox={sandbox_id}"]
@@ -60,11 +60,18 @@ class Docker:
             raise ContainerError("docker", done.stderr.decode(errors="replace").strip())
         container = done.stdout.decode().strip()
         # E2B runs commands as "user" (home /home/user) unless told otherwise.
-        done = self._run(["exec", container, "/usr/sbin/useradd", "-m", "-u", "1000",
-                          "-s", "/bin/bash", DEFAULT_USER])
+        # A microVM shows no container runtime's marker file: docker's is
+        # removed so the sandbox looks like the VM the fake stands in for
+        # (this host's own CPU flags show a hypervisor truthfully). The
+        # create_container_signs fault keeps it, for tests that need a
+        # sandbox that is plainly a container.
+        prepare = f"/usr/sbin/useradd -m -u 1000 -s /bin/bash {DEFAULT_USER}"
+        if not container_signs:
+            prepare += " && rm -f /.dockerenv"
+        done = self._run(["exec", container, "/bin/sh", "-c", prepare])
         if done.returncode != 0:
             self.remove(container)
-            raise ContainerError("docker", "cannot create the sandbox user: "
+            raise ContainerError("docker", "cannot prepare the sandbox: "
                                  + done.stderr.decode(errors="replace").strip())
         return container
 

@@ -170,6 +170,11 @@ class ControlPlane:
         template = body["templateID"]
         if template not in self.templates:
             return _error(ex, 404, f"template '{template}' not found")
+        # Faults that break what a sandbox is, not what the API says.
+        if self.faults.take("create_network_ignored") is not None:
+            spec["allow_internet"] = True  # the lock asked for is not applied
+        if self.faults.take("create_container_signs") is not None:
+            spec["container_signs"] = True  # the sandbox shows it is a container
         delay = self.faults.take("create_delay")
         if delay is not None:
             time.sleep(float(delay["seconds"]))

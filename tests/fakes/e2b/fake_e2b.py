@@ -21,6 +21,7 @@ import argparse
 import os
 import re
 import signal
+import ssl
 import sys
 import threading
 import traceback
@@ -76,14 +77,35 @@ class _Handler(BaseHTTPRequestHandler):
             super().log_message(format, *args)
 
 
+class _TlsServer(ThreadingHTTPServer):
+    """HTTPS, HTTP/1.1 only (ALPN says so). The handshake happens in the
+    connection's own thread, on its first read, so a slow client cannot
+    stall the accept loop."""
+
+    context: ssl.SSLContext
+
+    def get_request(self):
+        sock, addr = super().get_request()
+        return self.context.wrap_socket(sock, server_side=True,
+                                        do_handshake_on_connect=False), addr
+
+    def handle_error(self, request, client_address) -> None:
+        # A client that hangs up mid-exchange (a plugin at its deadline) is
+        # not the fake's error; anything else is still printed.
+        if isinstance(sys.exc_info()[1], (ssl.SSLError, ConnectionError)):
+            return
+        super().handle_error(request, client_address)
+
+
 class FakeE2B:
     def __init__(self, api_key: str, *, host: str = "127.0.0.1", port: int = 0,
                  image: str = DEFAULT_IMAGE, templates: "dict[str, str] | None" = None,
                  allow_egress: bool = False, domain: "str | None" = None,
                  envd_version: str = ENVD_VERSION, docker: str = "docker",
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, tls: "tuple[str, str] | None" = None) -> None:
         self.instance_id = "fake-e2b-" + new_id(12)  # the container label's value
         self.host, self.port, self.verbose = host, port, verbose
+        self.tls = tls  # (certificate chain PEM, key PEM) paths: serve https
         self.faults = Faults()
         self.docker = Docker(self.instance_id, docker)
         self.registry = Registry(self.docker)
@@ -99,7 +121,14 @@ class FakeE2B:
 
     def start(self) -> "FakeE2B":
         handler = type("Handler", (_Handler,), {"fake": self})
-        self._server = ThreadingHTTPServer((self.host, self.port), handler)
+        if self.tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            context.set_alpn_protocols(["http/1.1"])
+            self._server = type("Server", (_TlsServer,), {"context": context})(
+                (self.host, self.port), handler)
+        else:
+            self._server = ThreadingHTTPServer((self.host, self.port), handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -123,7 +152,7 @@ class FakeE2B:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     # ---- what tests look at and turn ------------------------------------------------------
 
@@ -186,11 +215,14 @@ def main(argv: "list[str] | None" = None) -> int:
     parser.add_argument("--domain", help="the domain create answers name (default: null)")
     parser.add_argument("--allow-egress", action="store_true",
                         help="let sandboxes that ask for internet access have the bridge network")
+    parser.add_argument("--tls-cert", help="serve https with this PEM certificate chain")
+    parser.add_argument("--tls-key", help="the PEM private key for --tls-cert")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
 
     fake = FakeE2B(args.api_key, port=args.port, image=args.image, domain=args.domain,
-                   allow_egress=args.allow_egress, verbose=args.verbose).start()
+                   allow_egress=args.allow_egress, verbose=args.verbose,
+                   tls=(args.tls_cert, args.tls_key) if args.tls_cert else None).start()
     done = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: done.set())

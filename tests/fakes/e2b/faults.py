@@ -20,10 +20,13 @@ KNOBS: "dict[str, dict]" = {
     "create_no_sandbox_id": {},                # 201 without sandboxID (sandbox exists!)
     "create_no_access_token": {},              # 201 without envdAccessToken (secure)
     "create_old_envd": {"version": "0.0.1"},   # 201 naming an old envdVersion
+    "create_network_ignored": {},              # the sandbox gets a network despite the lock
+    "create_container_signs": {},              # the sandbox shows a container's marker
     # Control plane, on DELETE /sandboxes/{id}.
     "delete_404": {"remove": True},            # 404; remove=false keeps the sandbox
     # envd.
     "envd_not_found": {},                      # 502 "The sandbox was not found"
+    "upload_dropped": {},                      # POST /files answers 200, writes nothing
     "start_cut": {},                           # Start stream closed before its EndEvent
     "stdout_flood": {"bytes": 32 * MIB + MIB, "chunk": 64 * 1024},  # Start floods stdout
 }

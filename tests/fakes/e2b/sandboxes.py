@@ -195,6 +195,7 @@ class Registry:
         sandbox_id = new_id()
         container = self.docker.create(image, sandbox_id,
                                        network="bridge" if spec.get("allow_internet") else "none",
+                                       container_signs=bool(spec.get("container_signs")),
                                        env=spec.get("env_vars") or {})
         sandbox = Sandbox(sandbox_id, container, spec)
         with self._lock:

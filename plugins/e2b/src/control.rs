@@ -1,0 +1,315 @@
+//! E2B's control plane: create a sandbox locked down, delete it, find the
+//! ones this plugin labelled. Every sandbox carries three metadata labels:
+//! who made it, a random nonce for this create (so a create whose answer is
+//! lost can still be found and deleted), and the wall-clock second after
+//! which no run or session of ours can still be using it (so any instance's
+//! sweeper may reap it without tracking what other instances hold).
+
+use serde_json::{Value, json};
+use wasi::clocks::monotonic_clock::Instant;
+use wasi::http::types::Method;
+
+use crate::bindings::plimsoll::provider::types::{Refusal, RunError};
+use crate::wire::{self, Failure, Request};
+
+/// The label every sandbox of ours carries, with this value.
+pub const LABEL_OWNER: (&str, &str) = ("created-by", "plimsoll");
+const LABEL_NONCE: &str = "plimsoll-nonce";
+const LABEL_DEADLINE: &str = "plimsoll-deadline";
+/// The template: E2B's default, with node and a POSIX shell.
+pub const TEMPLATE: &str = "base";
+/// Oldest envd this plugin drives: 0.1.0 is where E2B's SDK draws the line
+/// (older agents lack the process API it and this plugin use).
+const MIN_ENVD: (u64, u64, u64) = (0, 1, 0);
+/// Most of a control-plane answer this plugin reads.
+const ANSWER_BYTES: usize = 1 << 20;
+/// Seconds past a run's own budget the service keeps the sandbox, as the
+/// backstop that reaps it if every delete of ours is lost.
+const TTL_MARGIN_S: u64 = 10;
+
+/// Where the service is: the API origin, and the edge that routes a request
+/// to a sandbox's envd by its `E2b-Sandbox-Id` header.
+#[derive(Clone)]
+pub struct Service {
+    pub api: String,
+    pub edge: String,
+}
+
+/// A created sandbox: its ID and the token its envd demands.
+#[derive(Clone)]
+pub struct Sandbox {
+    pub id: String,
+    pub token: String,
+}
+
+impl Service {
+    /// The operator's origins: the first is the API, the second (if any) the
+    /// sandbox edge; one origin serves both.
+    pub fn configured(origins: Vec<String>) -> Result<Service, String> {
+        let mut it = origins.into_iter();
+        let api = it
+            .next()
+            .ok_or("no origin is allowed: set SANDBOX_PLUGIN_HTTP_ORIGINS to E2B's API")?;
+        let edge = it.next().unwrap_or_else(|| api.clone());
+        Ok(Service { api, edge })
+    }
+
+    /// Creates a sandbox with internet access off and inbound traffic
+    /// locked, kept by the service for `lifetime_s` plus a margin.
+    pub fn create(&self, lifetime_s: u64, deadline: Instant) -> Result<Sandbox, RunError> {
+        let nonce = format!(
+            "{:016x}{:016x}",
+            wasi::random::random::get_random_u64(),
+            wasi::random::random::get_random_u64()
+        );
+        let ttl = lifetime_s + TTL_MARGIN_S;
+        let body = json!({
+            "templateID": TEMPLATE,
+            "timeout": ttl,
+            "secure": true,
+            "allow_internet_access": false,
+            "network": {"denyOut": ["0.0.0.0/0"], "allowPublicTraffic": false},
+            "metadata": {
+                LABEL_OWNER.0: LABEL_OWNER.1,
+                LABEL_NONCE: nonce,
+                LABEL_DEADLINE: (wall_seconds() + ttl).to_string(),
+            },
+        })
+        .to_string();
+        let mut retried = false;
+        loop {
+            let answer = self.call(Method::Post, "/sandboxes", body.as_bytes(), deadline);
+            let (status, parsed, retry_after) = match answer {
+                Ok(a) => a,
+                // The request may have created a sandbox whose answer was
+                // lost: find it by its nonce and delete it.
+                Err(e) => {
+                    self.reap_nonce(&nonce);
+                    return Err(lost(e, "create"));
+                }
+            };
+            if status == 200 || status == 201 {
+                return self.created(&parsed, &nonce);
+            }
+            // Busy: one retry when the service says when, and that fits.
+            if let (429 | 503, Some(s), false) = (status, retry_after, retried)
+                && s.saturating_mul(1000) + 1000 < wire::remaining_ms(deadline)
+            {
+                retried = true;
+                sleep_ms(s * 1000);
+                continue;
+            }
+            if status >= 500 && !matches!(status, 503) {
+                // A failure inside the service may still have made one.
+                self.reap_nonce(&nonce);
+            }
+            return Err(RunError::NotDispatched(refusal(status, &parsed)));
+        }
+    }
+
+    /// A 2xx create answer, checked: anything missing and the sandbox (if
+    /// any) is deleted before failing.
+    fn created(&self, v: &Value, nonce: &str) -> Result<Sandbox, RunError> {
+        let Some(id) = v["sandboxID"].as_str().filter(|s| valid_id(s)) else {
+            self.reap_nonce(nonce);
+            return Err(not_started("E2B answered the create without a sandbox ID"));
+        };
+        let id = id.to_string();
+        let fail = |why: &str| {
+            self.delete(&id);
+            Err(not_started(why))
+        };
+        let Some(token) = v["envdAccessToken"].as_str().filter(|t| !t.is_empty()) else {
+            return fail("E2B answered the create without an envd access token");
+        };
+        match v["envdVersion"].as_str().and_then(parse_version) {
+            Some(version) if version >= MIN_ENVD => {}
+            _ => return fail("the sandbox's envd is missing or older than 0.1.0"),
+        }
+        Ok(Sandbox {
+            id,
+            token: token.to_string(),
+        })
+    }
+
+    /// Deletes a sandbox: three tries, a 404 counts as done (its own
+    /// timeout got there first). Best effort: the TTL is the backstop.
+    pub fn delete(&self, id: &str) -> bool {
+        let deadline = wire::after_ms(CLEANUP_MS);
+        for _ in 0..3 {
+            match self.call(Method::Delete, &format!("/sandboxes/{id}"), b"", deadline) {
+                Ok((200 | 204 | 404, _, _)) => return true,
+                Err(Failure::Deadline) => return false,
+                _ => {}
+            }
+        }
+        false
+    }
+
+    /// Whether the service still has the sandbox; `None` when it did not
+    /// say.
+    pub fn exists(&self, id: &str) -> Option<bool> {
+        match self.call(
+            Method::Get,
+            &format!("/sandboxes/{id}"),
+            b"",
+            wire::after_ms(CLEANUP_MS),
+        ) {
+            Ok((200, _, _)) => Some(true),
+            Ok((404, _, _)) => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Sandboxes carrying every `labels` pair, as `(id, metadata)`.
+    pub fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<(String, Value)>, String> {
+        let filter = labels
+            .iter()
+            .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+            .collect::<Vec<_>>()
+            .join("&");
+        let path = format!("/sandboxes?metadata={}", encode(&filter));
+        let (status, v, _) = self
+            .call(Method::Get, &path, b"", wire::after_ms(CLEANUP_MS))
+            .map_err(|e| format!("{e:?}"))?;
+        if status != 200 {
+            return Err(format!("listing answered {status}"));
+        }
+        let mut found = Vec::new();
+        for s in v.as_array().map(Vec::as_slice).unwrap_or_default() {
+            // The service filtered; check again here rather than trust it
+            // with what gets deleted.
+            let meta = &s["metadata"];
+            if let Some(id) = s["sandboxID"].as_str().filter(|s| valid_id(s))
+                && labels.iter().all(|(k, v)| meta[*k].as_str() == Some(*v))
+            {
+                found.push((id.to_string(), meta.clone()));
+            }
+        }
+        Ok(found)
+    }
+
+    /// Deletes every sandbox of ours whose labelled deadline has passed,
+    /// whichever instance made it. Returns how many were deleted.
+    pub fn sweep(&self) -> Result<usize, String> {
+        let now = wall_seconds();
+        let mut deleted = 0;
+        for (id, meta) in self.list(&[LABEL_OWNER])? {
+            let expired = meta[LABEL_DEADLINE]
+                .as_str()
+                .and_then(|s| s.parse::<u64>().ok())
+                .is_none_or(|d| d < now);
+            if expired && self.delete(&id) {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    fn reap_nonce(&self, nonce: &str) {
+        if let Ok(found) = self.list(&[LABEL_OWNER, (LABEL_NONCE, nonce)]) {
+            for (id, _) in found {
+                self.delete(&id);
+            }
+        }
+    }
+
+    /// One control-plane call: status, parsed body, `Retry-After` seconds.
+    fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: &[u8],
+        deadline: Instant,
+    ) -> Result<(u16, Value, Option<u64>), Failure> {
+        let mut headers = vec![];
+        if !body.is_empty() {
+            headers.push(("content-type", b"application/json".to_vec()));
+        }
+        let url = format!("{}{path}", self.api);
+        let mut r = wire::send(
+            Request {
+                method,
+                url: &url,
+                headers,
+                body,
+            },
+            deadline,
+        )?;
+        let retry_after = r.header("retry-after").and_then(|s| s.trim().parse().ok());
+        let bytes = r.read_all(ANSWER_BYTES, deadline)?;
+        let parsed = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Ok((r.status, parsed, retry_after))
+    }
+}
+
+/// How long cleanup may take after a run's own deadline: inside the two
+/// seconds the host gives a call past its run's budget.
+pub const CLEANUP_MS: u64 = 1500;
+
+/// A refused create, by the service's status: the plugin's claim that
+/// nothing ran (the host still answers unmarked once a request went out).
+fn refusal(status: u16, v: &Value) -> Refusal {
+    let what = format!(
+        "E2B refused the create ({status}{})",
+        v["error_code"]
+            .as_str()
+            .map(|c| format!(", {}", c.chars().take(64).collect::<String>()))
+            .unwrap_or_default()
+    );
+    match status {
+        401 | 403 => Refusal::Permission(what),
+        429 | 503 => Refusal::Capacity(what),
+        400 | 404 | 409 | 422 => Refusal::Request(what),
+        _ => Refusal::Environment(what),
+    }
+}
+
+/// No process was started: from this plugin's side nothing ran. (The host
+/// still withholds the mark once a request went out: it cannot know what the
+/// service did with it.)
+pub fn not_started(why: &str) -> RunError {
+    RunError::NotDispatched(Refusal::Environment(why.to_string()))
+}
+
+fn lost(e: Failure, what: &str) -> RunError {
+    not_started(&match e {
+        Failure::Refused(why) => why,
+        Failure::Deadline => format!("the {what} answered too late"),
+        Failure::TooLarge => format!("the {what} answer was too large"),
+        Failure::Transport(why) => format!("the {what} failed: {why}"),
+    })
+}
+
+/// Sandbox IDs are short lowercase alphanumerics; anything else is not put
+/// in a URL path or header.
+pub fn valid_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+fn parse_version(s: &str) -> Option<(u64, u64, u64)> {
+    let mut it = s.trim_start_matches('v').split('.');
+    let mut n = || it.next()?.split(['-', '+']).next()?.parse::<u64>().ok();
+    Some((n()?, n()?, n().unwrap_or(0)))
+}
+
+/// Percent-encodes everything but unreserved characters.
+pub fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+pub fn wall_seconds() -> u64 {
+    wasi::clocks::wall_clock::now().seconds
+}
+
+pub fn sleep_ms(ms: u64) {
+    wasi::clocks::monotonic_clock::subscribe_duration(ms * 1_000_000).block();
+}

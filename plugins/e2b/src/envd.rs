@@ -1,0 +1,372 @@
+//! envd, the agent inside each sandbox, reached through the service's edge:
+//! every request names the sandbox (`E2b-Sandbox-Id`, envd's port) and
+//! carries the sandbox's access token. Files go up in one multipart POST and
+//! come back one GET each; a process runs over a Connect server stream whose
+//! events this side reads until the process ends or the deadline passes.
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use wasi::clocks::monotonic_clock::Instant;
+use wasi::http::types::Method;
+
+use crate::bindings::plimsoll::provider::types::{ProcessOutput, RunError};
+use crate::capture::{Capture, EXIT_TIMED_OUT, Stream};
+use crate::connect::{self, Decoder, END_STREAM};
+use crate::control::{self, CLEANUP_MS, Sandbox, Service, not_started};
+use crate::wire::{self, Failure, Request, Response};
+
+/// envd's port inside the sandbox.
+const ENVD_PORT: &str = "49983";
+/// The user commands and files act as: the template's default user.
+pub const USER: &str = "user";
+/// Grace past the run's deadline given to envd's own deadline, so this
+/// side's deadline (which kills and reports) fires first.
+const ENVD_DEADLINE_SLACK_MS: u64 = 1000;
+
+/// One sandbox's envd.
+pub struct Envd<'a> {
+    service: &'a Service,
+    sandbox: &'a Sandbox,
+}
+
+/// A command to start.
+pub struct Command<'a> {
+    pub cmd: &'a str,
+    pub args: &'a [&'a str],
+    pub cwd: &'a str,
+}
+
+impl<'a> Envd<'a> {
+    pub fn new(service: &'a Service, sandbox: &'a Sandbox) -> Envd<'a> {
+        Envd { service, sandbox }
+    }
+
+    fn send(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: Option<&str>,
+        extra: Vec<(&'static str, Vec<u8>)>,
+        body: &[u8],
+        deadline: Instant,
+    ) -> Result<Response, Failure> {
+        let mut headers = vec![
+            ("e2b-sandbox-id", self.sandbox.id.as_bytes().to_vec()),
+            ("e2b-sandbox-port", ENVD_PORT.as_bytes().to_vec()),
+            ("x-access-token", self.sandbox.token.as_bytes().to_vec()),
+        ];
+        if let Some(ct) = content_type {
+            headers.push(("content-type", ct.as_bytes().to_vec()));
+        }
+        headers.extend(extra);
+        let url = format!("{}{path}", self.service.edge);
+        wire::send(
+            Request {
+                method,
+                url: &url,
+                headers,
+                body,
+            },
+            deadline,
+        )
+    }
+
+    /// Writes `files` (absolute path, content) in one request; parents are
+    /// created by envd.
+    pub fn upload(&self, files: &[(String, &[u8])], deadline: Instant) -> Result<(), RunError> {
+        let boundary = boundary_for(files);
+        let mut body = Vec::new();
+        for (path, content) in files {
+            body.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+            body.extend_from_slice(
+                format!(
+                    "Content-Disposition: form-data; name=\"file\"; filename=\"{}\"\r\n\
+                     Content-Type: application/octet-stream\r\n\r\n",
+                    path.replace('"', "%22")
+                )
+                .as_bytes(),
+            );
+            body.extend_from_slice(content);
+            body.extend_from_slice(b"\r\n");
+        }
+        body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+        let ct = format!("multipart/form-data; boundary={boundary}");
+        let path = format!("/files?username={USER}");
+        let mut r = self
+            .send(Method::Post, &path, Some(&ct), vec![], &body, deadline)
+            .map_err(|e| not_started(&failed("the upload", e)))?;
+        let _ = r.read_all(1 << 20, deadline);
+        if r.status != 200 {
+            return Err(not_started(&format!(
+                "the sandbox refused the files ({})",
+                r.status
+            )));
+        }
+        Ok(())
+    }
+
+    /// Makes a directory (and its parents).
+    pub fn make_dir(&self, path: &str, deadline: Instant) -> Result<(), RunError> {
+        let body = json!({"path": path}).to_string();
+        let mut r = self
+            .send(
+                Method::Post,
+                "/filesystem.Filesystem/MakeDir",
+                Some("application/json"),
+                vec![("connect-protocol-version", b"1".to_vec())],
+                body.as_bytes(),
+                deadline,
+            )
+            .map_err(|e| not_started(&failed("making a directory", e)))?;
+        let _ = r.read_all(64 << 10, deadline);
+        // 409: it exists already, which is what was wanted.
+        if r.status != 200 && r.status != 409 {
+            return Err(not_started(&format!(
+                "the sandbox refused a directory ({})",
+                r.status
+            )));
+        }
+        Ok(())
+    }
+
+    /// A file's bytes, `None` if it does not exist or is not a file; at most
+    /// `max` bytes (`Err` past it, so the caller can flag the truncation).
+    pub fn download(
+        &self,
+        path: &str,
+        max: usize,
+        deadline: Instant,
+    ) -> Result<Option<Vec<u8>>, String> {
+        let q = format!("/files?path={}&username={USER}", control::encode(path));
+        let mut r = self
+            .send(Method::Get, &q, None, vec![], b"", deadline)
+            .map_err(|e| failed("a download", e))?;
+        match r.status {
+            200 => match r.read_all(max, deadline) {
+                Ok(b) => Ok(Some(b)),
+                Err(Failure::TooLarge) => Err("too large".into()),
+                Err(e) => Err(failed("a download", e)),
+            },
+            400 | 404 => Ok(None),
+            s => Err(format!("a download answered {s}")),
+        }
+    }
+
+    /// Runs a command to its end or the deadline, keeping `limit` bytes of
+    /// each stream. At the deadline (or past the flood cap) the process is
+    /// killed and the output so far returned, flagged.
+    pub fn run(
+        &self,
+        command: &Command<'_>,
+        limit: u32,
+        deadline: Instant,
+    ) -> Result<ProcessOutput, RunError> {
+        let request = json!({
+            "process": {"cmd": command.cmd, "args": command.args, "cwd": command.cwd, "envs": {}},
+            "stdin": false,
+        })
+        .to_string();
+        let envd_deadline = wire::remaining_ms(deadline) + ENVD_DEADLINE_SLACK_MS;
+        let extra = vec![
+            ("connect-protocol-version", b"1".to_vec()),
+            ("connect-timeout-ms", envd_deadline.to_string().into_bytes()),
+        ];
+        let started = self.send(
+            Method::Post,
+            "/process.Process/Start",
+            Some("application/connect+json"),
+            extra,
+            &connect::frame(request.as_bytes()),
+            deadline,
+        );
+        // From here on the process may be running.
+        let mut r = match started {
+            Ok(r) => r,
+            Err(Failure::Deadline) => {
+                return Ok(Capture::new(limit).finish(EXIT_TIMED_OUT, true));
+            }
+            Err(Failure::Refused(why)) => return Err(not_started(&why)),
+            Err(e) => return Err(RunError::MayHaveRun(failed("the process start", e))),
+        };
+        if r.status != 200 {
+            let body = r.read_all(64 << 10, deadline).unwrap_or_default();
+            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            return Err(RunError::MayHaveRun(format!(
+                "envd answered the start with {}{}",
+                r.status,
+                if gone(&v) {
+                    " (the sandbox was not found)"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let mut stream = ProcessStream::new(limit);
+        match stream.read(&mut r, deadline) {
+            Ok(Ended::Exited(code)) => Ok(stream.capture.finish(code, false)),
+            Ok(Ended::Flooded) => {
+                drop(r);
+                self.kill(stream.pid);
+                Ok(stream.capture.flooded())
+            }
+            Err(Failure::Deadline) => {
+                drop(r);
+                self.kill(stream.pid);
+                Ok(stream.capture.finish(EXIT_TIMED_OUT, true))
+            }
+            Err(e) => {
+                drop(r);
+                self.kill(stream.pid);
+                Err(RunError::MayHaveRun(failed("the process stream", e)))
+            }
+        }
+    }
+
+    /// Kills a process by PID (SIGKILL): best effort, inside the cleanup
+    /// margin. A sandbox about to be deleted dies with it anyway.
+    fn kill(&self, pid: Option<u64>) {
+        let Some(pid) = pid else { return };
+        let body = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}).to_string();
+        let deadline = wire::after_ms(CLEANUP_MS / 2);
+        if let Ok(mut r) = self.send(
+            Method::Post,
+            "/process.Process/SendSignal",
+            Some("application/json"),
+            vec![("connect-protocol-version", b"1".to_vec())],
+            body.as_bytes(),
+            deadline,
+        ) {
+            let _ = r.read_all(64 << 10, deadline);
+        }
+    }
+}
+
+enum Ended {
+    Exited(i32),
+    Flooded,
+}
+
+/// What a Start stream told so far.
+struct ProcessStream {
+    capture: Capture,
+    pid: Option<u64>,
+    exit: Option<i32>,
+}
+
+impl ProcessStream {
+    fn new(limit: u32) -> ProcessStream {
+        ProcessStream {
+            capture: Capture::new(limit),
+            pid: None,
+            exit: None,
+        }
+    }
+
+    /// Reads events until the stream's end message. A stream that ends
+    /// without one, or without the process's end event, is an error: the
+    /// process's fate is unknown.
+    fn read(&mut self, r: &mut Response, deadline: Instant) -> Result<Ended, Failure> {
+        let mut decoder = Decoder::default();
+        while let Some(chunk) = r.next_chunk(deadline)? {
+            decoder.push(&chunk);
+            while let Some(message) = decoder.next().map_err(Failure::Transport)? {
+                let v: Value = serde_json::from_slice(&message.body)
+                    .map_err(|_| Failure::Transport("an event that is not JSON".into()))?;
+                if message.flags & END_STREAM != 0 {
+                    if v.get("error").is_some() {
+                        return Err(Failure::Transport(format!(
+                            "the stream ended with {}",
+                            v["error"]["code"].as_str().unwrap_or("an error")
+                        )));
+                    }
+                    return self
+                        .exit
+                        .map(Ended::Exited)
+                        .ok_or_else(|| Failure::Transport("no end event".into()));
+                }
+                if !self.event(&v["event"])? {
+                    return Ok(Ended::Flooded);
+                }
+            }
+        }
+        Err(Failure::Transport(if decoder.pending() > 0 {
+            "the stream was cut inside a message".into()
+        } else {
+            "the stream was cut before its end".into()
+        }))
+    }
+
+    /// One event; false once the output passed the flood cap.
+    fn event(&mut self, e: &Value) -> Result<bool, Failure> {
+        let b64 = |v: &Value| {
+            base64::engine::general_purpose::STANDARD
+                .decode(v.as_str().unwrap_or(""))
+                .map_err(|_| Failure::Transport("output that is not base64".into()))
+        };
+        if let Some(start) = e.get("start") {
+            self.pid = start["pid"].as_u64();
+        } else if let Some(data) = e.get("data") {
+            if let Some(out) = data.get("stdout") {
+                return Ok(self.capture.add(Stream::Out, &b64(out)?));
+            }
+            if let Some(err) = data.get("stderr") {
+                return Ok(self.capture.add(Stream::Err, &b64(err)?));
+            }
+        } else if let Some(end) = e.get("end") {
+            self.exit = Some(exit_code(end));
+        }
+        Ok(true)
+    }
+}
+
+/// The process's exit code; one killed by a signal reports 128 + the
+/// signal's number, as a shell would.
+fn exit_code(end: &Value) -> i32 {
+    let code = end["exitCode"]
+        .as_i64()
+        .and_then(|c| i32::try_from(c).ok())
+        .unwrap_or(0);
+    if end["exited"].as_bool() == Some(false) {
+        let status = end["status"].as_str().unwrap_or("");
+        return match status {
+            s if s.contains("killed") => 137,
+            s if s.contains("terminated") => 143,
+            _ if code > 0 => code,
+            _ => 128,
+        };
+    }
+    code
+}
+
+/// Whether an envd error answer says the sandbox is gone.
+fn gone(v: &Value) -> bool {
+    v["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("was not found"))
+}
+
+fn failed(what: &str, e: Failure) -> String {
+    match e {
+        Failure::Refused(why) => format!("{what} was refused by the host: {why}"),
+        Failure::Transport(why) => format!("{what} failed: {why}"),
+        Failure::Deadline => format!("{what} ran out of time"),
+        Failure::TooLarge => format!("{what} answered too much"),
+    }
+}
+
+/// A multipart boundary that occurs in none of the contents.
+fn boundary_for(files: &[(String, &[u8])]) -> String {
+    loop {
+        let b = format!(
+            "plimsoll-{:016x}{:016x}",
+            wasi::random::random::get_random_u64(),
+            wasi::random::random::get_random_u64()
+        );
+        if !files
+            .iter()
+            .any(|(_, c)| c.windows(b.len()).any(|w| w == b.as_bytes()))
+        {
+            return b;
+        }
+    }
+}

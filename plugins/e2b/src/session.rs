@@ -1,0 +1,81 @@
+//! Sessions: one sandbox kept for the session's life. Its ID and envd
+//! token are the session's state, which the host keeps (away from the log
+//! and the caller) and hands back with each call, since every call gets a
+//! fresh instance of this plugin. Files written by one call are there for
+//! the next; no interpreter is kept, so cells are not offered.
+
+use crate::bindings::plimsoll::provider::types::{
+    Payload, PayloadKind, Refusal, RunError, RunRequest, RunResult, SessionAnswer,
+    SessionEndReason, SessionEnded, SessionFailure, SessionOptions, SessionSupport,
+};
+use crate::control::{Sandbox, Service, valid_id};
+use crate::envd::Envd;
+use crate::{project, service, snippet, wire};
+
+pub fn support() -> SessionSupport {
+    SessionSupport {
+        payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
+        cell_languages: vec![],
+    }
+}
+
+pub fn open(service: &Service, options: SessionOptions) -> Result<String, RunError> {
+    let deadline = wire::after_ms(u64::from(options.timeout_ms));
+    let lifetime_s = u64::from(options.lifetime_ms).div_ceil(1000);
+    let sandbox = service.create(lifetime_s, deadline)?;
+    Ok(format!("{}:{}", sandbox.id, sandbox.token))
+}
+
+fn parse(state: &str) -> Option<Sandbox> {
+    let (id, token) = state.split_once(':')?;
+    valid_id(id).then(|| Sandbox {
+        id: id.to_string(),
+        token: token.to_string(),
+    })
+}
+
+pub fn run(state: &str, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
+    let fail = |error| SessionFailure { error, ended: None };
+    let sandbox = parse(state).ok_or_else(|| {
+        fail(RunError::NotDispatched(Refusal::Environment(
+            "the session's state is not this plugin's".into(),
+        )))
+    })?;
+    let service = service().map_err(fail)?;
+    let deadline = wire::after_ms(u64::from(request.timeout_ms));
+    let envd = Envd::new(&service, &sandbox);
+    let outcome = match request.payload {
+        Payload::Javascript(code) => {
+            snippet(&envd, &code, request.output_limit, deadline).map(RunResult::Javascript)
+        }
+        Payload::Project(p) => {
+            project::run(&envd, &p, request.output_limit, deadline).map(RunResult::Project)
+        }
+        Payload::Cell(_) => {
+            return Err(fail(RunError::NotDispatched(Refusal::Unsupported(
+                "this provider's sessions keep no interpreter".into(),
+            ))));
+        }
+    };
+    match outcome {
+        Ok(outcome) => Ok(SessionAnswer {
+            outcome,
+            ended: None,
+        }),
+        // A failed call may mean the service ended the sandbox (its own
+        // timeout, say): ask, so the host can end the session.
+        Err(error) => Err(SessionFailure {
+            error,
+            ended: (service.exists(&sandbox.id) == Some(false)).then(|| SessionEnded {
+                reason: SessionEndReason::Expired,
+                detail: "the E2B sandbox is gone".into(),
+            }),
+        }),
+    }
+}
+
+pub fn close(state: &str) {
+    if let (Some(sandbox), Ok(service)) = (parse(state), service()) {
+        service.delete(&sandbox.id);
+    }
+}

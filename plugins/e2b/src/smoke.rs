@@ -1,0 +1,112 @@
+//! The startup smoke test: one real sandbox of the kind runs use, made the
+//! way runs make it, proving from inside what the tier and SECURITY.md rest
+//! on. It receives a project file, runs a step in the project directory,
+//! shows a virtual machine's signs rather than a container's, and cannot
+//! open a connection out. Leftovers of any instance past their labelled
+//! deadline are swept first.
+//!
+//! This is observation, not attestation: a service that lied about what it
+//! runs could show all of this. docs/providers/e2b.md says what it rests on.
+
+use crate::bindings::plimsoll::provider::types::{Language, PreflightReport, RunError};
+use crate::control::Service;
+use crate::envd::{Command, Envd};
+use crate::project::PROJECT_DIR;
+use crate::wire;
+
+/// Budget for the whole probe, inside the host's preflight limit.
+const PROBE_MS: u64 = 60_000;
+const PROBE_FILE: &str = "plimsoll-probe.txt";
+
+/// One step; each line is `key=value` for the checks below. Egress is tried
+/// twice, to addresses that answer on the open internet, with a short
+/// timeout each (a connect that hangs counts as denied).
+const PROBE_STEP: &str = r#"echo "cwd=$(pwd)"
+echo "file=$(cat plimsoll-probe.txt 2>/dev/null)"
+if grep -qw hypervisor /proc/cpuinfo; then echo hypervisor=yes; else echo hypervisor=no; fi
+if [ -e /.dockerenv ] || [ -e /run/.containerenv ]; then echo container=yes; else echo container=no; fi
+for target in 1.1.1.1/443 8.8.8.8/53; do
+  if timeout 3 bash -c "exec 3<>/dev/tcp/$target" 2>/dev/null; then echo "egress=open"; else echo "egress=closed"; fi
+done
+echo "node=$(node --version 2>/dev/null)"
+"#;
+
+pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
+    let mut checks = Vec::new();
+    match service.sweep() {
+        Ok(n) => checks.push(format!("swept {n} expired sandbox(es) of ours")),
+        Err(e) => return Err(format!("listing sandboxes failed: {e}")),
+    }
+    let deadline = wire::after_ms(PROBE_MS);
+    let token = format!("{:016x}", wasi::random::random::get_random_u64());
+    let sandbox = service
+        .create(PROBE_MS / 1000, deadline)
+        .map_err(|e| format!("creating the probe sandbox failed: {}", describe(&e)))?;
+    let envd = Envd::new(service, &sandbox);
+    let file = format!("{PROJECT_DIR}/{PROBE_FILE}");
+    // The directory is made on its own, so a lost upload shows as a missing
+    // file rather than a step that cannot start.
+    let ran = envd
+        .make_dir(PROJECT_DIR, deadline)
+        .and_then(|()| envd.upload(&[(file, token.as_bytes())], deadline))
+        .and_then(|()| {
+            envd.run(
+                &Command {
+                    cmd: "/bin/sh",
+                    args: &["-c", PROBE_STEP],
+                    cwd: PROJECT_DIR,
+                },
+                64 << 10,
+                deadline,
+            )
+        });
+    service.delete(&sandbox.id);
+    let out = ran.map_err(|e| format!("the probe step failed: {}", describe(&e)))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let value = |key: &str| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .collect::<Vec<_>>()
+    };
+    let mut passed = out.exit_code == 0 && !out.timed_out;
+    let mut check = |ok: bool, what: &str| {
+        passed &= ok;
+        checks.push(format!("{what}: {}", if ok { "ok" } else { "FAILED" }));
+    };
+    check(out.exit_code == 0, "probe step exit 0");
+    check(
+        value("cwd") == [PROJECT_DIR],
+        "the step ran in the project directory",
+    );
+    check(
+        value("file") == [token.as_str()],
+        "the project file arrived intact",
+    );
+    check(value("hypervisor") == ["yes"], "the CPU is virtual (a VM)");
+    check(
+        value("container") == ["no"],
+        "no container runtime marker (a VM, not a container)",
+    );
+    let egress = value("egress");
+    check(
+        egress.len() == 2 && egress.iter().all(|e| *e == "closed"),
+        "connections out are refused",
+    );
+    let node = value("node");
+    check(
+        node.first().is_some_and(|v| v.starts_with('v')),
+        "node is present",
+    );
+    Ok(PreflightReport {
+        passed,
+        checks: checks.join("\n"),
+        languages: vec![Language::Javascript],
+    })
+}
+
+fn describe(e: &RunError) -> String {
+    match e {
+        RunError::NotDispatched(r) => format!("{r:?}"),
+        RunError::MayHaveRun(s) => s.clone(),
+    }
+}

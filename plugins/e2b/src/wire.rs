@@ -1,0 +1,198 @@
+//! HTTP over standard `wasi:http`, with the run's deadline on every wait.
+//!
+//! The host polices each request (the allowlist, reserved headers, the
+//! operator's key added, byte and time budgets); this side builds requests,
+//! waits for answers no later than the deadline it is given, and reads
+//! bodies either whole (bounded) or a chunk at a time (the process stream).
+
+use wasi::clocks::monotonic_clock::{self, Instant};
+use wasi::http::outgoing_handler;
+use wasi::http::types::{
+    ErrorCode, Fields, IncomingBody, IncomingResponse, Method, OutgoingBody, OutgoingRequest,
+    Scheme,
+};
+use wasi::io::poll;
+use wasi::io::streams::{InputStream, StreamError};
+
+/// Most the host lets a plugin write per `write` call.
+const WRITE_CHUNK: usize = 4096;
+/// Most read from a body per wake-up.
+const READ_CHUNK: u64 = 64 << 10;
+
+#[derive(Debug)]
+pub enum Failure {
+    /// The host refused the request before it left: nothing was sent.
+    Refused(String),
+    /// It may have reached the service.
+    Transport(String),
+    /// The deadline passed while waiting.
+    Deadline,
+    /// An answer's body was larger than the caller accepts.
+    TooLarge,
+}
+
+pub struct Request<'a> {
+    pub method: Method,
+    /// `scheme://authority/path?query`.
+    pub url: &'a str,
+    pub headers: Vec<(&'a str, Vec<u8>)>,
+    pub body: &'a [u8],
+}
+
+pub struct Response {
+    pub status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    // Fields drop in order: the stream before the body it belongs to, the
+    // body before the response.
+    stream: Option<InputStream>,
+    _body: Option<IncomingBody>,
+    _response: IncomingResponse,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+    }
+
+    /// The next bytes of the body, `None` at its end. Waits no later than
+    /// `deadline`.
+    pub fn next_chunk(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, Failure> {
+        let Some(stream) = &self.stream else {
+            return Ok(None);
+        };
+        loop {
+            match stream.read(READ_CHUNK) {
+                Ok(bytes) if bytes.is_empty() => wait(&stream.subscribe(), deadline)?,
+                Ok(bytes) => return Ok(Some(bytes)),
+                Err(StreamError::Closed) => return Ok(None),
+                Err(StreamError::LastOperationFailed(_)) => {
+                    return Err(Failure::Transport("the answer's body failed".into()));
+                }
+            }
+        }
+    }
+
+    /// The rest of the body, at most `max` bytes.
+    pub fn read_all(&mut self, max: usize, deadline: Instant) -> Result<Vec<u8>, Failure> {
+        let mut body = Vec::new();
+        while let Some(chunk) = self.next_chunk(deadline)? {
+            if body.len() + chunk.len() > max {
+                return Err(Failure::TooLarge);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+}
+
+/// Sends `req` and waits for the answer's head, no later than `deadline`.
+pub fn send(req: Request<'_>, deadline: Instant) -> Result<Response, Failure> {
+    let (scheme, rest) = req
+        .url
+        .split_once("://")
+        .ok_or_else(|| Failure::Refused("a URL without a scheme".into()))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let fields = Fields::new();
+    for (name, value) in &req.headers {
+        fields
+            .append(name, value)
+            .map_err(|e| Failure::Refused(format!("header {name}: {e:?}")))?;
+    }
+    let outgoing = OutgoingRequest::new(fields);
+    let invalid = |what: &str| Failure::Refused(format!("the request's {what} is invalid"));
+    outgoing
+        .set_method(&req.method)
+        .map_err(|()| invalid("method"))?;
+    let scheme = match scheme {
+        "https" => Scheme::Https,
+        "http" => Scheme::Http,
+        _ => return Err(invalid("scheme")),
+    };
+    outgoing
+        .set_scheme(Some(&scheme))
+        .map_err(|()| invalid("scheme"))?;
+    outgoing
+        .set_authority(Some(authority))
+        .map_err(|()| invalid("authority"))?;
+    outgoing
+        .set_path_with_query(Some(path))
+        .map_err(|()| invalid("path"))?;
+    let body = outgoing.body().map_err(|()| invalid("body"))?;
+    let future = outgoing_handler::handle(outgoing, None).map_err(failure)?;
+    {
+        let stream = body.write().map_err(|()| invalid("body"))?;
+        for chunk in req.body.chunks(WRITE_CHUNK) {
+            stream
+                .blocking_write_and_flush(chunk)
+                .map_err(|_| Failure::Transport("the request body could not be sent".into()))?;
+        }
+    }
+    OutgoingBody::finish(body, None).map_err(failure)?;
+
+    let response = loop {
+        match future.get() {
+            Some(Ok(Ok(r))) => break r,
+            Some(Ok(Err(e))) => return Err(failure(e)),
+            Some(Err(())) => return Err(Failure::Transport("no answer".into())),
+            None => wait(&future.subscribe(), deadline)?,
+        }
+    };
+    let status = response.status();
+    let headers = response.headers().entries();
+    let body = response.consume().ok();
+    let stream = body.as_ref().and_then(|b| b.stream().ok());
+    Ok(Response {
+        status,
+        headers,
+        stream,
+        _body: body,
+        _response: response,
+    })
+}
+
+/// Waits for `ready` or the deadline, whichever comes first.
+fn wait(ready: &poll::Pollable, deadline: Instant) -> Result<(), Failure> {
+    if monotonic_clock::now() >= deadline {
+        return Err(Failure::Deadline);
+    }
+    let timer = monotonic_clock::subscribe_instant(deadline);
+    let woke = poll::poll(&[ready, &timer]);
+    if woke.contains(&0) {
+        Ok(())
+    } else {
+        Err(Failure::Deadline)
+    }
+}
+
+/// A refusal by the host is the one error that proves nothing left.
+fn failure(e: ErrorCode) -> Failure {
+    match e {
+        ErrorCode::HttpRequestDenied => Failure::Refused("the host denied the request".into()),
+        ErrorCode::ConnectionLimitReached => {
+            Failure::Refused("the host's in-flight limit was reached".into())
+        }
+        other => Failure::Transport(
+            format!("{other:?}")
+                .split(['(', ' ', '{'])
+                .next()
+                .unwrap_or("transport")
+                .to_string(),
+        ),
+    }
+}
+
+/// Milliseconds from now until `deadline` (0 once it passed).
+pub fn remaining_ms(deadline: Instant) -> u64 {
+    deadline.saturating_sub(monotonic_clock::now()) / 1_000_000
+}
+
+/// The instant `ms` milliseconds from now.
+pub fn after_ms(ms: u64) -> Instant {
+    monotonic_clock::now().saturating_add(ms.saturating_mul(1_000_000))
+}
