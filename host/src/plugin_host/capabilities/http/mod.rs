@@ -11,6 +11,7 @@
 pub mod metered;
 pub mod outgoing;
 pub mod policy;
+pub mod pool;
 pub mod sender;
 
 use std::sync::Arc;

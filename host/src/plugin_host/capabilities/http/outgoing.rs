@@ -27,6 +27,7 @@ use wasmtime_wasi_http::{
 use super::HttpCapability;
 use super::metered::{Budget, Direction, Flags, Metered};
 use super::policy;
+use super::pool::CallConnections;
 use super::sender;
 use crate::plugin_host::dispatch_mark::Elsewhere;
 
@@ -67,6 +68,8 @@ pub struct OutgoingHooks {
     /// Tasks the sender spawned for the call's connections (HTTP/2 drives
     /// each connection from a task of its own), ended with the call.
     tasks: sender::CallTasks,
+    /// Connections kept for the call's later requests to the same origin.
+    pool: CallConnections<Metered<WasiBody>>,
 }
 
 impl OutgoingHooks {
@@ -87,6 +90,7 @@ impl OutgoingHooks {
             back: Budget::new(policy::MAX_CALL_BYTES_IN),
             closed: Default::default(),
             tasks: sender::CallTasks::default(),
+            pool: CallConnections::default(),
         }
     }
 
@@ -96,6 +100,7 @@ impl OutgoingHooks {
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.tasks.abort_all();
+        self.pool.clear();
     }
 
     fn refuse(&self, rule: &str, why: Error) -> SendFuture {
@@ -199,8 +204,10 @@ impl WasiHttpHooks for OutgoingHooks {
         self.mark.before_execution();
         self.sent += 1;
 
-        // A request holds its slot while its answer streams and while its
-        // connection runs (a body may still be uploading after the answer).
+        // A request holds its slot while its body is still being sent (it
+        // may be, after the answer came) and while its answer streams. Its
+        // connection may outlive it, kept for the call's next request; it
+        // runs on the call's tasks and ends with the call.
         let permit = Arc::new(permit);
         let ends = tokio::time::Instant::from_std(self.ends);
         let flags = Flags {
@@ -215,16 +222,17 @@ impl WasiHttpHooks for OutgoingHooks {
             flags.clone(),
             ends,
             capability.clone(),
-            None,
+            Some(permit.clone()),
         ));
         *req.method_mut() = checked.method;
         *req.headers_mut() = checked.headers;
         *req.uri_mut() = uri;
         let url = checked.url;
         let tasks = self.tasks.clone();
+        let pool = self.pool.clone();
         Box::new(async move {
             let tls = capability.tls.clone();
-            let sent = sender::send(tls, &url, req, ends, tasks).await;
+            let sent = sender::send(tls, &url, req, ends, tasks, pool).await;
             let (head, conn) = match sent {
                 Ok(s) => s,
                 // hyper reports a request body that failed as a protocol
@@ -234,7 +242,6 @@ impl WasiHttpHooks for OutgoingHooks {
                 }
                 Err(e) => return Err(e),
             };
-            let held = permit.clone();
             let answer = head.map(|incoming| {
                 Metered::new(
                     incoming,
@@ -250,7 +257,6 @@ impl WasiHttpHooks for OutgoingHooks {
             // The connection's own errors reach the plugin through the
             // answer's body; the result here would only reach wasmtime's log.
             let conn = async move {
-                let _held = held;
                 let _ = conn.await;
                 Ok(())
             };

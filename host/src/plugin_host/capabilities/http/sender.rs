@@ -1,5 +1,6 @@
 //! How the host sends a plugin's wasi:http request once the policy passed
-//! it: one connection per request, to the host named in the checked URL,
+//! it: on a connection the call opened to the host named in the checked URL
+//! (kept for the call's later requests there, see `pool`),
 //! with TLS verified against the system's roots and the operator's extra
 //! CAs, presenting the operator's client certificate if one is configured,
 //! HTTP/2 when the server offers it over TLS, HTTP/1.1 otherwise. Hyper's connection API is used directly:
@@ -7,11 +8,10 @@
 //! carry a request past the allowlist. Every step is bounded by the call's
 //! deadline.
 
-use std::future::{Future, poll_fn};
+use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Poll, ready};
 
 use http::{Request, Response, Uri};
 use http_body::Body;
@@ -28,6 +28,7 @@ use url::{Host, Url};
 use wasmtime_wasi_http::Error;
 
 use super::policy::HttpTls;
+use super::pool::{CallConnections, Kept};
 
 trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
@@ -130,13 +131,16 @@ fn read_certs(
 }
 
 /// Sends `req` to the origin of `url` (already checked), returning the
-/// answer's head as soon as it arrives and the connection to keep driving.
+/// answer's head as soon as it arrives. A connection the call kept to the
+/// same origin is used when one is free; otherwise a new one is opened,
+/// run on the call's tasks and kept for the call's later requests.
 pub async fn send<B>(
     tls: Arc<ClientConfig>,
     url: &Url,
-    mut req: Request<B>,
+    req: Request<B>,
     ends: Instant,
     tasks: CallTasks,
+    pool: CallConnections<B>,
 ) -> Result<(Response<Incoming>, Connection), Error>
 where
     B: Body<Data = bytes::Bytes, Error = Error> + Send + Unpin + 'static,
@@ -144,6 +148,115 @@ where
     let port = url
         .port_or_known_default()
         .ok_or(Error::HttpRequestUriInvalid)?;
+    let origin = format!(
+        "{}://{}:{port}",
+        url.scheme(),
+        url.host_str().ok_or(Error::HttpRequestUriInvalid)?
+    );
+    let mut req = req;
+    if let Some(kept) = pool.take(&origin) {
+        match send_on(kept, false, req, url, ends, &pool, &origin).await? {
+            Sent::Answered(head) => return Ok((head, finished())),
+            // The kept connection closed before the request was written to
+            // it: nothing was sent, so a new connection may carry it.
+            Sent::NotSent(back) => req = back,
+        }
+    }
+    let kept = open(tls, url, port, ends, tasks).await?;
+    match send_on(kept, true, req, url, ends, &pool, &origin).await? {
+        Sent::Answered(head) => Ok((head, finished())),
+        Sent::NotSent(_) => Err(Error::ConnectionTerminated),
+    }
+}
+
+enum Sent<B> {
+    Answered(Response<Incoming>),
+    NotSent(Request<B>),
+}
+
+/// The request on one connection, shaped for its protocol; the connection
+/// is kept for the call's later requests (an HTTP/2 one stays in the pool
+/// when taken, so only a new one is added).
+async fn send_on<B>(
+    kept: Kept<B>,
+    fresh: bool,
+    req: Request<B>,
+    url: &Url,
+    ends: Instant,
+    pool: &CallConnections<B>,
+    origin: &str,
+) -> Result<Sent<B>, Error>
+where
+    B: Body<Data = bytes::Bytes, Error = Error> + Send + Unpin + 'static,
+{
+    let answer = match kept {
+        Kept::H2(mut sender) => {
+            let req = for_h2(req, url)?;
+            if fresh {
+                pool.keep(origin.to_string(), Kept::H2(sender.clone()));
+            }
+            timeout_at(ends, sender.try_send_request(req)).await
+        }
+        Kept::H1(mut sender) => {
+            let req = for_h1(req, url)?;
+            let answer = timeout_at(ends, sender.try_send_request(req)).await;
+            if matches!(answer, Ok(Ok(_))) {
+                // Free again once this answer's body was read to its end.
+                pool.keep(origin.to_string(), Kept::H1(sender));
+            }
+            answer
+        }
+    };
+    match answer {
+        Err(_) => Err(Error::HttpResponseTimeout),
+        Ok(Ok(head)) => Ok(Sent::Answered(head)),
+        Ok(Err(mut e)) => match e.take_message() {
+            Some(back) => Ok(Sent::NotSent(back)),
+            None => Err(Error::from(e.into_error())),
+        },
+    }
+}
+
+/// HTTP/2 takes the target from the URI's scheme and authority.
+fn for_h2<B>(mut req: Request<B>, url: &Url) -> Result<Request<B>, Error> {
+    req.headers_mut().remove(http::header::HOST);
+    *req.uri_mut() = Uri::try_from(url.as_str()).map_err(|_| Error::HttpRequestUriInvalid)?;
+    Ok(req)
+}
+
+/// HTTP/1.1 sends the path alone and the target in Host.
+fn for_h1<B>(mut req: Request<B>, url: &Url) -> Result<Request<B>, Error> {
+    let host = match url.port() {
+        Some(p) => format!("{}:{p}", url.host_str().unwrap_or_default()),
+        None => url.host_str().unwrap_or_default().to_string(),
+    };
+    let host = http::HeaderValue::from_str(&host).map_err(|_| Error::HttpRequestUriInvalid)?;
+    req.headers_mut().insert(http::header::HOST, host);
+    let path = match url.query() {
+        Some(q) => format!("{}?{q}", url.path()),
+        None => url.path().to_string(),
+    };
+    *req.uri_mut() = Uri::try_from(path).map_err(|_| Error::HttpRequestUriInvalid)?;
+    Ok(req)
+}
+
+/// The connection is driven by a task of the call's, not by the answer.
+fn finished() -> Connection {
+    Box::pin(async { Ok(()) })
+}
+
+/// Opens a connection to the origin of `url`: TCP, then TLS for https
+/// (HTTP/2 when the server offers it), its work spawned on the call's tasks.
+async fn open<B>(
+    tls: Arc<ClientConfig>,
+    url: &Url,
+    port: u16,
+    ends: Instant,
+    tasks: CallTasks,
+) -> Result<Kept<B>, Error>
+where
+    B: Body<Data = bytes::Bytes, Error = Error> + Send + Unpin + 'static,
+{
     let addrs: Vec<SocketAddr> = match url.host() {
         Some(Host::Ipv4(ip)) => vec![SocketAddr::from((ip, port))],
         Some(Host::Ipv6(ip)) => vec![SocketAddr::from((ip, port))],
@@ -178,11 +291,9 @@ where
     let io = TokioIo::new(stream);
 
     if h2 {
-        // HTTP/2 takes the target from the URI's scheme and authority.
-        req.headers_mut().remove(http::header::HOST);
-        let (mut sender, conn) = timeout_at(
+        let (sender, conn) = timeout_at(
             ends,
-            hyper::client::conn::http2::Builder::new(tasks)
+            hyper::client::conn::http2::Builder::new(tasks.clone())
                 // A plugin that stops reading stops the server sending
                 // beyond one window: keep the windows small.
                 .initial_stream_window_size(256 << 10)
@@ -191,23 +302,10 @@ where
         )
         .await
         .map_err(|_| Error::ConnectionTimeout)??;
-        let conn: Connection = Box::pin(async move { conn.await.map_err(Error::from) });
-        drive(sender.send_request(req), conn, ends).await
+        hyper::rt::Executor::execute(&tasks, conn);
+        Ok(Kept::H2(sender))
     } else {
-        // HTTP/1.1 sends the path alone and the target in Host.
-        let host = match url.port() {
-            Some(p) => format!("{}:{p}", url.host_str().unwrap_or_default()),
-            None => url.host_str().unwrap_or_default().to_string(),
-        };
-        let host = http::HeaderValue::from_str(&host).map_err(|_| Error::HttpRequestUriInvalid)?;
-        req.headers_mut().insert(http::header::HOST, host);
-        let path = req
-            .uri()
-            .path_and_query()
-            .map(|p| p.as_str().to_string())
-            .unwrap_or_else(|| "/".into());
-        *req.uri_mut() = Uri::try_from(path).map_err(|_| Error::HttpRequestUriInvalid)?;
-        let (mut sender, conn) = timeout_at(
+        let (sender, conn) = timeout_at(
             ends,
             hyper::client::conn::http1::Builder::new()
                 .max_headers(128)
@@ -215,8 +313,8 @@ where
         )
         .await
         .map_err(|_| Error::ConnectionTimeout)??;
-        let conn: Connection = Box::pin(async move { conn.await.map_err(Error::from) });
-        drive(sender.send_request(req), conn, ends).await
+        hyper::rt::Executor::execute(&tasks, conn);
+        Ok(Kept::H1(sender))
     }
 }
 
@@ -247,42 +345,4 @@ async fn connect(addrs: &[SocketAddr], ends: Instant) -> Result<TcpStream, Error
         }
     }
     Err(last)
-}
-
-/// Waits for the answer's head while driving the connection, then hands
-/// the connection back to be driven while the body is read.
-async fn drive<F>(
-    send: F,
-    conn: Connection,
-    ends: Instant,
-) -> Result<(Response<Incoming>, Connection), Error>
-where
-    F: Future<Output = hyper::Result<Response<Incoming>>>,
-{
-    let mut send = pin!(send);
-    let mut conn = Some(conn);
-    let head = timeout_at(
-        ends,
-        poll_fn(|cx| match send.as_mut().poll(cx) {
-            Poll::Ready(r) => Poll::Ready(r.map_err(Error::from)),
-            Poll::Pending => {
-                let Some(c) = conn.as_mut() else {
-                    return Poll::Pending;
-                };
-                let done = ready!(c.as_mut().poll(cx));
-                conn = None;
-                match done {
-                    Ok(()) => send.as_mut().poll(cx).map(|r| r.map_err(Error::from)),
-                    Err(e) => Poll::Ready(Err(e)),
-                }
-            }
-        }),
-    )
-    .await
-    .map_err(|_| Error::HttpResponseTimeout)??;
-    let rest: Connection = match conn {
-        Some(c) => c,
-        None => Box::pin(async { Ok(()) }),
-    };
-    Ok((head, rest))
 }
