@@ -15,7 +15,7 @@ PLIMSOLLD := $(CARGO_TARGET_DIR)/release/plimsolld
 export PLIMSOLLD_BIN := $(PLIMSOLLD)
 export PLIMSOLL_GUEST_JS_WASM := $(GUEST_WASM)
 
-.PHONY: setup image guest build demo test audit bench bench-docker soak clean
+.PHONY: setup image guest build demo test audit bench bench-docker bench-e2b soak clean
 
 setup:
 	@scripts/setup.sh
@@ -67,6 +67,11 @@ bench: build image
 bench-docker: build image
 	.venv/bin/python scripts/bench_docker.py
 	.venv/bin/python scripts/bench_sessions_docker.py
+
+# The E2B plugin's own overhead per run against fake-e2b over TLS
+# (docs/benchmarks.md). BENCH_N runs, default 200.
+bench-e2b: build image
+	.venv/bin/python scripts/bench_e2b.py
 
 # Tens of thousands of mixed runs; what each daemon holds before and after
 # (docs/benchmarks.md). Bounded in time, not a timed test.

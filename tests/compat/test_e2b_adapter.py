@@ -27,29 +27,17 @@ from plimsoll_client.errors import PlimsollError
 from test_published_client import ROOT, Daemon, plimsolld_bin
 
 sys.path.insert(0, str(ROOT / "tests" / "fakes" / "e2b"))
+import certs as fake_certs  # noqa: E402
 from fake_e2b import FakeE2B  # noqa: E402
 
 API_KEY = "e2b-canary-key-7d1c0a"
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> Path:
-    """A test CA and a server certificate for 127.0.0.1 it signed."""
+    """A test CA, and a certificate for 127.0.0.1 it signed for the fake."""
     d = tmp_path_factory.mktemp("e2b-tls")
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"),
-             "-days", "2", "-subj", "/CN=plimsoll-test-ca")
-    _openssl("req", *ec, "-keyout", str(d / "leaf.key"), "-out", str(d / "leaf.csr"),
-             "-subj", "/CN=fake-e2b")
-    (d / "ext").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
-                           "extendedKeyUsage=serverAuth\n")
-    _openssl("x509", "-req", "-in", str(d / "leaf.csr"), "-CA", str(d / "ca.pem"),
-             "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "leaf.pem"),
-             "-days", "2", "-extfile", str(d / "ext"))
+    fake_certs.make(d)
     return d
 
 
@@ -118,6 +106,17 @@ def test_a_snippet_runs_in_a_fresh_sandbox_deleted_after(daemon, fake):
     assert r.record.isolation == "vm" and r.record.provider == "e2b"
     state = fake.state()
     assert state["creates"] == before + 1 and state["live_count"] == 0
+
+
+def test_a_run_keeps_one_connection_and_shares_it_with_no_other_run(daemon, fake):
+    # Create, upload, start and delete go to one origin: the host carries
+    # them on one TLS connection, opened by the run and closed with it.
+    c = Client(daemon.url)
+    before = fake.state()["connections"]
+    c.run_javascript("console.log(1)", timeout=8)
+    assert fake.state()["connections"] == before + 1
+    c.run_javascript("console.log(2)", timeout=8)
+    assert fake.state()["connections"] == before + 2
 
 
 def test_a_project_writes_files_runs_steps_and_returns_artifacts(daemon):
@@ -246,6 +245,21 @@ def test_a_create_slower_than_the_budget_fails_and_its_ttl_reaps_it(daemon, fake
         assert time.monotonic() < deadline, "the delayed create never happened"
         time.sleep(0.1)
     wait_no_sandboxes(fake, 2 + 10 + 5)
+
+
+def test_paid_seconds_count_and_past_the_allowance_nothing_is_created(fake, certs):
+    d = Daemon({**daemon_env(fake, certs), "SANDBOX_PAID_SECONDS_PER_DAY": "1"})
+    try:
+        c = Client(d.url)
+        assert c.run_javascript("console.log(1)", timeout=5).stdout == b"1\n"
+        before = fake.state()["creates"]
+        with pytest.raises(PlimsollError) as e:
+            c.run_javascript("console.log(2)", timeout=5)
+        # Refused before the plugin was called: marked, and nothing created.
+        assert e.value.not_dispatched == "capacity", e.value
+        assert fake.state()["creates"] == before
+    finally:
+        d.stop()
 
 
 # ---- sessions ----------------------------------------------------------------------------

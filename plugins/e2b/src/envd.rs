@@ -203,7 +203,12 @@ impl<'a> Envd<'a> {
         }
         let mut stream = ProcessStream::new(limit);
         match stream.read(&mut r, deadline) {
-            Ok(Ended::Exited(code)) => Ok(stream.capture.finish(code, false)),
+            Ok(Ended::Exited(code)) => {
+                // Read the answer to its end, so the host can carry the
+                // next request on the same connection.
+                let _ = r.read_all(64 << 10, deadline);
+                Ok(stream.capture.finish(code, false))
+            }
             Ok(Ended::Flooded) => {
                 drop(r);
                 self.kill(stream.pid);
