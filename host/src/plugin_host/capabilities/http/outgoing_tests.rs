@@ -187,3 +187,94 @@ async fn an_unfinished_body_at_the_calls_end_is_not_sent_as_finished() {
     let back = metered(b"half", Direction::In, 100, flags);
     assert!(back.collect().await.is_ok());
 }
+
+/// A plain HTTP/1.1 server on loopback that counts the connections it
+/// accepts; with `close_after_one` it answers one request per connection
+/// and hangs up (without saying so in a header, as an idle timeout would).
+async fn counting_server(close_after_one: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let origin = format!("http://{}", listener.local_addr().expect("addr"));
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = tcp.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    // Bodiless requests: each ends at its blank line.
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if tcp.write_all(answer).await.is_err() {
+                            return;
+                        }
+                        if close_after_one {
+                            let _ = tcp.shutdown().await;
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (origin, accepted)
+}
+
+/// One GET through the hooks, its answer read to the end.
+async fn get_ok(h: &mut OutgoingHooks, url: &str) {
+    let (answer, conn) = Pin::from(h.send_request(get(url, &[]), None, no_io()))
+        .await
+        .expect("sent");
+    tokio::spawn(Pin::from(conn));
+    assert_eq!(answer.status(), 200);
+    let body = answer.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"ok");
+}
+
+#[tokio::test]
+async fn a_call_reuses_its_connection_and_no_other_call_shares_it() {
+    let (origin, accepted) = counting_server(false).await;
+    let mark = DispatchMark::default();
+    let mut call = hooks(&origin, &mark);
+    for _ in 0..3 {
+        get_ok(&mut call, &format!("{origin}/x")).await;
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "one connection per call"
+    );
+    // Another call to the same origin opens its own.
+    let mut other = hooks(&origin, &mark);
+    get_ok(&mut other, &format!("{origin}/x")).await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    // The first call's end closes what it kept: its next request would
+    // need a new connection, and the pool is empty.
+    call.close();
+    assert!(call.pool.take(&origin).is_none());
+}
+
+#[tokio::test]
+async fn a_kept_connection_the_server_closed_is_not_used_again() {
+    let (origin, accepted) = counting_server(true).await;
+    let mark = DispatchMark::default();
+    let mut call = hooks(&origin, &mark);
+    for i in 1..=3 {
+        get_ok(&mut call, &format!("{origin}/x")).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), i);
+        // Time for the hang-up to arrive before the next request.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
