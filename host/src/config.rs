@@ -449,6 +449,29 @@ mod tests {
         // A key with nowhere to go, an unset key variable, limits a plugin
         // cannot enforce, and plugin settings without a plugin.
         assert!(with(&[("SANDBOX_PLUGIN_API_KEY_ENV", "KEY")]).is_err());
+        // The key's origins: only among the allowed ones, and only with a key.
+        let two = "https://a.example,https://b.example";
+        let c = with(&[
+            ("SANDBOX_PLUGIN_HTTP_ORIGINS", two),
+            ("SANDBOX_PLUGIN_API_KEY_ENV", "KEY"),
+            ("SANDBOX_PLUGIN_API_KEY_ORIGINS", "https://a.example"),
+        ])
+        .expect("key origins");
+        assert_eq!(c.providers.plugin.http.expect("grant").key_origins.len(), 1);
+        for (origins, key, key_origins) in [
+            (two, Some("KEY"), "https://c.example"),
+            (two, Some("KEY"), " , "),
+            (two, None, "https://a.example"),
+        ] {
+            let mut vars = vec![
+                ("SANDBOX_PLUGIN_HTTP_ORIGINS", origins),
+                ("SANDBOX_PLUGIN_API_KEY_ORIGINS", key_origins),
+            ];
+            if let Some(k) = key {
+                vars.push(("SANDBOX_PLUGIN_API_KEY_ENV", k));
+            }
+            assert!(with(&vars).is_err(), "{key_origins:?}");
+        }
         assert!(
             with(&[
                 ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),

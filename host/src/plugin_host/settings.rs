@@ -39,6 +39,11 @@ pub const VARIABLES: &[Var] = &[
         "header carrying that key (authorization sends Bearer <key>; any other sends the key as is)",
     ),
     var(
+        "SANDBOX_PLUGIN_API_KEY_ORIGINS",
+        "(unset: every origin listed)",
+        "the origins, among SANDBOX_PLUGIN_HTTP_ORIGINS, that receive the API key (comma-separated); the others never see it",
+    ),
+    var(
         "SANDBOX_PLUGIN_HTTP_CA",
         "(unset: the system's roots only)",
         "PEM file of CA certificates the plugin's https origins may also be verified against",
@@ -123,9 +128,11 @@ impl PluginSettings {
                         "an API key is only ever sent over https; remove the plain-http origins",
                     ));
                 }
+                let key_origins = key_origins(env, &origins, api_key.is_some())?;
                 Some(HttpAllowance {
                     origins,
                     api_key,
+                    key_origins,
                     tls: http_tls(env)?,
                 })
             }
@@ -157,6 +164,36 @@ impl PluginSettings {
             container_engine,
         })
     }
+}
+
+/// Which of the allowed origins get the key: each must be one of them.
+fn key_origins(env: &Env, origins: &[Origin], has_key: bool) -> Result<Vec<Origin>, ConfigError> {
+    let Some(list) = env.get("SANDBOX_PLUGIN_API_KEY_ORIGINS") else {
+        return Ok(vec![]);
+    };
+    let bad = |why: &str| invalid("SANDBOX_PLUGIN_API_KEY_ORIGINS", why);
+    if !has_key {
+        return Err(bad(
+            "names where an API key goes: set SANDBOX_PLUGIN_API_KEY_ENV too",
+        ));
+    }
+    let chosen = list
+        .split(',')
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+        .map(Origin::parse)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|why| invalid("SANDBOX_PLUGIN_API_KEY_ORIGINS", why))?;
+    if chosen.is_empty() {
+        return Err(bad("is empty: unset it to send the key to every origin"));
+    }
+    if let Some(o) = chosen.iter().find(|o| !origins.contains(o)) {
+        return Err(invalid(
+            "SANDBOX_PLUGIN_API_KEY_ORIGINS",
+            format!("{} is not one of SANDBOX_PLUGIN_HTTP_ORIGINS", o.display()),
+        ));
+    }
+    Ok(chosen)
 }
 
 /// The TLS files the operator named; read when the capability is built.

@@ -24,6 +24,7 @@ fn hooks(origin: &str, mark: &DispatchMark) -> OutgoingHooks {
             HeaderName::from_static("x-provider-key"),
             HeaderValue::from_static("host-held-key"),
         )),
+        key_origins: vec![],
         tls: Default::default(),
     })
     .expect("capability");
@@ -136,6 +137,7 @@ fn metered(
     let capability = HttpCapability::new(HttpAllowance {
         origins: vec![],
         api_key: None,
+        key_origins: vec![],
         tls: Default::default(),
     })
     .expect("capability");

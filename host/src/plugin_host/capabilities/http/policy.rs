@@ -88,6 +88,10 @@ pub struct HttpAllowance {
     pub origins: Vec<Origin>,
     /// Header the host adds to every request, carrying the provider's key.
     pub api_key: Option<(HeaderName, HeaderValue)>,
+    /// The origins the key goes to; empty means every origin listed. A
+    /// service whose data plane runs the guest's code (E2B's sandbox edge
+    /// forwards each request into the sandbox) must not receive the key.
+    pub key_origins: Vec<Origin>,
     /// TLS the host uses for the plugin's wasi:http requests.
     pub tls: HttpTls,
 }
@@ -224,7 +228,9 @@ pub fn check(
     if body.as_ref().is_some_and(|b| b.len() > MAX_REQUEST_BODY) {
         return Err(HttpRefusal::Forbidden("the request body exceeds 8 MiB"));
     }
-    if let Some((k, v)) = &grant.api_key {
+    if let Some((k, v)) = &grant.api_key
+        && (grant.key_origins.is_empty() || grant.key_origins.iter().any(|o| o.matches(&parsed)))
+    {
         map.insert(k.clone(), v.clone());
     }
     Ok(Checked {
@@ -306,6 +312,7 @@ mod tests {
                 Origin::parse("https://api.example.com").expect("origin"),
                 Origin::parse("http://127.0.0.1:8080").expect("origin"),
             ],
+            key_origins: vec![],
             api_key: Some((
                 HeaderName::from_static("x-provider-key"),
                 HeaderValue::from_static("k"),
@@ -360,6 +367,23 @@ mod tests {
         // 8 MiB exactly is allowed; a byte more is not.
         assert!(check(Some(&g), "post", url, &[], Some(vec![0; 8 << 20])).is_ok());
         assert!(check(Some(&g), "post", url, &[], Some(vec![0; (8 << 20) + 1])).is_err());
+    }
+
+    #[test]
+    fn the_key_goes_only_to_the_origins_named_for_it() {
+        let mut g = grant();
+        g.key_origins = vec![Origin::parse("https://api.example.com").expect("origin")];
+        let to_api = check(Some(&g), "GET", "https://api.example.com/x", &[], None).expect("api");
+        assert!(to_api.headers.contains_key("x-provider-key"));
+        let to_other = check(Some(&g), "GET", "http://127.0.0.1:8080/x", &[], None).expect("other");
+        assert!(!to_other.headers.contains_key("x-provider-key"));
+        // Still reserved there: the plugin cannot send a key of its own.
+        let own = [("x-provider-key".to_string(), "mine".to_string())];
+        assert!(check(Some(&g), "GET", "http://127.0.0.1:8080/x", &own, None).is_err());
+        // Unnamed, it goes to every origin listed.
+        g.key_origins.clear();
+        let to_other = check(Some(&g), "GET", "http://127.0.0.1:8080/x", &[], None).expect("other");
+        assert!(to_other.headers.contains_key("x-provider-key"));
     }
 
     #[test]

@@ -47,6 +47,7 @@ fn capability(origin: &str) -> HttpCapability {
             HeaderName::from_static("x-provider-key"),
             HeaderValue::from_static("host-held-key"),
         )),
+        key_origins: vec![],
         tls: Default::default(),
     })
     .expect("capability")
