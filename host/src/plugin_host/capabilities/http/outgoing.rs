@@ -100,7 +100,7 @@ impl OutgoingHooks {
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.tasks.abort_all();
-        self.pool.clear();
+        self.pool.close();
     }
 
     fn refuse(&self, rule: &str, why: Error) -> SendFuture {

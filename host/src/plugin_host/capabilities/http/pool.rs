@@ -35,7 +35,13 @@ impl<B> Kept<B> {
 }
 
 /// The call's kept connections, by origin (`scheme://host:port`).
-pub struct CallConnections<B>(Arc<Mutex<HashMap<String, Vec<Kept<B>>>>>);
+pub struct CallConnections<B>(Arc<Mutex<Pool<B>>>);
+
+struct Pool<B> {
+    /// The call ended: nothing is kept any more.
+    closed: bool,
+    by_origin: HashMap<String, Vec<Kept<B>>>,
+}
 
 impl<B> Clone for CallConnections<B> {
     fn clone(&self) -> Self {
@@ -45,7 +51,10 @@ impl<B> Clone for CallConnections<B> {
 
 impl<B> Default for CallConnections<B> {
     fn default() -> Self {
-        CallConnections(Arc::default())
+        CallConnections(Arc::new(Mutex::new(Pool {
+            closed: false,
+            by_origin: HashMap::new(),
+        })))
     }
 }
 
@@ -55,8 +64,8 @@ impl<B> CallConnections<B> {
     /// HTTP/1.1 one is handed out, and comes back through `keep` once its
     /// answer's head arrived.
     pub fn take(&self, origin: &str) -> Option<Kept<B>> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let list = map.get_mut(origin)?;
+        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let list = pool.by_origin.get_mut(origin)?;
         list.retain(|k| !k.is_closed());
         for k in list.iter() {
             if let Kept::H2(s) = k
@@ -71,19 +80,26 @@ impl<B> CallConnections<B> {
         Some(list.swap_remove(i))
     }
 
-    /// Keeps a connection to `origin` for later requests of the call.
+    /// Keeps a connection to `origin` for later requests of the call
+    /// (dropped instead once the call has ended).
     pub fn keep(&self, origin: String, kept: Kept<B>) {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let list = map.entry(origin).or_default();
+        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.closed {
+            return;
+        }
+        let list = pool.by_origin.entry(origin).or_default();
         list.retain(|k| !k.is_closed());
         if list.len() < PER_ORIGIN {
             list.push(kept);
         }
     }
 
-    /// Drops every kept connection (their tasks are aborted with the
-    /// call's; this lets the handles go too).
-    pub fn clear(&self) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    /// The call ended: drops every kept connection (their tasks are
+    /// aborted with the call's; this lets the handles go too) and keeps
+    /// nothing from now on.
+    pub fn close(&self) {
+        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        pool.closed = true;
+        pool.by_origin.clear();
     }
 }

@@ -38,16 +38,25 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
 pub type Connection = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
 
 /// The tasks one call's connections run on. HTTP/2 drives a connection
-/// (and streams a request body) from tasks hyper spawns; they go through
-/// this executor so that the call's end stops them, as wasmtime stops the
-/// tasks it spawned itself.
+/// (and streams a request body) from tasks hyper spawns, and every
+/// connection, kept for the call's later requests, runs on a task of its
+/// own; they go through this executor so that the call's end stops them,
+/// as wasmtime stops the tasks it spawned itself. A task offered after the
+/// end (a send still finishing on another thread) is dropped, not started.
 #[derive(Clone, Default)]
-pub struct CallTasks(Arc<Mutex<Vec<tokio::task::AbortHandle>>>);
+pub struct CallTasks(Arc<Mutex<Tasks>>);
+
+#[derive(Default)]
+struct Tasks {
+    closed: bool,
+    running: Vec<tokio::task::AbortHandle>,
+}
 
 impl CallTasks {
     pub fn abort_all(&self) {
         let mut tasks = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        for t in tasks.drain(..) {
+        tasks.closed = true;
+        for t in tasks.running.drain(..) {
             t.abort();
         }
     }
@@ -59,12 +68,17 @@ where
     F::Output: Send + 'static,
 {
     fn execute(&self, fut: F) {
-        let handle = tokio::spawn(fut).abort_handle();
+        // Checked and spawned under the lock `abort_all` takes, so no task
+        // slips in between the end and the aborts.
         let mut tasks = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if tasks.closed {
+            return;
+        }
+        let handle = tokio::spawn(fut).abort_handle();
         // Finished tasks are dropped as new ones come, so the list stays
         // as long as what is running.
-        tasks.retain(|t| !t.is_finished());
-        tasks.push(handle);
+        tasks.running.retain(|t| !t.is_finished());
+        tasks.running.push(handle);
     }
 }
 
