@@ -48,7 +48,10 @@ def main() -> int:
         try:
             daemon = Daemon({
                 "SANDBOX_PROVIDER": "e2b", "SANDBOX_PLUGIN_MAX_TIER": "vm",
-                "SANDBOX_PLUGIN_HTTP_ORIGINS": fake.url,
+                # API and sandbox edge as two origins, the key to the API
+                # only, as docs/providers/e2b.md configures the real one.
+                "SANDBOX_PLUGIN_HTTP_ORIGINS": f"{fake.url},https://localhost:{fake.port}",
+                "SANDBOX_PLUGIN_API_KEY_ORIGINS": fake.url,
                 "SANDBOX_PLUGIN_API_KEY_ENV": "E2B_API_KEY", "E2B_API_KEY": KEY,
                 "SANDBOX_PLUGIN_API_KEY_HEADER": "x-api-key",
                 "SANDBOX_PLUGIN_HTTP_CA": str(ca),

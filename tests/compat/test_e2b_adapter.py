@@ -48,11 +48,19 @@ def fake(certs):
     f.stop()
 
 
+def edge(fake: FakeE2B) -> str:
+    """The sandbox edge's origin: the same fake under another name, as
+    E2B's API and edge are two hosts."""
+    return f"https://localhost:{fake.port}"
+
+
 def daemon_env(fake: FakeE2B, certs: Path) -> dict:
     return {
         "SANDBOX_PROVIDER": "e2b",
         "SANDBOX_PLUGIN_MAX_TIER": "vm",
-        "SANDBOX_PLUGIN_HTTP_ORIGINS": fake.url,
+        "SANDBOX_PLUGIN_HTTP_ORIGINS": f"{fake.url},{edge(fake)}",
+        # The key goes to the API only: the edge forwards into the sandbox.
+        "SANDBOX_PLUGIN_API_KEY_ORIGINS": fake.url,
         "SANDBOX_PLUGIN_API_KEY_ENV": "E2B_API_KEY",
         "SANDBOX_PLUGIN_API_KEY_HEADER": "x-api-key",
         "E2B_API_KEY": API_KEY,
@@ -85,6 +93,7 @@ def no_leaks(fake):
     yield
     fake.clear_faults()
     assert fake.live_count() == 0, f"sandboxes left: {fake.state()['live']}"
+    assert fake.state()["envd_api_keys_seen"] == 0, "the API key went to a sandbox's envd"
 
 
 # ---- runs ------------------------------------------------------------------------------
@@ -108,15 +117,16 @@ def test_a_snippet_runs_in_a_fresh_sandbox_deleted_after(daemon, fake):
     assert state["creates"] == before + 1 and state["live_count"] == 0
 
 
-def test_a_run_keeps_one_connection_and_shares_it_with_no_other_run(daemon, fake):
-    # Create, upload, start and delete go to one origin: the host carries
-    # them on one TLS connection, opened by the run and closed with it.
+def test_a_run_keeps_one_connection_per_origin_and_shares_none(daemon, fake):
+    # Create and delete go to the API, upload and start to the edge: the
+    # host carries them on one TLS connection per origin, opened by the run
+    # and closed with it.
     c = Client(daemon.url)
     before = fake.state()["connections"]
     c.run_javascript("console.log(1)", timeout=8)
-    assert fake.state()["connections"] == before + 1
-    c.run_javascript("console.log(2)", timeout=8)
     assert fake.state()["connections"] == before + 2
+    c.run_javascript("console.log(2)", timeout=8)
+    assert fake.state()["connections"] == before + 4
 
 
 def test_a_project_writes_files_runs_steps_and_returns_artifacts(daemon):
@@ -300,7 +310,7 @@ def test_the_smoke_test_refuses_a_broken_promise(fake, certs, knob, check):
     assert "plimsolld listening" not in done.stderr
 
 
-# ---- nothing secret in the log -----------------------------------------------------------
+# ---- nothing secret in the log, or in a sandbox -----------------------------------------------------------
 
 
 def test_the_key_and_envd_tokens_stay_out_of_the_log(daemon, fake):
@@ -313,3 +323,17 @@ def test_the_key_and_envd_tokens_stay_out_of_the_log(daemon, fake):
     log = "\n".join(daemon.lines)
     for secret in (API_KEY, sandbox_id, token):
         assert secret not in log
+
+
+def test_the_key_reaches_envd_unless_the_operator_names_its_origins(fake, certs):
+    # The check above can fail: with the key sent to every origin (the
+    # default), the edge, and so the sandbox, would receive it.
+    env = daemon_env(fake, certs)
+    del env["SANDBOX_PLUGIN_API_KEY_ORIGINS"]
+    d = Daemon(env)
+    try:
+        Client(d.url).run_javascript("console.log(1)", timeout=8)
+        assert fake.state()["envd_api_keys_seen"] > 0
+    finally:
+        d.stop()
+        fake.envd.api_keys_seen = 0

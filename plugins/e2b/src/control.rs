@@ -35,11 +35,13 @@ pub struct Service {
     pub edge: String,
 }
 
-/// A created sandbox: its ID and the token its envd demands.
+/// A created sandbox: its ID, the token its envd demands, and the token
+/// E2B's edge asks for on a sandbox whose public traffic is locked.
 #[derive(Clone)]
 pub struct Sandbox {
     pub id: String,
     pub token: String,
+    pub traffic: String,
 }
 
 impl Service {
@@ -91,9 +93,11 @@ impl Service {
             if status == 200 || status == 201 {
                 return self.created(&parsed, &nonce);
             }
-            // Busy: one retry when the service says when, and that fits.
+            // Busy: one retry when the service says when, and that fits
+            // (the service's number is clamped before any arithmetic).
+            let retry_after = retry_after.map(|s: u64| s.min(60));
             if let (429 | 503, Some(s), false) = (status, retry_after, retried)
-                && s.saturating_mul(1000) + 1000 < wire::remaining_ms(deadline)
+                && s * 1000 + 1000 < wire::remaining_ms(deadline)
             {
                 retried = true;
                 sleep_ms(s * 1000);
@@ -122,6 +126,11 @@ impl Service {
         let Some(token) = v["envdAccessToken"].as_str().filter(|t| !t.is_empty()) else {
             return fail("E2B answered the create without an envd access token");
         };
+        // Asked for with public traffic locked; without it the edge would
+        // refuse every envd call.
+        let Some(traffic) = v["trafficAccessToken"].as_str().filter(|t| !t.is_empty()) else {
+            return fail("E2B answered the create without a traffic access token");
+        };
         match v["envdVersion"].as_str().and_then(parse_version) {
             Some(version) if version >= MIN_ENVD => {}
             _ => return fail("the sandbox's envd is missing or older than 0.1.0"),
@@ -129,13 +138,14 @@ impl Service {
         Ok(Sandbox {
             id,
             token: token.to_string(),
+            traffic: traffic.to_string(),
         })
     }
 
     /// Deletes a sandbox: three tries, a 404 counts as done (its own
     /// timeout got there first). Best effort: the TTL is the backstop.
     pub fn delete(&self, id: &str) -> bool {
-        let deadline = wire::after_ms(CLEANUP_MS);
+        let deadline = wire::cleanup_deadline();
         for _ in 0..3 {
             match self.call(Method::Delete, &format!("/sandboxes/{id}"), b"", deadline) {
                 Ok((200 | 204 | 404, _, _)) => return true,
@@ -153,7 +163,7 @@ impl Service {
             Method::Get,
             &format!("/sandboxes/{id}"),
             b"",
-            wire::after_ms(CLEANUP_MS),
+            wire::cleanup_deadline(),
         ) {
             Ok((200, _, _)) => Some(true),
             Ok((404, _, _)) => Some(false),
@@ -170,7 +180,7 @@ impl Service {
             .join("&");
         let path = format!("/sandboxes?metadata={}", encode(&filter));
         let (status, v, _) = self
-            .call(Method::Get, &path, b"", wire::after_ms(CLEANUP_MS))
+            .call(Method::Get, &path, b"", wire::cleanup_deadline())
             .map_err(|e| format!("{e:?}"))?;
         if status != 200 {
             return Err(format!("listing answered {status}"));
@@ -242,10 +252,6 @@ impl Service {
         Ok((r.status, parsed, retry_after))
     }
 }
-
-/// How long cleanup may take after a run's own deadline: inside the two
-/// seconds the host gives a call past its run's budget.
-pub const CLEANUP_MS: u64 = 1500;
 
 /// A refused create, by the service's status: the plugin's claim that
 /// nothing ran (the host still answers unmarked once a request went out).

@@ -12,13 +12,17 @@ use wasi::http::types::Method;
 use crate::bindings::plimsoll::provider::types::{ProcessOutput, RunError};
 use crate::capture::{Capture, EXIT_TIMED_OUT, Stream};
 use crate::connect::{self, Decoder, END_STREAM};
-use crate::control::{self, CLEANUP_MS, Sandbox, Service, not_started};
+use crate::control::{self, Sandbox, Service, not_started};
 use crate::wire::{self, Failure, Request, Response};
 
 /// envd's port inside the sandbox.
 const ENVD_PORT: &str = "49983";
 /// The user commands and files act as: the template's default user.
 pub const USER: &str = "user";
+/// Answer bytes a call may receive before a process's output counts as a
+/// flood, whatever its own size: 16 MiB short of the host's 64 MiB per call,
+/// for the cleanup's answers and base64's overhead.
+const CALL_RECEIVED_CAP: u64 = 48 << 20;
 /// Grace past the run's deadline given to envd's own deadline, so this
 /// side's deadline (which kills and reports) fires first.
 const ENVD_DEADLINE_SLACK_MS: u64 = 1000;
@@ -27,6 +31,11 @@ const ENVD_DEADLINE_SLACK_MS: u64 = 1000;
 pub struct Envd<'a> {
     service: &'a Service,
     sandbox: &'a Sandbox,
+    /// Whether a process stopped at the deadline or for flooding is killed
+    /// by signal: in a session, whose sandbox stays; a run's sandbox is
+    /// deleted right after, which ends everything in it, and the cleanup
+    /// time is better spent on the delete.
+    kill_on_stop: bool,
 }
 
 /// A command to start.
@@ -37,8 +46,22 @@ pub struct Command<'a> {
 }
 
 impl<'a> Envd<'a> {
-    pub fn new(service: &'a Service, sandbox: &'a Sandbox) -> Envd<'a> {
-        Envd { service, sandbox }
+    /// A run's sandbox, deleted when the run ends.
+    pub fn for_run(service: &'a Service, sandbox: &'a Sandbox) -> Envd<'a> {
+        Envd {
+            service,
+            sandbox,
+            kill_on_stop: false,
+        }
+    }
+
+    /// A session's sandbox, kept between calls.
+    pub fn for_session(service: &'a Service, sandbox: &'a Sandbox) -> Envd<'a> {
+        Envd {
+            service,
+            sandbox,
+            kill_on_stop: true,
+        }
     }
 
     fn send(
@@ -54,6 +77,10 @@ impl<'a> Envd<'a> {
             ("e2b-sandbox-id", self.sandbox.id.as_bytes().to_vec()),
             ("e2b-sandbox-port", ENVD_PORT.as_bytes().to_vec()),
             ("x-access-token", self.sandbox.token.as_bytes().to_vec()),
+            (
+                "e2b-traffic-access-token",
+                self.sandbox.traffic.as_bytes().to_vec(),
+            ),
         ];
         if let Some(ct) = content_type {
             headers.push(("content-type", ct.as_bytes().to_vec()));
@@ -227,12 +254,15 @@ impl<'a> Envd<'a> {
         }
     }
 
-    /// Kills a process by PID (SIGKILL): best effort, inside the cleanup
-    /// margin. A sandbox about to be deleted dies with it anyway.
+    /// Kills a process by PID (SIGKILL) in a session's sandbox: best
+    /// effort, inside the call's cleanup time. A run's sandbox is deleted
+    /// right after instead, which ends everything in it.
     fn kill(&self, pid: Option<u64>) {
-        let Some(pid) = pid else { return };
+        let Some(pid) = pid.filter(|_| self.kill_on_stop) else {
+            return;
+        };
         let body = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}).to_string();
-        let deadline = wire::after_ms(CLEANUP_MS / 2);
+        let deadline = wire::cleanup_deadline();
         if let Ok(mut r) = self.send(
             Method::Post,
             "/process.Process/SendSignal",
@@ -292,6 +322,11 @@ impl ProcessStream {
                 if !self.event(&v["event"])? {
                     return Ok(Ended::Flooded);
                 }
+            }
+            // The host cuts a call at 64 MiB of answers; a flood ends here,
+            // well before, whatever earlier processes of the call printed.
+            if wire::received() > CALL_RECEIVED_CAP {
+                return Ok(Ended::Flooded);
             }
         }
         Err(Failure::Transport(if decoder.pending() > 0 {

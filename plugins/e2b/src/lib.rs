@@ -65,6 +65,7 @@ impl Guest for E2b {
 
     fn run(request: RunRequest) -> Result<RunResult, RunError> {
         let deadline = wire::after_ms(u64::from(request.timeout_ms));
+        wire::set_call_deadline(deadline);
         let service = service()?;
         let lifetime_s = u64::from(request.timeout_ms).div_ceil(1000);
         use bindings::plimsoll::provider::types::Payload;
@@ -111,7 +112,7 @@ fn in_sandbox<T>(
     f: impl FnOnce(&Envd<'_>) -> Result<T, RunError>,
 ) -> Result<T, RunError> {
     let sandbox: Sandbox = service.create(lifetime_s, deadline)?;
-    let outcome = f(&Envd::new(service, &sandbox));
+    let outcome = f(&Envd::for_run(service, &sandbox));
     service.delete(&sandbox.id);
     outcome
 }

@@ -21,16 +21,24 @@ pub fn support() -> SessionSupport {
 
 pub fn open(service: &Service, options: SessionOptions) -> Result<String, RunError> {
     let deadline = wire::after_ms(u64::from(options.timeout_ms));
+    wire::set_call_deadline(deadline);
     let lifetime_s = u64::from(options.lifetime_ms).div_ceil(1000);
     let sandbox = service.create(lifetime_s, deadline)?;
-    Ok(format!("{}:{}", sandbox.id, sandbox.token))
+    Ok(format!(
+        "{}:{}:{}",
+        sandbox.id, sandbox.token, sandbox.traffic
+    ))
 }
 
+/// The state `open` returned: the sandbox's ID and its two tokens (none of
+/// them contains a colon: IDs are checked, tokens are E2B's hex or base64).
 fn parse(state: &str) -> Option<Sandbox> {
-    let (id, token) = state.split_once(':')?;
+    let mut parts = state.splitn(3, ':');
+    let (id, token, traffic) = (parts.next()?, parts.next()?, parts.next()?);
     valid_id(id).then(|| Sandbox {
         id: id.to_string(),
         token: token.to_string(),
+        traffic: traffic.to_string(),
     })
 }
 
@@ -43,7 +51,8 @@ pub fn run(state: &str, request: RunRequest) -> Result<SessionAnswer, SessionFai
     })?;
     let service = service().map_err(fail)?;
     let deadline = wire::after_ms(u64::from(request.timeout_ms));
-    let envd = Envd::new(&service, &sandbox);
+    wire::set_call_deadline(deadline);
+    let envd = Envd::for_session(&service, &sandbox);
     let outcome = match request.payload {
         Payload::Javascript(code) => {
             snippet(&envd, &code, request.output_limit, deadline).map(RunResult::Javascript)

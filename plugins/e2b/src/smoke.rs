@@ -38,11 +38,12 @@ pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
         Err(e) => return Err(format!("listing sandboxes failed: {e}")),
     }
     let deadline = wire::after_ms(PROBE_MS);
+    wire::set_call_deadline(deadline);
     let token = format!("{:016x}", wasi::random::random::get_random_u64());
     let sandbox = service
         .create(PROBE_MS / 1000, deadline)
         .map_err(|e| format!("creating the probe sandbox failed: {}", describe(&e)))?;
-    let envd = Envd::new(service, &sandbox);
+    let envd = Envd::for_run(service, &sandbox);
     let file = format!("{PROJECT_DIR}/{PROBE_FILE}");
     // The directory is made on its own, so a lost upload shows as a missing
     // file rather than a step that cannot start.

@@ -5,19 +5,52 @@
 //! waits for answers no later than the deadline it is given, and reads
 //! bodies either whole (bounded) or a chunk at a time (the process stream).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use wasi::clocks::monotonic_clock::{self, Instant};
 use wasi::http::outgoing_handler;
 use wasi::http::types::{
     ErrorCode, Fields, IncomingBody, IncomingResponse, Method, OutgoingBody, OutgoingRequest,
     Scheme,
 };
+
 use wasi::io::poll;
-use wasi::io::streams::{InputStream, StreamError};
+use wasi::io::streams::{InputStream, OutputStream, StreamError};
 
 /// Most the host lets a plugin write per `write` call.
 const WRITE_CHUNK: usize = 4096;
 /// Most read from a body per wake-up.
 const READ_CHUNK: u64 = 64 << 10;
+/// How long cleanup (a kill, a delete, a lookup) may take past the call's
+/// own deadline: inside the two seconds the host gives a call past its
+/// run's budget, with room for the host's own work.
+pub const CLEANUP_MS: u64 = 1500;
+
+// Every call gets a fresh instance of the plugin, so these are per call.
+/// The call's deadline (monotonic nanoseconds; 0 before it is set).
+static CALL_DEADLINE: AtomicU64 = AtomicU64::new(0);
+/// Answer bytes received by the call, on the wire, over every request: the
+/// host cuts a call at 64 MiB in, so the plugin stops well short of it.
+static RECEIVED: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the deadline the call's cleanup is measured from.
+pub fn set_call_deadline(deadline: Instant) {
+    CALL_DEADLINE.store(deadline, Ordering::Relaxed);
+}
+
+/// The one deadline every cleanup step of the call shares: the call's
+/// deadline plus `CLEANUP_MS` (or `CLEANUP_MS` from now in a call without
+/// one, such as closing a session).
+pub fn cleanup_deadline() -> Instant {
+    match CALL_DEADLINE.load(Ordering::Relaxed) {
+        0 => after_ms(CLEANUP_MS),
+        d => d.saturating_add(CLEANUP_MS * 1_000_000),
+    }
+}
+
+/// Answer bytes the call has received so far.
+pub fn received() -> u64 {
+    RECEIVED.load(Ordering::Relaxed)
+}
 
 #[derive(Debug)]
 pub enum Failure {
@@ -66,7 +99,10 @@ impl Response {
         loop {
             match stream.read(READ_CHUNK) {
                 Ok(bytes) if bytes.is_empty() => wait(&stream.subscribe(), deadline)?,
-                Ok(bytes) => return Ok(Some(bytes)),
+                Ok(bytes) => {
+                    RECEIVED.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    return Ok(Some(bytes));
+                }
                 Err(StreamError::Closed) => return Ok(None),
                 Err(StreamError::LastOperationFailed(_)) => {
                     return Err(Failure::Transport("the answer's body failed".into()));
@@ -90,6 +126,10 @@ impl Response {
 
 /// Sends `req` and waits for the answer's head, no later than `deadline`.
 pub fn send(req: Request<'_>, deadline: Instant) -> Result<Response, Failure> {
+    // Nothing is sent once the deadline passed: it could only be dropped.
+    if monotonic_clock::now() >= deadline {
+        return Err(Failure::Deadline);
+    }
     let (scheme, rest) = req
         .url
         .split_once("://")
@@ -127,11 +167,7 @@ pub fn send(req: Request<'_>, deadline: Instant) -> Result<Response, Failure> {
     let future = outgoing_handler::handle(outgoing, None).map_err(failure)?;
     {
         let stream = body.write().map_err(|()| invalid("body"))?;
-        for chunk in req.body.chunks(WRITE_CHUNK) {
-            stream
-                .blocking_write_and_flush(chunk)
-                .map_err(|_| Failure::Transport("the request body could not be sent".into()))?;
-        }
+        write_all(&stream, req.body, deadline)?;
     }
     OutgoingBody::finish(body, None).map_err(failure)?;
 
@@ -154,6 +190,30 @@ pub fn send(req: Request<'_>, deadline: Instant) -> Result<Response, Failure> {
         _body: body,
         _response: response,
     })
+}
+
+/// Writes `bytes` and flushes them, waiting no later than `deadline` for
+/// the host to take each part (a service that stops reading must not hold
+/// the call past its deadline).
+fn write_all(stream: &OutputStream, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
+    let broken = |_| Failure::Transport("the request body could not be sent".into());
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let room = stream.check_write().map_err(broken)?;
+        if room == 0 {
+            wait(&stream.subscribe(), deadline)?;
+            continue;
+        }
+        let n = rest.len().min(room as usize).min(WRITE_CHUNK);
+        stream.write(&rest[..n]).map_err(broken)?;
+        rest = &rest[n..];
+    }
+    stream.flush().map_err(broken)?;
+    // Flushed once the stream can take more again.
+    while stream.check_write().map_err(broken)? == 0 {
+        wait(&stream.subscribe(), deadline)?;
+    }
+    Ok(())
 }
 
 /// Waits for `ready` or the deadline, whichever comes first.

@@ -1,4 +1,5 @@
-"""A throwaway CA and a server certificate for 127.0.0.1 it signed, made
+"""A throwaway CA and a server certificate for 127.0.0.1 and localhost it
+signed, made
 with the openssl command, for serving the fake over TLS in tests and
 benchmarks (a client that sends an API key only over https needs it)."""
 
@@ -22,7 +23,7 @@ def make(directory: Path) -> "tuple[Path, Path, Path]":
              "-days", "2", "-subj", "/CN=fake-e2b-test-ca")
     _openssl("req", *_EC, "-keyout", str(d / "leaf.key"), "-out", str(d / "leaf.csr"),
              "-subj", "/CN=fake-e2b")
-    (d / "ext").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+    (d / "ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
                            "extendedKeyUsage=serverAuth\n")
     _openssl("x509", "-req", "-in", str(d / "leaf.csr"), "-CA", str(d / "ca.pem"),
              "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "leaf.pem"),

@@ -32,6 +32,10 @@ FLOOD_PID = 4_000_000  # the flood fault's process is synthetic; no real PID col
 class Envd:
     def __init__(self, registry: Registry, faults) -> None:
         self.registry, self.faults = registry, faults
+        # envd requests that carried an X-API-Key: E2B's edge would forward
+        # the header into the sandbox, where the guest could read it. No
+        # client should send one; tests assert this stays 0.
+        self.api_keys_seen = 0
         P, FS = "/process.Process/", "/filesystem.Filesystem/"
         # path -> (kind, request message, response message, handler)
         self.rpcs = {
@@ -65,6 +69,12 @@ class Envd:
                                  f"The sandbox is running but port {port} is not open"})
         if ex.path == "/health":
             return ex.reply(204) if ex.method == "GET" else ex.json(405, _err(405, "use GET"))
+        if ex.header("X-API-Key") is not None:
+            self.api_keys_seen += 1
+        # Public traffic locked at create: the edge wants the traffic token.
+        if sandbox.traffic_token is not None and \
+                ex.header("E2b-Traffic-Access-Token") != sandbox.traffic_token:
+            return ex.json(403, _err(403, "the sandbox's traffic access token is required"))
         if sandbox.access_token is not None and \
                 ex.header("X-Access-Token") != sandbox.access_token:
             return ex.json(401, _err(401, "unauthorized access, please provide a valid "

@@ -53,14 +53,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        # Over TLS the handshake is done here, timed as the fake's own work
-        # (both sides of it, in fact: the client's half is counted too).
-        if isinstance(self.request, ssl.SSLSocket):
-            began = time.perf_counter()
-            try:
+        # From the accept to here (a thread started for the connection),
+        # and over TLS the handshake, timed as the fake's own work (both
+        # sides of the handshake, in fact: the client's half is counted too).
+        began = self.server.accepted_at.pop(self.request, None) or time.perf_counter()
+        try:
+            if isinstance(self.request, ssl.SSLSocket):
                 self.request.do_handshake()
-            finally:
-                self.fake._handled(began, time.perf_counter())
+        finally:
+            self.fake._handled(began, time.perf_counter())
 
     def parse_request(self) -> bool:
         # The request line has just arrived: from here the time is the
@@ -110,11 +111,21 @@ class _Server(ThreadingHTTPServer):
 
     connections = 0  # accepted so far, for tests of a client's connection reuse
 
+    def __init__(self, *args, **kwargs) -> None:
+        self.accepted_at: "dict" = {}
+        super().__init__(*args, **kwargs)
+
     def get_request(self):
         sock, addr = super().get_request()
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.connections += 1
         return sock, addr
+
+    def process_request(self, request, client_address) -> None:
+        # Starting a thread per connection is the fake's cost, not its
+        # client's: the handler's first span begins here.
+        self.accepted_at[request] = time.perf_counter()
+        super().process_request(request, client_address)
 
 
 class _TlsServer(_Server):
@@ -228,7 +239,8 @@ class FakeE2B:
                 "live_count": len(live),
                 "containers": {s.id: s.container for s in live},
                 **self.registry.counts, "faults": self.faults.snapshot(),
-                "connections": self._server.connections if self._server else 0}
+                "connections": self._server.connections if self._server else 0,
+                "envd_api_keys_seen": self.envd.api_keys_seen}
 
     def set_fault(self, name: str, count: "int | None" = 1, **params) -> None:
         self.faults.set(name, count, **params)
