@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::Value;
 
+#[path = "hostile_plugin.rs"]
+pub mod hostile_plugin;
+
 pub const REQUEST_ID: &str = "0123456789abcdef0123456789abcdef";
 
 pub fn plimsolld_path() -> PathBuf {
