@@ -191,9 +191,9 @@ async fn an_unfinished_body_at_the_calls_end_is_not_sent_as_finished() {
 }
 
 /// A plain HTTP/1.1 server on loopback that counts the connections it
-/// accepts; with `close_after_one` it answers one request per connection
-/// and hangs up (without saying so in a header, as an idle timeout would).
-async fn counting_server(close_after_one: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+/// accepts; the first `hang_up_first` of them it answers once and hangs up
+/// on (without saying so in a header, as an idle timeout would).
+async fn counting_server(hang_up_first: usize) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -203,7 +203,7 @@ async fn counting_server(close_after_one: bool) -> (String, Arc<std::sync::atomi
     let counted = accepted.clone();
     tokio::spawn(async move {
         while let Ok((mut tcp, _)) = listener.accept().await {
-            counted.fetch_add(1, Ordering::SeqCst);
+            let close_after_one = counted.fetch_add(1, Ordering::SeqCst) < hang_up_first;
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
@@ -247,7 +247,7 @@ async fn get_ok(h: &mut OutgoingHooks, url: &str) {
 
 #[tokio::test]
 async fn a_call_reuses_its_connection_and_no_other_call_shares_it() {
-    let (origin, accepted) = counting_server(false).await;
+    let (origin, accepted) = counting_server(0).await;
     let mark = DispatchMark::default();
     let mut call = hooks(&origin, &mark);
     for _ in 0..3 {
@@ -270,7 +270,7 @@ async fn a_call_reuses_its_connection_and_no_other_call_shares_it() {
 
 #[tokio::test]
 async fn a_kept_connection_the_server_closed_is_not_used_again() {
-    let (origin, accepted) = counting_server(true).await;
+    let (origin, accepted) = counting_server(usize::MAX).await;
     let mark = DispatchMark::default();
     let mut call = hooks(&origin, &mark);
     for i in 1..=3 {
@@ -279,4 +279,58 @@ async fn a_kept_connection_the_server_closed_is_not_used_again() {
         // Time for the hang-up to arrive before the next request.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// `n` GETs sent at once through the hooks, their answers read to the end.
+async fn get_ok_at_once(h: &mut OutgoingHooks, url: &str, n: usize) {
+    let sends: Vec<_> = (0..n)
+        .map(|_| Pin::from(h.send_request(get(url, &[]), None, no_io())))
+        .collect();
+    let mut answers = Vec::new();
+    for sent in futures_util::future::join_all(sends).await {
+        let (answer, conn) = sent.expect("sent");
+        tokio::spawn(Pin::from(conn));
+        answers.push(answer);
+    }
+    for answer in answers {
+        let body = answer.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&body[..], b"ok");
+    }
+}
+
+#[tokio::test]
+async fn a_call_keeps_up_to_four_idle_connections_per_origin() {
+    let (origin, accepted) = counting_server(0).await;
+    let mark = DispatchMark::default();
+    let mut call = hooks(&origin, &mark);
+    let url = format!("{origin}/x");
+    // Five at once need five connections; four are kept afterwards, so five
+    // at once again need one more.
+    get_ok_at_once(&mut call, &url, 5).await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    get_ok_at_once(&mut call, &url, 5).await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 6);
+}
+
+#[tokio::test]
+async fn connections_that_hung_up_do_not_crowd_out_live_ones() {
+    // The first five connections are hung up on after one answer; the pool
+    // must drop them, or they would fill its four places and the live sixth
+    // would not be kept.
+    let (origin, accepted) = counting_server(5).await;
+    let mark = DispatchMark::default();
+    let mut call = hooks(&origin, &mark);
+    let url = format!("{origin}/x");
+    for _ in 0..6 {
+        get_ok(&mut call, &url).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 6);
+    get_ok(&mut call, &url).await;
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        6,
+        "the live connection was not kept"
+    );
 }
