@@ -165,11 +165,18 @@ pub fn send(req: Request<'_>, deadline: Instant) -> Result<Response, Failure> {
         .map_err(|()| invalid("path"))?;
     let body = outgoing.body().map_err(|()| invalid("body"))?;
     let future = outgoing_handler::handle(outgoing, None).map_err(failure)?;
-    {
+    let wrote = {
         let stream = body.write().map_err(|()| invalid("body"))?;
-        write_all(&stream, req.body, deadline)?;
+        write_all(&stream, req.body, deadline)
+    };
+    match wrote {
+        Ok(()) => OutgoingBody::finish(body, None).map_err(failure)?,
+        Err(Failure::Deadline) => return Err(Failure::Deadline),
+        // The service may have answered before taking the whole body (an
+        // early error, say): its answer, or the request's own failure,
+        // says what happened.
+        Err(_) => drop(body),
     }
-    OutgoingBody::finish(body, None).map_err(failure)?;
 
     let response = loop {
         match future.get() {
@@ -196,6 +203,11 @@ pub fn send(req: Request<'_>, deadline: Instant) -> Result<Response, Failure> {
 /// the host to take each part (a service that stops reading must not hold
 /// the call past its deadline).
 fn write_all(stream: &OutputStream, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
+    // A bodiless request: nothing to write or flush (and a service may
+    // answer it before a flush would return).
+    if bytes.is_empty() {
+        return Ok(());
+    }
     let broken = |_| Failure::Transport("the request body could not be sent".into());
     let mut rest = bytes;
     while !rest.is_empty() {
