@@ -114,13 +114,7 @@ impl PluginSettings {
         let http = match env.get("SANDBOX_PLUGIN_HTTP_ORIGINS") {
             None => None,
             Some(list) => {
-                let origins = list
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|o| !o.is_empty())
-                    .map(Origin::parse)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|why| invalid("SANDBOX_PLUGIN_HTTP_ORIGINS", why))?;
+                let origins = origin_list(list, "SANDBOX_PLUGIN_HTTP_ORIGINS")?;
                 let api_key = api_key(env)?;
                 if api_key.is_some() && origins.iter().any(|o| !o.is_https()) {
                     return Err(invalid(
@@ -177,23 +171,27 @@ fn key_origins(env: &Env, origins: &[Origin], has_key: bool) -> Result<Vec<Origi
             "names where an API key goes: set SANDBOX_PLUGIN_API_KEY_ENV too",
         ));
     }
-    let chosen = list
-        .split(',')
-        .map(str::trim)
-        .filter(|o| !o.is_empty())
-        .map(Origin::parse)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|why| invalid("SANDBOX_PLUGIN_API_KEY_ORIGINS", why))?;
+    let chosen = origin_list(list, "SANDBOX_PLUGIN_API_KEY_ORIGINS")?;
     if chosen.is_empty() {
         return Err(bad("is empty: unset it to send the key to every origin"));
     }
     if let Some(o) = chosen.iter().find(|o| !origins.contains(o)) {
-        return Err(invalid(
-            "SANDBOX_PLUGIN_API_KEY_ORIGINS",
-            format!("{} is not one of SANDBOX_PLUGIN_HTTP_ORIGINS", o.display()),
-        ));
+        return Err(bad(&format!(
+            "{} is not one of SANDBOX_PLUGIN_HTTP_ORIGINS",
+            o.display()
+        )));
     }
     Ok(chosen)
+}
+
+/// A comma-separated list of origins, as the operator wrote it in `var`.
+fn origin_list(list: &str, var: &'static str) -> Result<Vec<Origin>, ConfigError> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+        .map(Origin::parse)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|why| invalid(var, why))
 }
 
 /// The TLS files the operator named; read when the capability is built.
