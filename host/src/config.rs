@@ -506,6 +506,42 @@ mod tests {
             ])
         );
         assert!(!shown.contains("secret-value"), "{shown}");
+        // A traded key: https only, with the account name, sent as a bearer,
+        // never as is; its debug form shows neither the key nor its body.
+        let trade = [
+            ("SANDBOX_PLUGIN_HTTP_ORIGINS", "https://a.example"),
+            ("SANDBOX_PLUGIN_API_KEY_ENV", "KEY"),
+            (
+                "SANDBOX_PLUGIN_KEY_EXCHANGE_URL",
+                "https://hub.example/v2/auth/token",
+            ),
+            ("SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER", "me"),
+        ];
+        let c = with(&trade).expect("exchange");
+        let http = c.providers.plugin.http.clone().expect("grant");
+        assert!(http.api_key.is_none());
+        assert_eq!(http.exchange.as_ref().expect("exchange").identifier, "me");
+        assert!(!format!("{c:?}").contains("secret-value"));
+        let swap = |name: &'static str, value: &'static str| {
+            let mut v: Vec<_> = trade.iter().copied().filter(|(k, _)| *k != name).collect();
+            if !value.is_empty() {
+                v.push((name, value));
+            }
+            with(&v)
+        };
+        assert!(swap("SANDBOX_PLUGIN_KEY_EXCHANGE_URL", "http://127.0.0.1:9/t").is_err());
+        assert!(
+            swap(
+                "SANDBOX_PLUGIN_KEY_EXCHANGE_URL",
+                "https://u:p@hub.example/t"
+            )
+            .is_err()
+        );
+        assert!(swap("SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER", "").is_err());
+        assert!(swap("SANDBOX_PLUGIN_API_KEY_ENV", "").is_err());
+        assert!(swap("SANDBOX_PLUGIN_API_KEY_HEADER", "x-api-key").is_err());
+        assert!(swap("SANDBOX_PLUGIN_KEY_EXCHANGE_URL", "").is_err());
+        assert!(swap("SANDBOX_PLUGIN_HTTP_ORIGINS", "").is_err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::capabilities::http::policy::{HttpAllowance, HttpTls, Origin};
+use super::capabilities::http::policy::{ExchangeSettings, HttpAllowance, HttpTls, Origin};
 use crate::env_vars::{ConfigError, Env, Var, invalid, var};
 use crate::tier::Tier;
 
@@ -42,6 +42,16 @@ pub const VARIABLES: &[Var] = &[
         "SANDBOX_PLUGIN_API_KEY_ORIGINS",
         "(unset: every origin listed)",
         "the origins, among SANDBOX_PLUGIN_HTTP_ORIGINS, that receive the API key (comma-separated); the others never see it",
+    ),
+    var(
+        "SANDBOX_PLUGIN_KEY_EXCHANGE_URL",
+        "(unset: the key is sent as is)",
+        "https URL where the host trades the API key for an access token (Docker Hub's shape: POST {identifier, secret} -> {access_token}) and sends Authorization: Bearer <token> instead; the key goes only here",
+    ),
+    var(
+        "SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER",
+        "(unset)",
+        "the account name sent beside the key in that trade (required with SANDBOX_PLUGIN_KEY_EXCHANGE_URL)",
     ),
     var(
         "SANDBOX_PLUGIN_HTTP_CA",
@@ -115,23 +125,34 @@ impl PluginSettings {
             None => None,
             Some(list) => {
                 let origins = origin_list(list, "SANDBOX_PLUGIN_HTTP_ORIGINS")?;
-                let api_key = api_key(env)?;
-                if api_key.is_some() && origins.iter().any(|o| !o.is_https()) {
+                let exchange = exchange(env)?;
+                // A traded key is never sent as is.
+                let api_key = match exchange {
+                    Some(_) => None,
+                    None => api_key(env)?,
+                };
+                if (api_key.is_some() || exchange.is_some())
+                    && origins.iter().any(|o| !o.is_https())
+                {
                     return Err(invalid(
                         "SANDBOX_PLUGIN_API_KEY_ENV",
                         "an API key is only ever sent over https; remove the plain-http origins",
                     ));
                 }
-                let key_origins = key_origins(env, &origins, api_key.is_some())?;
+                let key_origins =
+                    key_origins(env, &origins, api_key.is_some() || exchange.is_some())?;
                 Some(HttpAllowance {
                     origins,
                     api_key,
                     key_origins,
                     tls: http_tls(env)?,
+                    exchange,
                 })
             }
         };
         for tls_var in [
+            "SANDBOX_PLUGIN_KEY_EXCHANGE_URL",
+            "SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER",
             "SANDBOX_PLUGIN_HTTP_CA",
             "SANDBOX_PLUGIN_HTTP_CLIENT_CERT",
             "SANDBOX_PLUGIN_HTTP_CLIENT_KEY",
@@ -192,6 +213,69 @@ fn origin_list(list: &str, var: &'static str) -> Result<Vec<Origin>, ConfigError
         .map(Origin::parse)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|why| invalid(var, why))
+}
+
+/// The key exchange, if the operator asked for one: an https URL, the
+/// account name, and the key from the variable named for it.
+fn exchange(env: &Env) -> Result<Option<ExchangeSettings>, ConfigError> {
+    let Some(url) = env.get("SANDBOX_PLUGIN_KEY_EXCHANGE_URL") else {
+        if env.is_set("SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER") {
+            return Err(invalid(
+                "SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER",
+                "belongs to a key exchange: set SANDBOX_PLUGIN_KEY_EXCHANGE_URL too",
+            ));
+        }
+        return Ok(None);
+    };
+    let bad = |why: &str| invalid("SANDBOX_PLUGIN_KEY_EXCHANGE_URL", why);
+    let parsed = reqwest::Url::parse(url).map_err(|_| bad("is not a URL"))?;
+    if parsed.scheme() != "https"
+        || !parsed.username().is_empty()
+        || parsed.password().is_some()
+        || parsed.host_str().is_none()
+    {
+        return Err(bad(
+            "must be an https URL without credentials (the key is sent to it)",
+        ));
+    }
+    let identifier = env
+        .get("SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER")
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            invalid(
+                "SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER",
+                "is required with SANDBOX_PLUGIN_KEY_EXCHANGE_URL (the account name)",
+            )
+        })?;
+    if let Some(header) = env.get("SANDBOX_PLUGIN_API_KEY_HEADER")
+        && !header.eq_ignore_ascii_case("authorization")
+    {
+        return Err(invalid(
+            "SANDBOX_PLUGIN_API_KEY_HEADER",
+            "a traded key is always sent as Authorization: Bearer; unset it",
+        ));
+    }
+    let Some(name_var) = env.get("SANDBOX_PLUGIN_API_KEY_ENV") else {
+        return Err(bad(
+            "trades the API key: set SANDBOX_PLUGIN_API_KEY_ENV too",
+        ));
+    };
+    let secret = env
+        .named(name_var)
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or_else(|| {
+            invalid(
+                "SANDBOX_PLUGIN_API_KEY_ENV",
+                "names a variable that is unset, empty or not visible ASCII",
+            )
+        })?;
+    Ok(Some(ExchangeSettings {
+        url: parsed,
+        identifier: identifier.to_string(),
+        secret: secret.to_string(),
+    }))
 }
 
 /// The TLS files the operator named; read when the capability is built.

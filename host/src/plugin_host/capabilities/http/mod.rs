@@ -8,6 +8,7 @@
 //! counts as possible dispatch from the moment it may leave: whatever the
 //! plugin reports afterwards may follow execution.
 
+pub mod key_exchange;
 pub mod metered;
 pub mod outgoing;
 pub mod policy;
@@ -35,6 +36,8 @@ pub struct HttpCapability {
     pub client: reqwest::Client,
     /// TLS for wasi:http requests, which the host sends itself.
     pub tls: Arc<tokio_rustls::rustls::ClientConfig>,
+    /// The trade of the operator's key for an access token, if configured.
+    pub exchange: Option<key_exchange::KeyExchange>,
 }
 
 impl HttpCapability {
@@ -42,11 +45,29 @@ impl HttpCapability {
     /// `http` interface and its TLS settings for wasi:http.
     pub fn new(allowance: HttpAllowance) -> Result<HttpCapability, String> {
         let tls = sender::tls_config(&allowance.tls)?;
+        let exchange = allowance.exchange.as_ref().map(|e| {
+            key_exchange::KeyExchange::new(e.url.clone(), &e.identifier, &e.secret, tls.clone())
+        });
         Ok(HttpCapability {
+            exchange,
             allowance,
             client: crate::outbound::client().map_err(|e| format!("http client: {e}"))?,
             tls,
         })
+    }
+
+    /// Adds the host's traded token to a checked request that needs it.
+    pub async fn add_exchanged_key(
+        &self,
+        headers: &mut reqwest::header::HeaderMap,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), String> {
+        let Some(exchange) = &self.exchange else {
+            return Err("no key exchange is configured".into());
+        };
+        let bearer = exchange.bearer(deadline).await?;
+        headers.insert(reqwest::header::AUTHORIZATION, bearer);
+        Ok(())
     }
 
     /// The origins the plugin may reach, as it is told them.
@@ -148,7 +169,7 @@ pub async fn send(
     capability: Option<&HttpCapability>,
     request: Request,
 ) -> Result<http_if::Response, http_if::HttpError> {
-    let checked = policy::check(
+    let mut checked = policy::check(
         capability.map(|c| &c.allowance),
         &request.method,
         &request.url,
@@ -168,6 +189,16 @@ pub async fn send(
     // From here on the request may reach the service: anything the plugin
     // reports afterwards may follow execution.
     let _sent = call.mark.before_execution();
+    if checked.needs_exchanged_key {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+        if let Err(why) = capability
+            .add_exchanged_key(&mut checked.headers, deadline)
+            .await
+        {
+            tracing::warn!(target: "plimsoll::plugin", plugin = &*call.plugin, why, "key exchange failed");
+            return Err(http_if::HttpError::Transport(why));
+        }
+    }
     match policy::send(&capability.client, checked).await {
         Ok((status, headers, body)) => Ok(http_if::Response {
             status,

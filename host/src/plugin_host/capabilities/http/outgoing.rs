@@ -228,9 +228,19 @@ impl WasiHttpHooks for OutgoingHooks {
         *req.headers_mut() = checked.headers;
         *req.uri_mut() = uri;
         let url = checked.url;
+        let needs_exchanged_key = checked.needs_exchanged_key;
         let tasks = self.tasks.clone();
         let pool = self.pool.clone();
+        let plugin = self.plugin.clone();
         Box::new(async move {
+            // The traded token may need a trade first; the request waits for
+            // it under the call's deadline.
+            if needs_exchanged_key
+                && let Err(why) = capability.add_exchanged_key(req.headers_mut(), ends).await
+            {
+                tracing::warn!(target: "plimsoll::plugin", plugin = &*plugin, why, "key exchange failed");
+                return Err(Error::InternalError(Some(why)));
+            }
             let tls = capability.tls.clone();
             let sent = sender::send(tls, &url, req, ends, tasks, pool).await;
             let (head, conn) = match sent {

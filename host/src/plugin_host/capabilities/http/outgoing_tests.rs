@@ -26,6 +26,7 @@ fn hooks(origin: &str, mark: &DispatchMark) -> OutgoingHooks {
         )),
         key_origins: vec![],
         tls: Default::default(),
+        exchange: None,
     })
     .expect("capability");
     OutgoingHooks::new(
@@ -139,6 +140,7 @@ fn metered(
         api_key: None,
         key_origins: vec![],
         tls: Default::default(),
+        exchange: None,
     })
     .expect("capability");
     let body = http_body_util::Full::new(Bytes::from_static(bytes))

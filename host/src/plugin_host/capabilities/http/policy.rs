@@ -94,6 +94,45 @@ pub struct HttpAllowance {
     pub key_origins: Vec<Origin>,
     /// TLS the host uses for the plugin's wasi:http requests.
     pub tls: HttpTls,
+    /// Where the key is traded for the access token the host sends in its
+    /// place (`key_exchange`); with it, `api_key` is unset.
+    pub exchange: Option<ExchangeSettings>,
+}
+
+/// The operator's key exchange: the key itself goes only to `url`.
+#[derive(Clone)]
+pub struct ExchangeSettings {
+    pub url: Url,
+    pub identifier: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for ExchangeSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExchangeSettings")
+            .field("url", &self.url.as_str())
+            .field("identifier", &self.identifier)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpAllowance {
+    /// Whether the host puts a credential of its own on requests to
+    /// `origin`'s URL: a key is configured (as is, or traded) and the
+    /// origin is one of those named for it (all, when none are named).
+    fn key_goes_to(&self, url: &Url) -> bool {
+        (self.api_key.is_some() || self.exchange.is_some())
+            && (self.key_origins.is_empty() || self.key_origins.iter().any(|o| o.matches(url)))
+    }
+
+    /// Whether the operator named the key's origins, so the others get no
+    /// credential from the host: there `Authorization` is the plugin's own
+    /// (a token the service minted for the sandbox the plugin made), since
+    /// nothing of the operator's can be carried in it. Without that
+    /// explicit split (no key at all included) it stays the host's.
+    fn plugin_may_authorize_somewhere(&self) -> bool {
+        (self.api_key.is_some() || self.exchange.is_some()) && !self.key_origins.is_empty()
+    }
 }
 
 /// Files the operator named for the plugin's TLS: extra trusted CAs (an
@@ -107,10 +146,9 @@ pub struct HttpTls {
 }
 
 /// Headers a plugin may never set: the host owns framing, the target, and
-/// every kind of credential.
+/// every kind of credential (`authorization` apart, see `check`).
 const RESERVED: &[&str] = &[
     "host",
-    "authorization",
     "proxy-authorization",
     "cookie",
     "content-length",
@@ -134,7 +172,8 @@ const RESERVED: &[&str] = &[
 /// Whether the host reserves `name`: framing, the target, every kind of
 /// credential, and the header that carries the operator's key.
 pub fn is_reserved(grant: &HttpAllowance, name: &HeaderName) -> bool {
-    RESERVED.contains(&name.as_str())
+    (name == reqwest::header::AUTHORIZATION && !grant.plugin_may_authorize_somewhere())
+        || RESERVED.contains(&name.as_str())
         || name.as_str().starts_with("proxy-")
         || name.as_str().starts_with("x-forwarded-")
         || grant.api_key.as_ref().is_some_and(|(k, _)| k == name)
@@ -168,6 +207,9 @@ pub struct Checked {
     pub url: Url,
     pub headers: HeaderMap,
     pub body: Option<Vec<u8>>,
+    /// The host's traded token still has to be added (it may need a trade,
+    /// which `check` cannot wait for).
+    pub needs_exchanged_key: bool,
 }
 
 /// Every check, in order, before anything is sent.
@@ -216,7 +258,10 @@ pub fn check(
     for (name, value) in headers {
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| HttpRefusal::Forbidden("a header name is not valid"))?;
-        if is_reserved(grant, &name) {
+        // `Authorization` is refused where the host's own credential goes:
+        // the plugin may neither replace nor add to it.
+        let hosts_credential = name == reqwest::header::AUTHORIZATION && grant.key_goes_to(&parsed);
+        if hosts_credential || is_reserved(grant, &name) {
             return Err(HttpRefusal::Forbidden(
                 "the plugin set a header the host reserves (framing, target or credentials)",
             ));
@@ -228,13 +273,15 @@ pub fn check(
     if body.as_ref().is_some_and(|b| b.len() > MAX_REQUEST_BODY) {
         return Err(HttpRefusal::Forbidden("the request body exceeds 8 MiB"));
     }
+    let gets_key = grant.key_goes_to(&parsed);
     if let Some((k, v)) = &grant.api_key
-        && (grant.key_origins.is_empty() || grant.key_origins.iter().any(|o| o.matches(&parsed)))
+        && gets_key
     {
         map.insert(k.clone(), v.clone());
     }
     Ok(Checked {
         method,
+        needs_exchanged_key: gets_key && grant.exchange.is_some(),
         url: parsed,
         headers: map,
         body,
@@ -318,6 +365,7 @@ mod tests {
                 HeaderValue::from_static("k"),
             )),
             tls: HttpTls::default(),
+            exchange: None,
         }
     }
 
@@ -443,5 +491,46 @@ mod tests {
         assert!(check(Some(&g), "TRACE", "https://api.example.com/", &[], None).is_err());
         let big = vec![0u8; MAX_REQUEST_BODY + 1];
         assert!(check(Some(&g), "POST", "https://api.example.com/", &[], Some(big)).is_err());
+    }
+
+    #[test]
+    fn authorization_is_the_plugins_own_only_where_no_key_of_the_hosts_goes() {
+        let own = [("authorization".to_string(), "Bearer minted".to_string())];
+        let mut g = grant();
+        // A key for every origin: Authorization is the host's everywhere.
+        assert!(check(Some(&g), "GET", "http://127.0.0.1:8080/x", &own, None).is_err());
+        assert!(is_reserved(&g, &reqwest::header::AUTHORIZATION));
+        // The key named for the API only: the other origin takes the
+        // plugin's own token, the API still refuses it.
+        g.key_origins = vec![Origin::parse("https://api.example.com").expect("origin")];
+        assert!(!is_reserved(&g, &reqwest::header::AUTHORIZATION));
+        let to_other = check(Some(&g), "GET", "http://127.0.0.1:8080/x", &own, None).expect("own");
+        assert_eq!(to_other.headers["authorization"], "Bearer minted");
+        assert!(check(Some(&g), "GET", "https://api.example.com/x", &own, None).is_err());
+        // A traded key counts as the host's credential in the same way.
+        g.api_key = None;
+        g.exchange = Some(ExchangeSettings {
+            url: Url::parse("https://hub.example.com/token").expect("url"),
+            identifier: "me".into(),
+            secret: "pat".into(),
+        });
+        let to_api = check(Some(&g), "GET", "https://api.example.com/x", &[], None).expect("api");
+        assert!(to_api.needs_exchanged_key);
+        assert!(check(Some(&g), "GET", "https://api.example.com/x", &own, None).is_err());
+        let to_other = check(Some(&g), "GET", "http://127.0.0.1:8080/x", &[], None).expect("other");
+        assert!(!to_other.needs_exchanged_key);
+        g.key_origins.clear();
+        assert!(is_reserved(&g, &reqwest::header::AUTHORIZATION));
+        // No key at all: still the host's, on every origin.
+        g.exchange = None;
+        assert!(is_reserved(&g, &reqwest::header::AUTHORIZATION));
+        assert!(check(Some(&g), "GET", "http://127.0.0.1:8080/x", &own, None).is_err());
+        g.exchange = Some(ExchangeSettings {
+            url: Url::parse("https://hub.example.com/token").expect("url"),
+            identifier: "me".into(),
+            secret: "pat".into(),
+        });
+        // The secret never prints.
+        assert!(!format!("{g:?}").contains("pat\""));
     }
 }

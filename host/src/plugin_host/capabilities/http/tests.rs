@@ -49,6 +49,7 @@ fn capability(origin: &str) -> HttpCapability {
         )),
         key_origins: vec![],
         tls: Default::default(),
+        exchange: None,
     })
     .expect("capability")
 }
