@@ -299,23 +299,4 @@ fn parse_version(s: &str) -> Option<(u64, u64, u64)> {
     Some((n()?, n()?, n().unwrap_or(0)))
 }
 
-/// Percent-encodes everything but unreserved characters.
-pub fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-pub fn wall_seconds() -> u64 {
-    wasi::clocks::wall_clock::now().seconds
-}
-
-pub fn sleep_ms(ms: u64) {
-    wasi::clocks::monotonic_clock::subscribe_duration(ms * 1_000_000).block();
-}
+pub use crate::wire::{encode, sleep_ms, wall_seconds};

@@ -22,7 +22,9 @@ mod envd;
 mod project;
 mod session;
 mod smoke;
-mod wire;
+
+/// The shared wasi:http client every cloud adapter uses.
+use plimsoll_plugin_wire as wire;
 
 mod bindings {
     wit_bindgen::generate!({

@@ -1,4 +1,5 @@
-//! HTTP over standard `wasi:http`, with the run's deadline on every wait.
+//! HTTP over standard `wasi:http`, with the run's deadline on every wait:
+//! the client the cloud adapters (e2b, dockercloud) share.
 //!
 //! The host polices each request (the allowlist, reserved headers, the
 //! operator's key added, byte and time budgets); this side builds requests,
@@ -74,7 +75,8 @@ pub struct Request<'a> {
 
 pub struct Response {
     pub status: u16,
-    headers: Vec<(String, Vec<u8>)>,
+    /// Every header as the service sent it.
+    pub headers: Vec<(String, Vec<u8>)>,
     // Fields drop in order: the stream before the body it belongs to, the
     // body before the response.
     stream: Option<InputStream>,
@@ -267,4 +269,28 @@ pub fn remaining_ms(deadline: Instant) -> u64 {
 /// The instant `ms` milliseconds from now.
 pub fn after_ms(ms: u64) -> Instant {
     monotonic_clock::now().saturating_add(ms.saturating_mul(1_000_000))
+}
+
+/// Percent-encodes everything but unreserved characters, for a query value
+/// or a path segment.
+pub fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The wall clock's Unix second (for labels other instances read).
+pub fn wall_seconds() -> u64 {
+    wasi::clocks::wall_clock::now().seconds
+}
+
+/// Blocks the call for `ms` milliseconds.
+pub fn sleep_ms(ms: u64) {
+    monotonic_clock::subscribe_duration(ms.saturating_mul(1_000_000)).block();
 }
