@@ -32,19 +32,23 @@ if ! rustup target list --installed | grep -qx wasm32-wasip2; then
 fi
 
 # The published client, pinned, unmodified: the compatibility contract.
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import plimsoll_client, pytest, anthropic, agents' 2>/dev/null; then
-  echo "setup: creating .venv with plimsoll-client 0.23.0 (with its anthropic and openai-agents extras) and pytest"
+# jsonschema: fake-dockercloud, which the adapter tests start in-process,
+# checks every request and answer against Docker's published shapes.
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import plimsoll_client, pytest, anthropic, agents, jsonschema' 2>/dev/null; then
+  echo "setup: creating .venv with plimsoll-client 0.23.0 (with its anthropic and openai-agents extras), jsonschema and pytest"
   python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check 'plimsoll-client[anthropic,openai-agents]==0.23.0' 'pytest>=8,<9'
+  .venv/bin/pip install -q --disable-pip-version-check 'plimsoll-client[anthropic,openai-agents]==0.23.0' 'jsonschema==4.26.0' 'pytest>=8,<9'
 fi
 
 # E2B's official SDK, pinned, in a venv of its own (its HTTP stack must not
 # change what the published client is tested with): the client nobody here
-# wrote that the fake E2B is proven against.
-if [ ! -x .venv-e2b/bin/python ] || ! .venv-e2b/bin/python -c 'import e2b, pytest' 2>/dev/null; then
-  echo "setup: creating .venv-e2b with e2b 2.63.0 and pytest"
+# wrote that the fake E2B is proven against; and jsonschema, which checks
+# fake-dockercloud's every request and answer against the shapes Docker
+# publishes for its Sandboxes API.
+if [ ! -x .venv-e2b/bin/python ] || ! .venv-e2b/bin/python -c 'import e2b, pytest, jsonschema' 2>/dev/null; then
+  echo "setup: creating .venv-e2b with e2b 2.63.0, jsonschema and pytest"
   python3 -m venv .venv-e2b
-  .venv-e2b/bin/pip install -q --disable-pip-version-check 'e2b==2.63.0' 'pytest>=8,<9'
+  .venv-e2b/bin/pip install -q --disable-pip-version-check 'e2b==2.63.0' 'jsonschema==4.26.0' 'pytest>=8,<9'
 fi
 
 # dockerd with gVisor registered. --network=none: runsc refuses to start in

@@ -37,21 +37,22 @@ class FaultError(ValueError):
 
 
 class Faults:
-    def __init__(self) -> None:
+    def __init__(self, knobs: "dict[str, dict] | None" = None) -> None:
+        self._knobs = KNOBS if knobs is None else knobs  # another fake's table
         self._lock = threading.Lock()
         self._armed: "dict[str, dict]" = {}
 
     def set(self, name: str, count: "int | None" = 1, **params) -> None:
-        if name not in KNOBS:
-            raise FaultError(f"unknown fault {name!r}; known: {sorted(KNOBS)}")
-        unknown = set(params) - set(KNOBS[name])
+        if name not in self._knobs:
+            raise FaultError(f"unknown fault {name!r}; known: {sorted(self._knobs)}")
+        unknown = set(params) - set(self._knobs[name])
         if unknown:
             raise FaultError(f"fault {name!r} takes no parameter(s) {sorted(unknown)}")
         if count is not None and (not isinstance(count, int) or isinstance(count, bool)
                                   or count < 1):
             raise FaultError("count must be a positive integer, or null for 'until cleared'")
         with self._lock:
-            self._armed[name] = {"count": count, "params": {**KNOBS[name], **params}}
+            self._armed[name] = {"count": count, "params": {**self._knobs[name], **params}}
 
     def clear(self, name: "str | None" = None) -> None:
         with self._lock:

@@ -1,0 +1,149 @@
+//! dockercloud: a provider plugin that runs snippets and projects in
+//! Docker's hosted sandboxes (one microVM per run) through the documented
+//! REST API (v1), over standard `wasi:http`.
+//!
+//! Per run: create a sandbox from the image, wait until it runs, check what
+//! the service says it made (name, size, endpoint), read its network policy
+//! back and require deny-all with no allow rule, mint one scoped endpoint
+//! credential, write the files, run each command through a wrapper that
+//! enforces the time limit and the output cap inside the VM, read the
+//! artifacts back, and delete the sandbox on every path.
+//!
+//! The plugin holds no operator credential: the host trades the operator's
+//! Docker token for an access token and adds it to requests to the API
+//! origin (`SANDBOX_PLUGIN_KEY_EXCHANGE_URL`). The endpoint credential is
+//! minted per sandbox by the service and sent by this plugin to the
+//! sandbox's own endpoint, an origin that never receives the host's token.
+//! The tier claimed is vm, from provider identity; the host caps it at the
+//! operator's `SANDBOX_PLUGIN_MAX_TIER`. See docs/providers/dockercloud.md.
+
+mod api;
+mod checks;
+mod endpoint;
+mod multipart;
+mod project;
+mod smoke;
+mod wrapper;
+
+/// The shared wasi:http client every cloud adapter uses.
+use plimsoll_plugin_wire as wire;
+
+mod bindings {
+    wit_bindgen::generate!({
+        world: "cloud-adapter",
+        path: "../../wit/provider",
+        generate_all,
+    });
+}
+
+use bindings::exports::plimsoll::provider::adapter::Guest;
+use bindings::plimsoll::provider::http;
+use bindings::plimsoll::provider::types::{
+    Description, Payload, PayloadKind, PreflightReport, ProcessOutput, Refusal, RunError,
+    RunRequest, RunResult, SessionAnswer, SessionFailure, SessionOptions, Tier,
+};
+use wasi::clocks::monotonic_clock::Instant;
+
+const NAME: &str = "dockercloud";
+/// Longest run: the endpoint credential lives 300 s and an exec still
+/// running when it expires is cut off, so a run ends well inside it.
+pub const MAX_RUN_MS: u32 = 270_000;
+/// Where a snippet is written; it runs with no working directory given.
+const SNIPPET: &str = "/tmp/plimsoll-snippet.cjs";
+
+struct DockerCloud;
+
+impl Guest for DockerCloud {
+    fn describe() -> Description {
+        Description {
+            name: NAME.to_string(),
+            tier: Tier::Vm,
+            payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
+            environment: format!("dockercloud:image={}", api::IMAGE),
+            sessions: None,
+        }
+    }
+
+    fn preflight() -> Result<PreflightReport, String> {
+        smoke::preflight(&service().map_err(|e| format!("{e:?}"))?)
+    }
+
+    fn run(request: RunRequest) -> Result<RunResult, RunError> {
+        if request.timeout_ms > MAX_RUN_MS {
+            return Err(RunError::NotDispatched(Refusal::Request(format!(
+                "dockercloud runs end within {} s (the sandbox endpoint's credential lives 300 s); ask for less",
+                MAX_RUN_MS / 1000
+            ))));
+        }
+        let deadline = wire::after_ms(u64::from(request.timeout_ms));
+        wire::set_call_deadline(deadline);
+        let service = service()?;
+        let limit = request.output_limit;
+        match request.payload {
+            Payload::Javascript(code) => {
+                in_sandbox(&service, request.timeout_ms, deadline, |sandbox| {
+                    snippet(sandbox, &code, limit, deadline)
+                })
+                .map(RunResult::Javascript)
+            }
+            Payload::Project(p) => in_sandbox(&service, request.timeout_ms, deadline, |sandbox| {
+                project::run(sandbox, &p, limit, deadline)
+            })
+            .map(RunResult::Project),
+            Payload::Cell(_) => Err(RunError::NotDispatched(Refusal::Unsupported(
+                "dockercloud has no sessions".into(),
+            ))),
+        }
+    }
+
+    fn open_session(_options: SessionOptions) -> Result<String, RunError> {
+        Err(RunError::NotDispatched(Refusal::Unsupported(
+            "dockercloud has no sessions".into(),
+        )))
+    }
+
+    fn session_run(_state: String, _request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
+        Err(SessionFailure {
+            error: RunError::NotDispatched(Refusal::Unsupported(
+                "dockercloud has no sessions".into(),
+            )),
+            ended: None,
+        })
+    }
+
+    fn close_session(_state: String) {}
+}
+
+bindings::export!(DockerCloud with_types_in bindings);
+
+fn service() -> Result<api::Service, RunError> {
+    api::Service::configured(http::allowed_origins())
+        .map_err(|e| RunError::NotDispatched(Refusal::Environment(e)))
+}
+
+/// Creates and checks a sandbox, runs `f` in it, and deletes it however
+/// `f` ended.
+fn in_sandbox<T>(
+    service: &api::Service,
+    timeout_ms: u32,
+    deadline: Instant,
+    f: impl FnOnce(&endpoint::Endpoint<'_>) -> Result<T, RunError>,
+) -> Result<T, RunError> {
+    let sandbox = service.create(u64::from(timeout_ms).div_ceil(1000), deadline)?;
+    let outcome = service
+        .ready(&sandbox, deadline)
+        .and_then(|credential| f(&endpoint::Endpoint::new(&sandbox, credential)));
+    service.delete(&sandbox.uid);
+    outcome
+}
+
+/// A snippet: written to a file, run with node through the wrapper.
+fn snippet(
+    sandbox: &endpoint::Endpoint<'_>,
+    code: &str,
+    limit: u32,
+    deadline: Instant,
+) -> Result<ProcessOutput, RunError> {
+    sandbox.upload(&[(SNIPPET.to_string(), code.as_bytes())], deadline)?;
+    sandbox.run(&["node", SNIPPET], None, limit, deadline)
+}

@@ -1,0 +1,145 @@
+//! The startup smoke test: one real sandbox made the way runs make it,
+//! proving from inside what the tier and SECURITY.md rest on. The API
+//! answers a list (and leftovers of ours past their labelled deadline are
+//! swept); the new sandbox's policy reads back deny-all; a project file
+//! arrives; a step runs in the project directory, finds node, shows a
+//! virtual CPU and no container marker, and cannot open a connection out;
+//! the wrapper ends `sleep 30` at a 1 s limit and cuts `yes` at exactly
+//! the cap. Any promise broken and the daemon does not start, naming it.
+//!
+//! This is observation, not attestation: a service that lied about what
+//! it runs could show all of this. docs/providers/dockercloud.md says what
+//! it rests on.
+
+use crate::api::Service;
+use crate::bindings::plimsoll::provider::types::{Language, PreflightReport, RunError};
+use crate::endpoint::Endpoint;
+use crate::project::PROJECT_DIR;
+use crate::wire;
+
+/// Budget for the whole probe, inside the host's preflight limit.
+const PROBE_MS: u64 = 90_000;
+const PROBE_FILE: &str = "plimsoll-probe.txt";
+/// The cap the flood check uses.
+const CAP: u32 = 4096;
+
+/// One step; each line is `key=value` for the checks below. Egress is
+/// tried to two addresses that answer on the open internet, a short
+/// timeout each (a connect that hangs counts as closed).
+const PROBE_STEP: &str = r#"echo "cwd=$(pwd)"
+echo "file=$(cat plimsoll-probe.txt 2>/dev/null)"
+if grep -qw hypervisor /proc/cpuinfo; then echo hypervisor=yes; else echo hypervisor=no; fi
+if [ -e /.dockerenv ] || [ -e /run/.containerenv ]; then echo container=yes; else echo container=no; fi
+for target in 1.1.1.1:443 8.8.8.8:53; do
+  if timeout 3 node -e 'const [h,p]=process.argv[1].split(":");require("net").connect(+p,h).on("connect",()=>process.exit(0)).on("error",()=>process.exit(1))' "$target" 2>/dev/null; then echo "egress=open"; else echo "egress=closed"; fi
+done
+echo "node=$(node --version 2>/dev/null)"
+"#;
+
+pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
+    let deadline = wire::after_ms(PROBE_MS);
+    wire::set_call_deadline(deadline);
+    let mut checks = Vec::new();
+    match service.sweep(deadline) {
+        Ok(n) => checks.push(format!(
+            "the API lists sandboxes; swept {n} expired one(s) of ours"
+        )),
+        Err(e) => return Err(format!("listing sandboxes failed: {e}")),
+    }
+    let token = format!("{:016x}", wasi::random::random::get_random_u64());
+    let sandbox = service
+        .create(PROBE_MS / 1000, deadline)
+        .map_err(|e| format!("creating the probe sandbox failed: {}", describe(&e)))?;
+    let outcome = service
+        .ready(&sandbox, deadline)
+        .and_then(|credential| probe(&Endpoint::new(&sandbox, credential), &token, deadline));
+    service.delete(&sandbox.uid);
+    let (out, slept, flood) = outcome.map_err(|e| format!("the probe failed: {}", describe(&e)))?;
+    checks.push("the sandbox's network policy reads back deny-all, no allow rule: ok".into());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let value = |key: &str| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .collect::<Vec<_>>()
+    };
+    let mut passed = true;
+    let mut check = |ok: bool, what: &str| {
+        passed &= ok;
+        checks.push(format!("{what}: {}", if ok { "ok" } else { "FAILED" }));
+    };
+    check(out.exit_code == 0 && !out.timed_out, "probe step exit 0");
+    check(
+        value("cwd") == [PROJECT_DIR],
+        "the step ran in the project directory",
+    );
+    check(
+        value("file") == [token.as_str()],
+        "the project file arrived intact",
+    );
+    check(value("hypervisor") == ["yes"], "the CPU is virtual (a VM)");
+    check(
+        value("container") == ["no"],
+        "no container runtime marker (a VM, not a container)",
+    );
+    let egress = value("egress");
+    check(
+        egress.len() == 2 && egress.iter().all(|e| *e == "closed"),
+        "connections out are refused",
+    );
+    check(
+        value("node").first().is_some_and(|v| v.starts_with('v')),
+        "node is present",
+    );
+    check(
+        slept.timed_out && slept.exit_code == 124,
+        "the wrapper ends a command at its time limit",
+    );
+    check(
+        flood.stdout.len() == CAP as usize && flood.stdout_truncated,
+        "the wrapper cuts output at exactly the cap",
+    );
+    Ok(PreflightReport {
+        passed,
+        checks: checks.join("\n"),
+        languages: vec![Language::Javascript],
+    })
+}
+
+type Probed = (
+    crate::bindings::plimsoll::provider::types::ProcessOutput,
+    crate::bindings::plimsoll::provider::types::ProcessOutput,
+    crate::bindings::plimsoll::provider::types::ProcessOutput,
+);
+
+fn probe(
+    sandbox: &Endpoint<'_>,
+    token: &str,
+    deadline: wasi::clocks::monotonic_clock::Instant,
+) -> Result<Probed, RunError> {
+    let file = format!("{PROJECT_DIR}/{PROBE_FILE}");
+    sandbox.make_dirs(&[PROJECT_DIR], deadline)?;
+    sandbox.upload(&[(file, token.as_bytes())], deadline)?;
+    let out = sandbox.run(
+        &["sh", "-c", PROBE_STEP],
+        Some(PROJECT_DIR),
+        64 << 10,
+        deadline,
+    )?;
+    // A 1 s limit: the wrapper's seconds come from the budget left, so the
+    // probe asks with a deadline 3 s away (2 s are kept back).
+    let slept = sandbox.run(
+        &["sleep", "30"],
+        None,
+        CAP,
+        wire::after_ms(3_500).min(deadline),
+    )?;
+    let flood = sandbox.run(&["yes"], None, CAP, deadline)?;
+    Ok((out, slept, flood))
+}
+
+fn describe(e: &RunError) -> String {
+    match e {
+        RunError::NotDispatched(r) => format!("{r:?}"),
+        RunError::MayHaveRun(s) => s.clone(),
+    }
+}

@@ -1,0 +1,273 @@
+"""The Docker Cloud provider plugin (plugins/dockercloud) through the real
+plimsolld and the published client (plimsoll-client 0.23.0, unmodified),
+against fake-dockercloud (tests/fakes/dockercloud), which serves Docker
+Hub's token exchange, the Sandboxes REST API and each sandbox's endpoint
+over TLS, runs every command in a real container, and checks every request
+and answer against the shapes Docker publishes.
+
+What is proven here: snippets and projects run end to end at the vm tier the
+operator allowed; the host, not the plugin, trades the operator's token, and
+neither it nor the access token reaches a sandbox's endpoint or the log;
+every fault ends the way it should (never marked not-dispatched once a
+request went out); the startup smoke test refuses to start on each broken
+promise, naming it; and no sandbox is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from plimsoll_client import Client
+from plimsoll_client.errors import PlimsollError
+
+from test_published_client import ROOT, Daemon, plimsolld_bin
+
+sys.path.insert(0, str(ROOT / "tests" / "fakes" / "e2b"))
+sys.path.insert(0, str(ROOT / "tests" / "fakes" / "dockercloud"))
+import certs as fake_certs  # noqa: E402
+from fake_dockercloud import FakeDockerCloud  # noqa: E402
+
+USER = "plimsoll-ci"
+PAT = "dckr_pat_canary_4f1e9b"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("dockercloud-tls")
+    fake_certs.make(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def fake(certs):
+    f = FakeDockerCloud(USER, PAT, tls=(str(certs / "leaf.pem"), str(certs / "leaf.key"))).start()
+    yield f
+    f.stop()
+
+
+def daemon_env(fake: FakeDockerCloud, certs: Path) -> dict:
+    return {
+        "SANDBOX_PROVIDER": "dockercloud",
+        "SANDBOX_PLUGIN_MAX_TIER": "vm",
+        # The API first, then the sandboxes' endpoints; the traded token
+        # goes to the API only.
+        "SANDBOX_PLUGIN_HTTP_ORIGINS": f"{fake.api_origin},{fake.endpoint_origin}",
+        "SANDBOX_PLUGIN_API_KEY_ORIGINS": fake.api_origin,
+        "SANDBOX_PLUGIN_API_KEY_ENV": "DOCKER_SBX_TOKEN",
+        "DOCKER_SBX_TOKEN": PAT,
+        "SANDBOX_PLUGIN_KEY_EXCHANGE_URL": fake.exchange_url,
+        "SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER": USER,
+        "SANDBOX_PLUGIN_HTTP_CA": str(certs / "ca.pem"),
+        "SANDBOX_PLUGIN_METERED": "1",
+        "PLIMSOLL_LOG_FORMAT": "json",
+    }
+
+
+@pytest.fixture(scope="module")
+def daemon(fake, certs):
+    d = Daemon(daemon_env(fake, certs))
+    yield d
+    d.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(fake):
+    """After every test: no sandbox left, no token where it must not go, and
+    no request or answer that broke Docker's published shapes."""
+    fake.clear_faults()
+    yield
+    fake.clear_faults()
+    state = fake.state()
+    assert state["live"] == [], f"sandboxes left: {state['live']}"
+    assert state["management_token_on_endpoint"] == 0, "the access token reached an endpoint"
+    assert state["violations"] == [], state["violations"]
+
+
+def run(daemon, code="console.log(1)", timeout=30):
+    return Client(daemon.url).run_javascript(code, timeout=timeout)
+
+
+def assert_unmarked_error(daemon, timeout=20) -> PlimsollError:
+    """Fails with an error the client may not retry blindly: requests went
+    out, so the host never marks it not-dispatched."""
+    with pytest.raises(PlimsollError) as e:
+        run(daemon, timeout=timeout)
+    assert e.value.not_dispatched is None, e.value
+    return e.value
+
+
+# ---- runs -------------------------------------------------------------------------------
+
+
+def test_describe_states_vm_and_both_payloads(daemon):
+    info = Client(daemon.url).describe()
+    assert (info.provider, info.isolation) == ("dockercloud", "vm")
+    assert info.supports_project and not info.supports_sessions
+
+
+def test_a_snippet_runs_in_a_fresh_sandbox_deleted_after(daemon, fake):
+    before = fake.state()
+    r = run(daemon, "console.log('hello from the vm', 6 * 7)")
+    assert r.stdout == b"hello from the vm 42\n"
+    assert r.exit_code == 0 and r.isolation == "vm" and r.provider == "dockercloud"
+    after = fake.state()
+    assert after["created"] == before["created"] + 1
+    assert after["deleted"] == before["deleted"] + 1
+    # The policy was read back for this run, and one credential served it.
+    assert after["policy_reads"] == before["policy_reads"] + 1
+    assert after["mints"] == before["mints"] + 1
+
+
+def test_the_host_trades_the_token_once_and_reuses_it(daemon, fake):
+    run(daemon)
+    before = fake.state()["exchanges"]
+    run(daemon)
+    run(daemon)
+    assert fake.state()["exchanges"] == before
+
+
+def test_a_project_writes_files_runs_steps_in_its_directory_and_returns_artifacts(daemon):
+    r = Client(daemon.url).run_project(
+        {"src/main.js": "require('fs').writeFileSync('out/answer.txt', String(6*7))"},
+        ["mkdir -p out && pwd", "node src/main.js", "cat out/answer.txt"],
+        ["out/answer.txt", "out/missing.txt"], timeout=60)
+    assert [s.exit_code for s in r.steps] == [0, 0, 0]
+    assert r.steps[0].stdout == b"/tmp/plimsoll-project\n"
+    assert r.steps[2].stdout == b"42"
+    assert {a.path: a.content for a in r.artifacts} == {"out/answer.txt": b"42"}
+    assert not r.artifacts_truncated
+
+
+def test_output_is_kept_to_the_limit_with_flags(daemon):
+    # Each stream is cut inside the VM, at the limit plus the one byte that
+    # proves the cut (the writer then gets EPIPE, as any program would).
+    r = run(daemon, "process.stderr.write('e'.repeat(100)); process.stdout.write('x'.repeat(200000))")
+    assert r.stdout == b"x" * 65536 and r.stdout_truncated
+    assert r.stderr.startswith(b"e" * 100) and not r.stderr_truncated
+    r = run(daemon, "process.stderr.write('e'.repeat(65536))")
+    assert r.stderr == b"e" * 65536 and not r.stderr_truncated
+    r = run(daemon, "process.stderr.write('e'.repeat(65537))")
+    assert r.stderr == b"e" * 65536 and r.stderr_truncated
+
+
+def test_the_time_limit_is_enforced_inside_the_vm(daemon):
+    began = time.monotonic()
+    r = run(daemon, "setTimeout(() => {}, 60000)", timeout=5)
+    assert r.timed_out and r.exit_code == 124
+    assert time.monotonic() - began < 15
+
+
+def test_a_sandbox_has_no_way_out(daemon):
+    r = run(daemon, """
+const s = require('net').connect(443, '1.1.1.1');
+s.on('connect', () => { console.log('open'); process.exit(0); });
+s.on('error', e => { console.log('closed', e.code); process.exit(0); });
+setTimeout(() => { console.log('closed timeout'); process.exit(0); }, 3000);
+""")
+    assert r.stdout.startswith(b"closed"), r.stdout
+
+
+# ---- faults ------------------------------------------------------------------------------
+
+
+def test_a_slow_start_is_waited_for(daemon, fake):
+    fake.set_fault("create_202", polls=3)
+    assert run(daemon).stdout == b"1\n"
+
+
+@pytest.mark.parametrize("knob", ["read_429", "mint_429"])
+def test_a_429_with_retry_after_is_waited_out(daemon, fake, knob):
+    fake.set_fault(knob, retry_after=1)
+    assert run(daemon).stdout == b"1\n"
+
+
+def test_a_full_quota_fails_with_nothing_created(daemon, fake):
+    before = fake.state()["created"]
+    fake.set_fault("create_429", count=None)
+    assert_unmarked_error(daemon)
+    assert fake.state()["created"] == before
+
+
+@pytest.mark.parametrize("knob", ["create_failed", "wrong_display_name", "bigger_size",
+                                  "endpoint_no_exec", "policy_allow_all",
+                                  "policy_extra_rule", "upload_short"])
+def test_a_sandbox_that_breaks_a_check_runs_nothing_and_is_deleted(daemon, fake, knob):
+    before = fake.state()
+    fake.set_fault(knob)
+    assert_unmarked_error(daemon)
+    after = fake.state()
+    assert after["created"] == before["created"] + 1
+    assert after["deleted"] == before["deleted"] + 1
+    # Nothing of the guest's ran: no wrapped exec was sent.
+    assert after["execs"] == before["execs"]
+
+
+def test_output_the_service_could_not_carry_whole_is_a_flood(daemon, fake):
+    fake.set_fault("exec_incomplete")
+    r = run(daemon)
+    assert r.exit_code == 153 and r.stdout_truncated and r.stderr_truncated
+
+
+@pytest.mark.parametrize("knob", ["download_cut", "download_stream_error"])
+def test_a_broken_download_brings_back_nothing_and_says_so(daemon, fake, knob):
+    fake.set_fault(knob)
+    r = Client(daemon.url).run_project({"a.txt": "A"}, ["true"], ["a.txt"], timeout=60)
+    assert not r.artifacts and r.artifacts_truncated
+
+
+def test_a_stale_etag_on_delete_is_read_again(daemon, fake):
+    fake.set_fault("delete_stale")
+    assert run(daemon).stdout == b"1\n"
+
+
+def test_a_refused_token_exchange_stops_the_start_naming_it(fake, certs):
+    env = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": "127.0.0.1:0",
+           "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1",
+           **daemon_env(fake, certs), "DOCKER_SBX_TOKEN": "dckr_pat_wrong"}
+    before = fake.state()["created"]
+    done = subprocess.run([plimsolld_bin()], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "the token exchange refused the operator's key (HTTP 401)" in done.stderr, \
+        done.stderr[-2000:]
+    assert "dckr_pat_wrong" not in done.stderr
+    assert fake.state()["created"] == before
+
+
+# ---- the smoke test ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("knob,check", [
+    ("egress_open", "connections out are refused: FAILED"),
+    ("container_signs", "no container runtime marker (a VM, not a container): FAILED"),
+    ("upload_short", "the upload wrote"),
+    ("policy_extra_rule", "allow rule(s) are in force"),
+])
+def test_the_smoke_test_refuses_a_broken_promise(fake, certs, knob, check):
+    fake.set_fault(knob)
+    env = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": "127.0.0.1:0",
+           "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1",
+           **daemon_env(fake, certs)}
+    done = subprocess.run([plimsolld_bin()], env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode != 0, "the daemon started on a sandbox that broke a promise"
+    assert check in done.stderr, done.stderr[-2000:]
+    assert "plimsolld listening" not in done.stderr
+
+
+# ---- nothing secret in the log ----------------------------------------------------------------
+
+
+def test_no_token_reaches_the_log(daemon, fake):
+    run(daemon)
+    tokens = list(fake.tokens)
+    assert tokens
+    log = "\n".join(daemon.lines)
+    for secret in [PAT, *tokens]:
+        assert secret not in log

@@ -1,0 +1,567 @@
+"""fake-dockercloud: a stand-in for Docker's hosted sandboxes, for tests.
+
+It serves, over HTTPS on loopback, the three things a client of Docker's
+Sandboxes REST API (v1) talks to: Docker Hub's token exchange
+(`POST /v2/auth/token`), the management API under `/sandboxes/v1`, and each
+sandbox's endpoint under `/endpoints/<uid>/v1` (named in the sandbox's
+`core.endpoint.uri` at a second host name, `localhost`, so a client can keep
+the two origins apart). Each sandbox is a real container
+(`--network none`, docker's marker file removed, like fake-e2b's), and
+every exec runs the command in it for real.
+
+Every request is checked against the shapes Docker publishes (shapes.py)
+and so is every answer the fake gives; a mismatch is recorded in
+`state()["violations"]` and a request that breaks its shape is refused the
+way the API refuses it (400 invalidArgument). Rules the document states
+beyond shapes are enforced too: a management call needs a bearer the
+exchange issued and not yet expired; the endpoint takes only a scoped
+credential minted for that sandbox (a management token there is refused
+and counted); a delete needs the sandbox's current ETag in `If-Match`
+(absent 428, stale 412, `*` refused) and answers 204 for an absent sandbox;
+an `Idempotency-Key` replays its create; an unknown route answers a
+non-JSON 404. Knobs (`KNOBS`) make it misbehave the ways the real service
+can. It shares the HTTP plumbing, the container runner, the certificates
+and the knob table with fake-e2b.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import json
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from email.parser import BytesParser
+from email.policy import HTTP
+from pathlib import Path
+from urllib.parse import parse_qs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2b"))
+import shapes  # noqa: E402
+from container import Docker  # noqa: E402
+from fake_e2b import _Handler, _Server, _TlsServer  # noqa: E402
+from faults import Faults  # noqa: E402
+from httpio import Exchange  # noqa: E402
+
+DEFAULT_IMAGE = "plimsoll/sandbox:bookworm"
+# What the service's own capture keeps of an exec's output (both streams).
+EXEC_CAPTURE = 4 << 20
+TOKEN_TTL = 900
+
+KNOBS: "dict[str, dict]" = {
+    "token_refused": {},                 # the exchange answers 401
+    "token_ttl": {"seconds": 61},        # the exchange issues short-lived tokens
+    "create_429": {"retry_after": 1},    # create refused, quota full, nothing made
+    "create_202": {"polls": 2},          # 202 creating, running after N reads
+    "create_failed": {},                 # the sandbox ends in status failed
+    "wrong_display_name": {},            # the sandbox reports another name
+    "bigger_size": {},                   # reports more memory than asked for
+    "endpoint_no_exec": {},              # the endpoint does not list exec
+    "read_429": {"retry_after": 1},      # a GET answers 429 + Retry-After
+    "mint_429": {"retry_after": 1},      # a credential mint answers 429
+    "policy_allow_all": {},              # the effective policy is allowAll
+    "policy_extra_rule": {"network": "example.com"},  # one allow rule in force
+    "upload_short": {},                  # the last file is not written
+    "exec_incomplete": {},               # the service's capture dropped output
+    "download_cut": {},                  # the answer stops before its closing delimiter
+    "download_stream_error": {},         # a stream-error part
+    "delete_stale": {},                  # the first DELETE finds the ETag stale
+    "container_signs": {},               # the sandbox shows a container's marker
+    "egress_open": {},                   # the sandbox gets a network
+}
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class Sandbox:
+    def __init__(self, uid: str, request: dict, container: str, endpoint: str) -> None:
+        self.uid, self.request, self.container = uid, request, container
+        self.endpoint = endpoint
+        self.display_name = request.get("displayName", "")
+        self.created_at = _now()
+        self.revision = 1
+        self.status = "running"
+        self.pending_reads = 0
+        self.credentials: "dict[str, float]" = {}
+        self.labels = dict(request.get("labels") or {})
+        self.flags: "set[str]" = set()
+
+    @property
+    def etag(self) -> str:
+        return f'"{self.uid}-r{self.revision}"'
+
+
+class FakeDockerCloud:
+    def __init__(self, username: str, pat: str, *, tls: "tuple[str, str]",
+                 image: str = DEFAULT_IMAGE, docker: str = "docker",
+                 host: str = "127.0.0.1", port: int = 0) -> None:
+        self.username, self.pat = username, pat
+        self.tls, self.host, self.port = tls, host, port
+        self.image, self.verbose = image, False
+        self.instance_id = "fake-dockercloud-" + secrets.token_hex(6)
+        self.docker = Docker(self.instance_id, docker)
+        self.faults = Faults(KNOBS)
+        self._lock = threading.Lock()
+        self.sandboxes: "dict[str, Sandbox]" = {}
+        self.idempotency: "dict[str, tuple[str, str]]" = {}  # key -> (body, uid)
+        self.tokens: "dict[str, float]" = {}                 # management JWT -> expiry
+        self.counts = {"created": 0, "deleted": 0, "exchanges": 0, "mints": 0,
+                       "execs": 0, "management_token_on_endpoint": 0,
+                       "policy_reads": 0, "ttl_reaped": 0}
+        self.violations: "list[str]" = []
+        self.secrets_seen_on_endpoint: "list[str]" = []
+        self._server = None
+        self._stopping = threading.Event()
+
+    # ---- lifecycle ------------------------------------------------------------
+
+    def start(self) -> "FakeDockerCloud":
+        import ssl
+        handler = type("Handler", (_Handler,), {"fake": self, "server_version": "fake-dockercloud"})
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*self.tls)
+        context.set_alpn_protocols(["http/1.1"])
+        self._server = type("Server", (_TlsServer,), {"context": context})(
+            (self.host, self.port), handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True,
+                         name="fake-dockercloud-http").start()
+        threading.Thread(target=self._reap_expired, daemon=True,
+                         name="fake-dockercloud-ttl").start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        self.docker.remove_all()
+
+    @property
+    def api_origin(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def endpoint_origin(self) -> str:
+        return f"https://localhost:{self.port}"
+
+    @property
+    def exchange_url(self) -> str:
+        return f"{self.api_origin}/v2/auth/token"
+
+    def _handled(self, began: float, ended: float) -> None:
+        pass
+
+    def set_fault(self, name: str, count: "int | None" = 1, **params) -> None:
+        self.faults.set(name, count, **params)
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+
+    def live(self) -> "list[str]":
+        with self._lock:
+            return list(self.sandboxes)
+
+    def state(self) -> dict:
+        with self._lock:
+            return {"live": list(self.sandboxes), **self.counts,
+                    "violations": list(self.violations),
+                    "faults": self.faults.snapshot()}
+
+    def _reap_expired(self) -> None:
+        """The service's backstop: a sandbox past its timeout is deleted."""
+        while not self._stopping.wait(0.5):
+            now = time.time()
+            with self._lock:
+                expired = [s for s in self.sandboxes.values()
+                           if now > s.request.get("_expires", float("inf"))]
+            for s in expired:
+                self._remove(s)
+                with self._lock:
+                    self.counts["ttl_reaped"] += 1
+
+    def _remove(self, s: Sandbox) -> None:
+        with self._lock:
+            if self.sandboxes.pop(s.uid, None) is None:
+                return
+            self.counts["deleted"] += 1
+        self.docker.remove(s.container)
+
+    # ---- answers, each checked against the published shapes -----------------------
+
+    def _check(self, what: str, schema: dict, value) -> "list[str]":
+        found = shapes.problems(schema, value)
+        if found:
+            with self._lock:
+                self.violations.extend(f"{what}: {p}" for p in found)
+        return found
+
+    def _answer(self, ex: Exchange, status: int, schema: "dict | None", body,
+                headers: "dict[str, str] | None" = None) -> None:
+        if schema is not None:
+            self._check(f"answer {ex.method} {ex.path} {status}", schema, body)
+        ex.json(status, body, headers)
+
+    def _error(self, ex: Exchange, status: int, code: str, message: str,
+               headers: "dict[str, str] | None" = None, reason: "str | None" = None) -> None:
+        body = {"code": code, "message": message, "details": []}
+        if reason:
+            body["details"].append({"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                                    "reason": reason})
+        self._answer(ex, status, shapes.ERROR, body, headers)
+
+    def _request_json(self, ex: Exchange, schema: dict):
+        try:
+            body = json.loads(ex.read_body() or b"null")
+        except ValueError:
+            self._error(ex, 400, "invalidArgument", "the body is not JSON")
+            return None
+        found = self._check(f"request {ex.method} {ex.path}", schema, body)
+        if found:
+            self._error(ex, 400, "invalidArgument", "; ".join(found)[:500])
+            return None
+        return body
+
+    # ---- routing ----------------------------------------------------------------------
+
+    def _route(self, ex: Exchange) -> None:
+        path = ex.path
+        if path == "/_fake/state":
+            return ex.json(200, self.state())
+        if path == "/v2/auth/token" and ex.method == "POST":
+            return self._exchange(ex)
+        if path.startswith("/sandboxes/v1/"):
+            if not self._management_bearer(ex):
+                return self._error(ex, 401, "unauthenticated", "a valid bearer is required")
+            return self._management(ex, path[len("/sandboxes/v1"):])
+        if path.startswith("/endpoints/"):
+            uid, _, rest = path[len("/endpoints/"):].partition("/")
+            return self._endpoint(ex, uid, "/" + rest)
+        # A route the service does not serve: a proxy's page, not the API's JSON.
+        ex.reply(404, b"<html><body>404 page not found</body></html>", "text/html")
+
+    def _bearer(self, ex: Exchange) -> "str | None":
+        auth = ex.header("Authorization") or ""
+        return auth[len("Bearer "):] if auth.startswith("Bearer ") else None
+
+    def _management_bearer(self, ex: Exchange) -> bool:
+        token = self._bearer(ex)
+        with self._lock:
+            expiry = self.tokens.get(token or "")
+        return expiry is not None and time.time() < expiry
+
+    # ---- Docker Hub's token exchange ---------------------------------------------------
+
+    def _exchange(self, ex: Exchange) -> None:
+        body = self._request_json(ex, shapes.TOKEN_EXCHANGE_REQUEST)
+        if body is None:
+            return
+        with self._lock:
+            self.counts["exchanges"] += 1
+        if (self.faults.take("token_refused") is not None or body["identifier"] != self.username
+                or body["secret"] != self.pat):
+            return ex.json(401, {"detail": "incorrect username or password"})
+        short = self.faults.take("token_ttl")
+        ttl = short["seconds"] if short else TOKEN_TTL
+        exp = int(time.time()) + ttl
+        token = ".".join([_b64url(b'{"alg":"RS256","typ":"JWT"}'),
+                          _b64url(json.dumps({"sub": self.username, "exp": exp,
+                                              "jti": secrets.token_hex(8)}).encode()),
+                          _b64url(secrets.token_bytes(32))])
+        with self._lock:
+            self.tokens[token] = exp
+        ex.json(200, {"access_token": token})
+
+    # ---- management ------------------------------------------------------------------------
+
+    def _management(self, ex: Exchange, path: str) -> None:
+        parts = [p for p in path.split("/") if p]
+        if ex.method == "GET" and (knob := self.faults.take("read_429")):
+            return self._error(ex, 429, "resourceExhausted", "slow down",
+                               {"Retry-After": str(knob["retry_after"])})
+        if parts == ["sandboxes"] and ex.method == "POST":
+            return self._create(ex)
+        if parts == ["sandboxes"] and ex.method == "GET":
+            return self._list(ex)
+        if len(parts) >= 2 and parts[0] == "sandboxes":
+            with self._lock:
+                s = self.sandboxes.get(parts[1])
+            rest = parts[2:]
+            if rest == [] and ex.method == "GET":
+                return self._get(ex, s)
+            if rest == [] and ex.method == "DELETE":
+                return self._delete(ex, s)
+            if s is None:
+                return self._error(ex, 404, "notFound", "sandbox not found")
+            if rest == ["network-policies"] and ex.method == "GET":
+                return self._policies(ex, s)
+            if rest == ["endpoint-credentials"] and ex.method == "POST":
+                return self._mint(ex, s)
+        ex.reply(404, b"404 page not found", "text/plain")
+
+    def _sandbox_json(self, s: Sandbox) -> dict:
+        req = s.request
+        resources = dict(req.get("resources") or {"cpus": 1, "memoryMib": 2048})
+        if "memoryMib" in resources:
+            # 64-bit integers travel as strings, as the document says.
+            resources["memoryMib"] = str(resources["memoryMib"] * (2 if "bigger" in s.flags else 1))
+        capabilities = ["createProcess", "download", "exec", "list", "mkdir", "readFile",
+                        "upload", "writeFile"]
+        if "no_exec" in s.flags:
+            capabilities.remove("exec")
+        core = {"status": s.status, "createdAt": s.created_at, "etag": s.etag,
+                "resources": resources, "platform": req.get("platform") or {},
+                "labels": s.labels, "imageRef": req.get("imageRef", "")}
+        if s.status == "running":
+            core["endpoint"] = {
+                "uri": s.endpoint, "protocol": "http", "credentialAudience": "sandbox-endpoint",
+                "sandbox": f"sandboxes/{s.uid}", "sandboxUid": s.uid, "apiVersion": "v1",
+                "capabilities": capabilities,
+                "authentication": {"scheme": "scopedBearer", "defaultTtl": "300s",
+                                   "maxTtl": "300s"}}
+        out = {"uid": s.uid, "name": f"sandboxes/{s.uid}", "core": core,
+               "displayName": "someone-else" if "wrong_name" in s.flags else s.display_name}
+        if s.status == "failed":
+            out["failure"] = {"code": "internal", "message": "the VM did not boot"}
+        return out
+
+    def _create(self, ex: Exchange) -> None:
+        raw = ex.read_body()
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError:
+            return self._error(ex, 400, "invalidArgument", "the body is not JSON")
+        found = self._check("request POST /v1/sandboxes", shapes.CREATE_REQUEST, body)
+        if found:
+            return self._error(ex, 400, "invalidArgument", "; ".join(found)[:500])
+        key = ex.header("Idempotency-Key")
+        if key:
+            with self._lock:
+                seen = self.idempotency.get(key)
+            if seen and seen[0] != raw.decode():
+                return self._error(ex, 409, "failedPrecondition",
+                                   "The Idempotency-Key was already used with a different payload.")
+            if seen:
+                with self._lock:
+                    s = self.sandboxes.get(seen[1])
+                if s is not None:
+                    return self._answer(ex, 201, shapes.SANDBOX, self._sandbox_json(s),
+                                        {"ETag": s.etag})
+        if knob := self.faults.take("create_429"):
+            return self._error(ex, 429, "resourceExhausted",
+                               "Maximum running sandboxes quota reached (10)",
+                               {"Retry-After": str(knob["retry_after"])})
+        uid = secrets.token_hex(10)
+        signs = self.faults.take("container_signs") is not None
+        network = "bridge" if self.faults.take("egress_open") is not None else "none"
+        container = self.docker.create(self.image, uid, network=network, env={},
+                                       container_signs=signs)
+        s = Sandbox(uid, body, container, f"{self.endpoint_origin}/endpoints/{uid}")
+        timeout = ((body.get("features") or {}).get("timeouts") or {}).get("timeout")
+        if timeout:
+            s.request["_expires"] = time.time() + float(timeout[:-1])
+        for knob, flag in [("wrong_display_name", "wrong_name"), ("bigger_size", "bigger"),
+                           ("endpoint_no_exec", "no_exec")]:
+            if self.faults.take(knob) is not None:
+                s.flags.add(flag)
+        status = 201
+        if self.faults.take("create_failed") is not None:
+            s.status = "failed"
+        elif knob := self.faults.take("create_202"):
+            s.status, s.pending_reads, status = "creating", knob["polls"], 202
+        with self._lock:
+            self.sandboxes[uid] = s
+            self.counts["created"] += 1
+            if key:
+                self.idempotency[key] = (raw.decode(), uid)
+        self._answer(ex, status, shapes.SANDBOX, self._sandbox_json(s), {"ETag": s.etag})
+
+    def _get(self, ex: Exchange, s: "Sandbox | None") -> None:
+        if s is None:
+            return self._error(ex, 404, "notFound", "sandbox not found")
+        if s.status == "creating":
+            s.pending_reads -= 1
+            if s.pending_reads <= 0:
+                s.status, s.revision = "running", s.revision + 1
+        self._answer(ex, 200, shapes.SANDBOX, self._sandbox_json(s), {"ETag": s.etag})
+
+    def _list(self, ex: Exchange) -> None:
+        query = parse_qs(ex.raw_query)
+        size = int((query.get("pageSize") or ["50"])[0])
+        offset = int((query.get("pageToken") or ["0"])[0] or 0)
+        wanted = {}
+        for term in ",".join(query.get("filter") or []).split(","):
+            if "=" in term:
+                k, v = term.split("=", 1)
+                wanted[k.strip()] = v.strip()
+        with self._lock:
+            found = [s for s in self.sandboxes.values()
+                     if all({"display_name": s.display_name, "uid": s.uid,
+                             "status": s.status}.get(k) == v for k, v in wanted.items())]
+        page = found[offset:offset + size]
+        more = offset + size < len(found)
+        self._answer(ex, 200, shapes.LIST_ANSWER,
+                     {"sandboxes": [self._sandbox_json(s) for s in page],
+                      "nextPageToken": str(offset + size) if more else ""})
+
+    def _delete(self, ex: Exchange, s: "Sandbox | None") -> None:
+        match = ex.header("If-Match")
+        if not match:
+            return self._error(ex, 428, "failedPrecondition", "etag_required: send If-Match")
+        if s is None:
+            return ex.reply(204)
+        if match == "*" or match != s.etag or self.faults.take("delete_stale") is not None:
+            s.revision += 1
+            body = {"code": "failedPrecondition", "message": "etag_mismatch: the sandbox changed",
+                    "details": [{"@type": "type.googleapis.com/docker.sandboxes.v1.EtagMismatch",
+                                 "currentEtag": s.etag}]}
+            return self._answer(ex, 412, shapes.ERROR, body)
+        self._remove(s)
+        ex.reply(204)
+
+    def _policies(self, ex: Exchange, s: Sandbox) -> None:
+        with self._lock:
+            self.counts["policy_reads"] += 1
+        mode = "allowAll" if self.faults.take("policy_allow_all") is not None else "denyAll"
+        allow = []
+        if knob := self.faults.take("policy_extra_rule"):
+            allow.append({"network": knob["network"], "layer": "org"})
+        body = {"effective": {"mode": mode, "allowNetworks": allow},
+                "exact": {"revision": str(s.revision), "selectorVersion": "destination.v1",
+                          "nodes": [{"constant": "false" if mode == "denyAll" else "true",
+                                     "source": {"origin": "default", "id": "deny-all"}}]}}
+        self._answer(ex, 200, shapes.POLICIES_ANSWER, body)
+
+    def _mint(self, ex: Exchange, s: Sandbox) -> None:
+        body = self._request_json(ex, shapes.CREDENTIAL_REQUEST)
+        if body is None:
+            return
+        if knob := self.faults.take("mint_429"):
+            return self._error(ex, 429, "resourceExhausted", "slow down",
+                               {"Retry-After": str(knob["retry_after"])})
+        ttl = min(300.0, max(1.0, float((body.get("ttl") or "300s")[:-1])))
+        token = "sbx_" + secrets.token_urlsafe(24)
+        s.credentials[token] = time.time() + ttl
+        with self._lock:
+            self.counts["mints"] += 1
+        expires = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=ttl)
+        answer = {"token": token, "expireTime": expires.isoformat().replace("+00:00", "Z"),
+                  "permissions": body["permissions"], "sandbox": f"sandboxes/{s.uid}",
+                  "audience": "sandbox-endpoint"}
+        self._answer(ex, 200, shapes.CREDENTIAL_ANSWER, answer, {"Cache-Control": "no-store"})
+
+    # ---- the sandbox endpoint ------------------------------------------------------------
+
+    def _endpoint(self, ex: Exchange, uid: str, path: str) -> None:
+        with self._lock:
+            s = self.sandboxes.get(uid)
+        token = self._bearer(ex) or ""
+        with self._lock:
+            if token in self.tokens:
+                self.counts["management_token_on_endpoint"] += 1
+        if s is None:
+            return self._error(ex, 404, "notFound", "sandbox not found")
+        if time.time() >= s.credentials.get(token, 0):
+            return self._error(ex, 401, "unauthenticated", "invalid endpoint credential",
+                               reason="ENDPOINT_CREDENTIAL_INVALID")
+        if path == "/v1/processes/exec" and ex.method == "POST":
+            return self._exec(ex, s)
+        if path == "/v1/files/upload" and ex.method == "POST":
+            return self._upload(ex, s)
+        if path == "/v1/files/download" and ex.method == "GET":
+            return self._download(ex, s)
+        ex.reply(404, b"404 page not found", "text/plain")
+
+    def _exec(self, ex: Exchange, s: Sandbox) -> None:
+        body = self._request_json(ex, shapes.EXEC_REQUEST)
+        if body is None:
+            return
+        with self._lock:
+            self.counts["execs"] += 1
+        argv = self.docker.exec_argv(s.container, body["cmd"], user=body.get("user", "root"),
+                                     cwd=body.get("workingDir"), env=body.get("env"))
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=600, check=False)
+        except subprocess.TimeoutExpired:
+            return self._error(ex, 504, "deadlineExceeded", "the exec did not finish")
+        out, err = done.stdout, done.stderr
+        answer: dict = {}
+        if (len(out) + len(err) > EXEC_CAPTURE
+                or self.faults.take("exec_incomplete") is not None):
+            answer["incomplete"] = True
+            out, err = out[:EXEC_CAPTURE // 2], err[:EXEC_CAPTURE // 2]
+        if done.returncode:
+            answer["exitCode"] = done.returncode  # zero values are left out
+        if out:
+            answer["stdout"] = base64.b64encode(out).decode()
+        if err:
+            answer["stderr"] = base64.b64encode(err).decode()
+        self._answer(ex, 200, shapes.EXEC_ANSWER, answer)
+
+    def _upload(self, ex: Exchange, s: Sandbox) -> None:
+        content_type = ex.header("Content-Type") or ""
+        if not content_type.startswith("multipart/form-data"):
+            return self._error(ex, 400, "invalidArgument", "the upload is multipart/form-data")
+        message = BytesParser(policy=HTTP).parsebytes(
+            b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + ex.read_body())
+        parts = list(message.iter_parts())
+        files = []
+        for i in range(0, len(parts), 2):
+            meta, content = parts[i], parts[i + 1] if i + 1 < len(parts) else None
+            if (meta.get_param("name", header="content-disposition") != "metadata" or content is None
+                    or content.get_param("name", header="content-disposition") != "content"):
+                return self._error(ex, 400, "invalidArgument",
+                                   f"occurrence {i // 2}: parts go metadata, then content")
+            try:
+                header = json.loads(meta.get_payload(decode=True))
+            except ValueError:
+                return self._error(ex, 400, "invalidArgument", f"occurrence {i // 2}: metadata is not JSON")
+            if self._check("request upload metadata", shapes.FILE_HEADER, header):
+                return self._error(ex, 400, "invalidArgument", f"occurrence {i // 2}: bad metadata")
+            files.append((header["path"], content.get_payload(decode=True) or b""))
+        if self.faults.take("upload_short") is not None and files:
+            files = files[:-1]
+        for path, data in files:
+            self.docker.write_file(s.container, "root", path, data)
+        self._answer(ex, 200, shapes.UPLOAD_ANSWER, {"filesWritten": len(files)})
+
+    def _download(self, ex: Exchange, s: Sandbox) -> None:
+        paths = parse_qs(ex.raw_query).get("paths") or []
+        if not paths:
+            return self._error(ex, 400, "invalidArgument", "paths is required")
+        boundary = "fake-" + secrets.token_hex(8)
+        chunks = []
+
+        def part(name: str, content_type: str, data: bytes) -> None:
+            chunks.append(f"--{boundary}\r\nContent-Disposition: attachment; name={name}\r\n"
+                          f"Content-Type: {content_type}\r\n\r\n".encode() + data + b"\r\n")
+
+        for path in paths:
+            try:
+                data = self.docker.read_file(s.container, "root", path)
+            except Exception:  # noqa: BLE001 - absent or unreadable: an error part
+                failure = {"path": path, "failure": {"code": "notFound", "message": "no such file"}}
+                self._check("answer download error part", shapes.FILE_ERROR, failure)
+                part("error", "application/json", json.dumps(failure).encode())
+                continue
+            header = {"path": path, "mode": 420}
+            self._check("answer download metadata part", shapes.FILE_HEADER, header)
+            part("metadata", "application/json", json.dumps(header).encode())
+            part("content", "application/octet-stream", data)
+        if self.faults.take("download_stream_error") is not None:
+            part("stream-error", "application/json",
+                 json.dumps({"code": "internal", "message": "the stream failed"}).encode())
+        cut = self.faults.take("download_cut") is not None
+        body = b"".join(chunks) + (b"" if cut else f"--{boundary}--\r\n".encode())
+        ex.reply(200, body, f"multipart/mixed; boundary={boundary}")
