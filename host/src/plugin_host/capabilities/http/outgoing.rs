@@ -113,12 +113,15 @@ impl WasiHttpHooks for OutgoingHooks {
     fn forbidden_header_filter(&mut self) -> ForbiddenHeaderFilter {
         // Refused where the plugin builds its headers and trailers, not
         // only when it sends them: reserved names never reach a request.
+        // `te` is let through to the send, where only `te: trailers` (what
+        // gRPC needs) passes the policy; a trailer never carries it.
         let capability = self.capability.clone();
         Arc::new(move |name| {
             DEFAULT_FORBIDDEN_HEADERS.contains(name)
-                || capability
-                    .as_ref()
-                    .is_none_or(|c| policy::is_reserved(&c.allowance, name))
+                || (name != http::header::TE
+                    && capability
+                        .as_ref()
+                        .is_none_or(|c| policy::is_reserved(&c.allowance, name)))
         })
     }
 

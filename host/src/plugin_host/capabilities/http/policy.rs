@@ -261,7 +261,11 @@ pub fn check(
         // `Authorization` is refused where the host's own credential goes:
         // the plugin may neither replace nor add to it.
         let hosts_credential = name == reqwest::header::AUTHORIZATION && grant.key_goes_to(&parsed);
-        if hosts_credential || is_reserved(grant, &name) {
+        // `te: trailers`, and only that, is what gRPC requires of a client
+        // (HTTP/2 allows `te` no other value); it names no target and no
+        // credential.
+        let te_trailers = name == reqwest::header::TE && value.eq_ignore_ascii_case("trailers");
+        if !te_trailers && (hosts_credential || is_reserved(grant, &name)) {
             return Err(HttpRefusal::Forbidden(
                 "the plugin set a header the host reserves (framing, target or credentials)",
             ));
@@ -487,6 +491,28 @@ mod tests {
                 "{h}"
             );
         }
+        // `te` only as gRPC needs it.
+        let te = |v: &str| vec![("te".to_string(), v.to_string())];
+        assert!(
+            check(
+                Some(&g),
+                "POST",
+                "https://api.example.com/",
+                &te("trailers"),
+                None
+            )
+            .is_ok()
+        );
+        assert!(
+            check(
+                Some(&g),
+                "POST",
+                "https://api.example.com/",
+                &te("gzip"),
+                None
+            )
+            .is_err()
+        );
         assert!(check(Some(&g), "CONNECT", "https://api.example.com/", &[], None).is_err());
         assert!(check(Some(&g), "TRACE", "https://api.example.com/", &[], None).is_err());
         let big = vec![0u8; MAX_REQUEST_BODY + 1];
