@@ -113,6 +113,26 @@ impl Response {
         }
     }
 
+    /// The answer's trailers, once its body was read to the end (gRPC
+    /// puts its status there). Waits no later than `deadline`.
+    pub fn trailers(&mut self, deadline: Instant) -> Result<Vec<(String, Vec<u8>)>, Failure> {
+        // The stream must go before its body can be finished.
+        drop(self.stream.take());
+        let Some(body) = self._body.take() else {
+            return Ok(Vec::new());
+        };
+        let future = IncomingBody::finish(body);
+        loop {
+            match future.get() {
+                Some(Ok(Ok(Some(fields)))) => return Ok(fields.entries()),
+                Some(Ok(Ok(None))) => return Ok(Vec::new()),
+                Some(Ok(Err(e))) => return Err(failure(e)),
+                Some(Err(())) => return Err(Failure::Transport("no trailers".into())),
+                None => wait(&future.subscribe(), deadline)?,
+            }
+        }
+    }
+
     /// The rest of the body, at most `max` bytes.
     pub fn read_all(&mut self, max: usize, deadline: Instant) -> Result<Vec<u8>, Failure> {
         let mut body = Vec::new();
