@@ -248,6 +248,7 @@ def test_a_refused_token_exchange_stops_the_start_naming_it(fake, certs):
     ("container_signs", "no container runtime marker (a VM, not a container): FAILED"),
     ("upload_short", "the upload wrote"),
     ("policy_extra_rule", "allow rule(s) are in force"),
+    ("exec_ignores_workdir", "the step ran in the project directory: FAILED"),
 ])
 def test_the_smoke_test_refuses_a_broken_promise(fake, certs, knob, check):
     fake.set_fault(knob)

@@ -16,6 +16,7 @@ use crate::bindings::plimsoll::provider::types::{Language, PreflightReport, RunE
 use crate::endpoint::Endpoint;
 use crate::project::PROJECT_DIR;
 use crate::wire;
+use plimsoll_plugin_probe::{Checks, Probe};
 
 /// Budget for the whole probe, inside the host's preflight limit.
 const PROBE_MS: u64 = 90_000;
@@ -39,9 +40,9 @@ echo "node=$(node --version 2>/dev/null)"
 pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
     let deadline = wire::after_ms(PROBE_MS);
     wire::set_call_deadline(deadline);
-    let mut checks = Vec::new();
+    let mut checks = Checks::default();
     match service.sweep(deadline) {
-        Ok(n) => checks.push(format!(
+        Ok(n) => checks.note(format!(
             "the API lists sandboxes; swept {n} expired one(s) of ours"
         )),
         Err(e) => return Err(format!("listing sandboxes failed: {e}")),
@@ -55,52 +56,45 @@ pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
         .and_then(|credential| probe(&Endpoint::new(&sandbox, credential), &token, deadline));
     service.delete(&sandbox.uid);
     let (out, slept, flood) = outcome.map_err(|e| format!("the probe failed: {}", describe(&e)))?;
-    checks.push("the sandbox's network policy reads back deny-all, no allow rule: ok".into());
-    let text = String::from_utf8_lossy(&out.stdout);
-    let value = |key: &str| {
-        text.lines()
-            .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-            .collect::<Vec<_>>()
-    };
-    let mut passed = true;
-    let mut check = |ok: bool, what: &str| {
-        passed &= ok;
-        checks.push(format!("{what}: {}", if ok { "ok" } else { "FAILED" }));
-    };
-    check(out.exit_code == 0 && !out.timed_out, "probe step exit 0");
-    check(
-        value("cwd") == [PROJECT_DIR],
+    checks.check(
+        true,
+        "the sandbox's network policy reads back deny-all, no allow rule",
+    );
+    let probe = Probe::new(&out.stdout);
+    checks.check(out.exit_code == 0 && !out.timed_out, "probe step exit 0");
+    checks.check(
+        probe.is("cwd", PROJECT_DIR),
         "the step ran in the project directory",
     );
-    check(
-        value("file") == [token.as_str()],
-        "the project file arrived intact",
-    );
-    check(value("hypervisor") == ["yes"], "the CPU is virtual (a VM)");
-    check(
-        value("container") == ["no"],
+    checks.check(probe.is("file", &token), "the project file arrived intact");
+    checks.check(probe.is("hypervisor", "yes"), "the CPU is virtual (a VM)");
+    checks.check(
+        probe.is("container", "no"),
         "no container runtime marker (a VM, not a container)",
     );
-    let egress = value("egress");
-    check(
+    let egress = probe.values("egress");
+    checks.check(
         egress.len() == 2 && egress.iter().all(|e| *e == "closed"),
         "connections out are refused",
     );
-    check(
-        value("node").first().is_some_and(|v| v.starts_with('v')),
+    checks.check(
+        probe
+            .values("node")
+            .first()
+            .is_some_and(|v| v.starts_with('v')),
         "node is present",
     );
-    check(
+    checks.check(
         slept.timed_out && slept.exit_code == 124,
         "the wrapper ends a command at its time limit",
     );
-    check(
+    checks.check(
         flood.stdout.len() == CAP as usize && flood.stdout_truncated,
         "the wrapper cuts output at exactly the cap",
     );
     Ok(PreflightReport {
-        passed,
-        checks: checks.join("\n"),
+        passed: checks.passed(),
+        checks: checks.report(),
         languages: vec![Language::Javascript],
     })
 }

@@ -13,6 +13,7 @@ use crate::control::Service;
 use crate::envd::{Command, Envd};
 use crate::project::PROJECT_DIR;
 use crate::wire;
+use plimsoll_plugin_probe::{Checks, Probe};
 
 /// Budget for the whole probe, inside the host's preflight limit.
 const PROBE_MS: u64 = 60_000;
@@ -32,9 +33,9 @@ echo "node=$(node --version 2>/dev/null)"
 "#;
 
 pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
-    let mut checks = Vec::new();
+    let mut checks = Checks::default();
     match service.sweep() {
-        Ok(n) => checks.push(format!("swept {n} expired sandbox(es) of ours")),
+        Ok(n) => checks.note(format!("swept {n} expired sandbox(es) of ours")),
         Err(e) => return Err(format!("listing sandboxes failed: {e}")),
     }
     let deadline = wire::after_ms(PROBE_MS);
@@ -63,44 +64,33 @@ pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
         });
     service.delete(&sandbox.id);
     let out = ran.map_err(|e| format!("the probe step failed: {}", describe(&e)))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let value = |key: &str| {
-        text.lines()
-            .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-            .collect::<Vec<_>>()
-    };
-    let mut passed = out.exit_code == 0 && !out.timed_out;
-    let mut check = |ok: bool, what: &str| {
-        passed &= ok;
-        checks.push(format!("{what}: {}", if ok { "ok" } else { "FAILED" }));
-    };
-    check(out.exit_code == 0, "probe step exit 0");
-    check(
-        value("cwd") == [PROJECT_DIR],
+    let probe = Probe::new(&out.stdout);
+    checks.check(out.exit_code == 0 && !out.timed_out, "probe step exit 0");
+    checks.check(
+        probe.is("cwd", PROJECT_DIR),
         "the step ran in the project directory",
     );
-    check(
-        value("file") == [token.as_str()],
-        "the project file arrived intact",
-    );
-    check(value("hypervisor") == ["yes"], "the CPU is virtual (a VM)");
-    check(
-        value("container") == ["no"],
+    checks.check(probe.is("file", &token), "the project file arrived intact");
+    checks.check(probe.is("hypervisor", "yes"), "the CPU is virtual (a VM)");
+    checks.check(
+        probe.is("container", "no"),
         "no container runtime marker (a VM, not a container)",
     );
-    let egress = value("egress");
-    check(
+    let egress = probe.values("egress");
+    checks.check(
         egress.len() == 2 && egress.iter().all(|e| *e == "closed"),
         "connections out are refused",
     );
-    let node = value("node");
-    check(
-        node.first().is_some_and(|v| v.starts_with('v')),
+    checks.check(
+        probe
+            .values("node")
+            .first()
+            .is_some_and(|v| v.starts_with('v')),
         "node is present",
     );
     Ok(PreflightReport {
-        passed,
-        checks: checks.join("\n"),
+        passed: checks.passed(),
+        checks: checks.report(),
         languages: vec![Language::Javascript],
     })
 }

@@ -71,6 +71,7 @@ KNOBS: "dict[str, dict]" = {
     "delete_stale": {},                  # the first DELETE finds the ETag stale
     "container_signs": {},               # the sandbox shows a container's marker
     "egress_open": {},                   # the sandbox gets a network
+    "exec_ignores_workdir": {},          # an exec that names a workingDir runs in /
 }
 
 
@@ -489,8 +490,11 @@ class FakeDockerCloud:
             return
         with self._lock:
             self.counts["execs"] += 1
+        cwd = body.get("workingDir")
+        if cwd and self.faults.take("exec_ignores_workdir") is not None:
+            cwd = "/"
         argv = self.docker.exec_argv(s.container, body["cmd"], user=body.get("user", "root"),
-                                     cwd=body.get("workingDir"), env=body.get("env"))
+                                     cwd=cwd, env=body.get("env"))
         try:
             done = subprocess.run(argv, capture_output=True, timeout=600, check=False)
         except subprocess.TimeoutExpired:

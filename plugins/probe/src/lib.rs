@@ -1,0 +1,58 @@
+//! What the cloud adapters' startup smoke tests share: a probe step prints
+//! `key=value` lines from inside the sandbox, and each promise is a named
+//! check that passed or FAILED. The report is the operator's: every check
+//! is listed, and the daemon refuses to start on any failure, naming it.
+
+/// A probe step's output, read as `key=value` lines.
+pub struct Probe {
+    text: String,
+}
+
+impl Probe {
+    pub fn new(stdout: &[u8]) -> Probe {
+        Probe {
+            text: String::from_utf8_lossy(stdout).into_owned(),
+        }
+    }
+
+    /// Every value printed for `key`, in order.
+    pub fn values(&self, key: &str) -> Vec<&str> {
+        self.text
+            .lines()
+            .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .collect()
+    }
+
+    /// Whether `key` was printed exactly once, as `want`.
+    pub fn is(&self, key: &str, want: &str) -> bool {
+        self.values(key) == [want]
+    }
+}
+
+/// The smoke test's checks, in the order they were made.
+#[derive(Default)]
+pub struct Checks {
+    lines: Vec<String>,
+    failed: bool,
+}
+
+impl Checks {
+    /// A line that is not a check (what was swept, say).
+    pub fn note(&mut self, line: impl Into<String>) {
+        self.lines.push(line.into());
+    }
+
+    pub fn check(&mut self, ok: bool, what: &str) {
+        self.failed |= !ok;
+        self.lines
+            .push(format!("{what}: {}", if ok { "ok" } else { "FAILED" }));
+    }
+
+    pub fn passed(&self) -> bool {
+        !self.failed
+    }
+
+    pub fn report(&self) -> String {
+        self.lines.join("\n")
+    }
+}
