@@ -32,11 +32,12 @@ image: setup
 # default.
 guest: setup
 	$(CARGO) build --target wasm32-wasip2 --profile guest \
-		-p plimsoll-guest-js -p plimsoll-plugin-docker -p plimsoll-plugin-remote-plimsoll -p plimsoll-plugin-e2b -p plimsoll-plugin-dockercloud -p plimsoll-fixture-hostile
+		-p plimsoll-guest-js -p plimsoll-plugin-docker -p plimsoll-plugin-remote-plimsoll -p plimsoll-plugin-e2b -p plimsoll-plugin-dockercloud -p plimsoll-plugin-openshell -p plimsoll-fixture-hostile
 	mkdir -p $(CARGO_TARGET_DIR)/plugins $(CARGO_TARGET_DIR)/test-plugins
 	cp $(WASM_OUT)/plimsoll_plugin_remote_plimsoll.wasm $(CARGO_TARGET_DIR)/plugins/remote-plimsoll.wasm
 	cp $(WASM_OUT)/plimsoll_plugin_e2b.wasm $(CARGO_TARGET_DIR)/plugins/e2b.wasm
 	cp $(WASM_OUT)/plimsoll_plugin_dockercloud.wasm $(CARGO_TARGET_DIR)/plugins/dockercloud.wasm
+	cp $(WASM_OUT)/plimsoll_plugin_openshell.wasm $(CARGO_TARGET_DIR)/plugins/openshell.wasm
 	cp $(WASM_OUT)/plimsoll_fixture_hostile.wasm $(CARGO_TARGET_DIR)/test-plugins/hostile.wasm
 
 build: guest
@@ -50,6 +51,7 @@ test: build image
 	$(CARGO) test --release -p plimsoll-host -p plimsoll-tests
 	.venv/bin/python -m pytest -q tests/compat tests/session_agent
 	.venv-e2b/bin/python -m pytest -q tests/fakes/e2b tests/fakes/dockercloud
+	.venv-openshell/bin/python -m pytest -q tests/fakes/openshell
 	python3 scripts/soak.py --short
 	scripts/leftovers.sh --since $(CARGO_TARGET_DIR)/leftovers.before
 
@@ -57,7 +59,7 @@ audit: guest
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release -p plimsoll-host -p plimsoll-tests --all-targets -- -D warnings
 	$(CARGO) clippy --target wasm32-wasip2 --profile guest \
-		-p plimsoll-guest-js -p plimsoll-plugin-docker -p plimsoll-plugin-remote-plimsoll -p plimsoll-plugin-e2b -p plimsoll-plugin-dockercloud -p plimsoll-plugin-wire -p plimsoll-fixture-hostile -- -D warnings
+		-p plimsoll-guest-js -p plimsoll-plugin-docker -p plimsoll-plugin-remote-plimsoll -p plimsoll-plugin-e2b -p plimsoll-plugin-dockercloud -p plimsoll-plugin-openshell -p plimsoll-plugin-wire -p plimsoll-plugin-probe -p plimsoll-fixture-hostile -- -D warnings
 	$(MAKE) test
 
 bench: build image

@@ -39,6 +39,12 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import plimsoll_client, p
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check 'plimsoll-client[anthropic,openai-agents]==0.23.0' 'jsonschema==4.26.0' 'pytest>=8,<9'
 fi
+# grpcio: fake-openshell, started in-process by the adapter tests, is a
+# gRPC server.
+if ! .venv/bin/python -c 'import grpc' 2>/dev/null; then
+  echo "setup: adding grpcio to .venv"
+  .venv/bin/pip install -q --disable-pip-version-check 'grpcio==1.85.3'
+fi
 
 # E2B's official SDK, pinned, in a venv of its own (its HTTP stack must not
 # change what the published client is tested with): the client nobody here
@@ -49,6 +55,15 @@ if [ ! -x .venv-e2b/bin/python ] || ! .venv-e2b/bin/python -c 'import e2b, pytes
   echo "setup: creating .venv-e2b with e2b 2.63.0, jsonschema and pytest"
   python3 -m venv .venv-e2b
   .venv-e2b/bin/pip install -q --disable-pip-version-check 'e2b==2.63.0' 'jsonschema==4.26.0' 'pytest>=8,<9'
+fi
+
+# OpenShell's published Python package (its generated stubs), pinned, in a
+# venv of its own: the client nobody here wrote that fake-openshell is
+# proven against.
+if [ ! -x .venv-openshell/bin/python ] || ! .venv-openshell/bin/python -c 'import openshell, grpc, pytest' 2>/dev/null; then
+  echo "setup: creating .venv-openshell with openshell 0.1.2 and pytest"
+  python3 -m venv .venv-openshell
+  .venv-openshell/bin/pip install -q --disable-pip-version-check 'openshell==0.1.2' 'grpcio==1.85.3' 'pytest>=8,<9'
 fi
 
 # dockerd with gVisor registered. --network=none: runsc refuses to start in

@@ -29,3 +29,16 @@ def make(directory: Path) -> "tuple[Path, Path, Path]":
              "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "leaf.pem"),
              "-days", "2", "-extfile", str(d / "ext"))
     return d / "ca.pem", d / "leaf.pem", d / "leaf.key"
+
+
+def make_client(directory: Path) -> "tuple[Path, Path]":
+    """A client certificate the CA that `make` wrote signed, for mutual TLS
+    (fake-openshell); returns (client.pem, client.key)."""
+    d = Path(directory)
+    _openssl("req", *_EC, "-keyout", str(d / "client.key"), "-out", str(d / "client.csr"),
+             "-subj", "/CN=plimsoll-test-client")
+    (d / "client-ext").write_text("basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
+    _openssl("x509", "-req", "-in", str(d / "client.csr"), "-CA", str(d / "ca.pem"),
+             "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "client.pem"),
+             "-days", "2", "-extfile", str(d / "client-ext"))
+    return d / "client.pem", d / "client.key"

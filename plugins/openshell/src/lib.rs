@@ -1,0 +1,114 @@
+//! openshell: a provider plugin that runs snippets and projects through an
+//! NVIDIA OpenShell gateway, gRPC over standard `wasi:http` (HTTP/2, TLS).
+//!
+//! Per run: the gateway must have exactly one compute driver, docker, that
+//! enforces memory and CPU limits; a sandbox is created with labels, the
+//! image, limits and a deny-all sandbox policy, polled until ready, and
+//! everything read back (metadata, spec, and the policy in force by value
+//! and by OpenShell's policy hash, admitted, agent proposals off); each
+//! command runs over the interactive exec stream with stdin in frames and
+//! the exit event authoritative, cancelled at the deadline; the sandbox is
+//! deleted on every path, and labelled leftovers are swept at start.
+//!
+//! The plugin holds no credential: the host presents the operator's client
+//! certificate (mutual TLS) or adds the bearer token. The tier claimed is
+//! container: the sandbox user and the rest of the runtime are the
+//! gateway's choice; the host caps the claim at `SANDBOX_PLUGIN_MAX_TIER`.
+//! See docs/providers/openshell.md.
+
+mod exec;
+mod gateway;
+mod grpc;
+mod messages;
+mod policy;
+mod project;
+mod smoke;
+
+/// The shared wasi:http client every cloud adapter uses.
+use plimsoll_plugin_wire as wire;
+
+mod bindings {
+    wit_bindgen::generate!({
+        world: "cloud-adapter",
+        path: "../../wit/provider",
+        generate_all,
+    });
+}
+
+use bindings::exports::plimsoll::provider::adapter::Guest;
+use bindings::plimsoll::provider::http;
+use bindings::plimsoll::provider::types::{
+    Description, Payload, PayloadKind, PreflightReport, Refusal, RunError, RunRequest, RunResult,
+    SessionAnswer, SessionFailure, SessionOptions, Tier,
+};
+use gateway::Gateway;
+
+struct OpenShell;
+
+impl Guest for OpenShell {
+    fn describe() -> Description {
+        Description {
+            name: "openshell".to_string(),
+            tier: Tier::Container,
+            payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
+            environment: format!("openshell:image={}", gateway::IMAGE),
+            sessions: None,
+        }
+    }
+
+    fn preflight() -> Result<PreflightReport, String> {
+        smoke::preflight(&gateway()?)
+    }
+
+    fn run(request: RunRequest) -> Result<RunResult, RunError> {
+        let deadline = wire::after_ms(u64::from(request.timeout_ms));
+        wire::set_call_deadline(deadline);
+        let gw = gateway().map_err(|e| RunError::NotDispatched(Refusal::Environment(e)))?;
+        gw.check_driver(deadline)?;
+        let made = gw.create(u64::from(request.timeout_ms).div_ceil(1000), deadline)?;
+        let limit = request.output_limit;
+        let outcome = match request.payload {
+            Payload::Javascript(code) => exec::run(
+                &gw,
+                &made.name,
+                &exec::Command {
+                    argv: &["node", "-"],
+                    workdir: "",
+                    stdin: code.as_bytes(),
+                    limit: limit as usize,
+                },
+                deadline,
+            )
+            .map(RunResult::Javascript),
+            Payload::Project(p) => {
+                project::run(&gw, &made.name, &p, limit, deadline).map(RunResult::Project)
+            }
+            Payload::Cell(_) => Err(unsupported()),
+        };
+        gw.delete(&made.name);
+        outcome
+    }
+
+    fn open_session(_options: SessionOptions) -> Result<String, RunError> {
+        Err(unsupported())
+    }
+
+    fn session_run(_state: String, _request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
+        Err(SessionFailure {
+            error: unsupported(),
+            ended: None,
+        })
+    }
+
+    fn close_session(_state: String) {}
+}
+
+bindings::export!(OpenShell with_types_in bindings);
+
+fn gateway() -> Result<Gateway, String> {
+    Gateway::configured(http::allowed_origins())
+}
+
+fn unsupported() -> RunError {
+    RunError::NotDispatched(Refusal::Unsupported("openshell has no sessions".into()))
+}

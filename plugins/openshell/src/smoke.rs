@@ -1,0 +1,109 @@
+//! The startup smoke test: the gateway's one docker driver with limits, a
+//! sweep of our expired leftovers, and one real sandbox made as runs make
+//! it (read back, its policy checked), proving from inside what the tier
+//! and SECURITY.md rest on: a file arrives, a step runs in the work
+//! directory, node is present, nothing outside `/tmp` is writable, and no
+//! connection leaves. Any promise broken and the daemon does not start,
+//! naming it. Observation, not attestation: docs/providers/openshell.md
+//! says what it rests on.
+
+use crate::bindings::plimsoll::provider::types::{Language, PreflightReport, RunError};
+use crate::exec::{self, Command};
+use crate::gateway::Gateway;
+use crate::project::{self, WORK_DIR};
+use crate::wire;
+use plimsoll_plugin_probe::{Checks, Probe};
+
+const PROBE_MS: u64 = 60_000;
+
+const PROBE_STEP: &str = r#"echo "cwd=$(pwd)"
+echo "file=$(cat plimsoll-probe.txt 2>/dev/null)"
+for dir in /etc /usr /bin /root; do
+  if ( : > "$dir/.plimsoll-write-probe" ) 2>/dev/null; then echo "writable=$dir"; rm -f "$dir/.plimsoll-write-probe"; fi
+done
+echo "writable-done=yes"
+for target in 1.1.1.1:443 8.8.8.8:53; do
+  if timeout 3 node -e 'const [h,p]=process.argv[1].split(":");require("net").connect(+p,h).on("connect",()=>process.exit(0)).on("error",()=>process.exit(1))' "$target" 2>/dev/null; then echo "egress=open"; else echo "egress=closed"; fi
+done
+echo "node=$(node --version 2>/dev/null)"
+"#;
+
+pub fn preflight(gw: &Gateway) -> Result<PreflightReport, String> {
+    let deadline = wire::after_ms(PROBE_MS);
+    wire::set_call_deadline(deadline);
+    let mut checks = Checks::default();
+    gw.check_driver(deadline).map_err(|e| describe(&e))?;
+    checks.check(
+        true,
+        "one compute driver, docker, with memory and CPU limits",
+    );
+    let n = gw
+        .sweep(deadline)
+        .map_err(|e| format!("listing sandboxes failed: {e}"))?;
+    checks.note(format!("swept {n} expired sandbox(es) of ours"));
+    let made = gw
+        .create(PROBE_MS / 1000, deadline)
+        .map_err(|e| format!("the probe sandbox failed its checks: {}", describe(&e)))?;
+    checks.check(
+        true,
+        "the sandbox reads back as created, its own policy in force and admitted, proposals off",
+    );
+    let token = format!("{:016x}", wasi::random::random::get_random_u64());
+    let ran = project::put(
+        gw,
+        &made.name,
+        &format!("{WORK_DIR}/plimsoll-probe.txt"),
+        token.as_bytes(),
+        deadline,
+    )
+    .and_then(|()| {
+        exec::run(
+            gw,
+            &made.name,
+            &Command {
+                argv: &["sh", "-c", PROBE_STEP],
+                workdir: WORK_DIR,
+                stdin: b"",
+                limit: 64 << 10,
+            },
+            deadline,
+        )
+    });
+    gw.delete(&made.name);
+    let out = ran.map_err(|e| format!("the probe failed: {}", describe(&e)))?;
+    let probe = Probe::new(&out.stdout);
+    checks.check(out.exit_code == 0 && !out.timed_out, "probe step exit 0");
+    checks.check(
+        probe.is("cwd", WORK_DIR),
+        "the step ran in the work directory",
+    );
+    checks.check(probe.is("file", &token), "the project file arrived intact");
+    checks.check(
+        probe.is("writable-done", "yes") && probe.values("writable").is_empty(),
+        "nothing outside /tmp is writable",
+    );
+    let egress = probe.values("egress");
+    checks.check(
+        egress.len() == 2 && egress.iter().all(|e| *e == "closed"),
+        "connections out are refused",
+    );
+    checks.check(
+        probe
+            .values("node")
+            .first()
+            .is_some_and(|v| v.starts_with('v')),
+        "node is present",
+    );
+    Ok(PreflightReport {
+        passed: checks.passed(),
+        checks: checks.report(),
+        languages: vec![Language::Javascript],
+    })
+}
+
+fn describe(e: &RunError) -> String {
+    match e {
+        RunError::NotDispatched(r) => format!("{r:?}"),
+        RunError::MayHaveRun(s) => s.clone(),
+    }
+}

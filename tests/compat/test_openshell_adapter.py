@@ -1,0 +1,231 @@
+"""The OpenShell provider plugin (plugins/openshell) through the real
+plimsolld and the published client (plimsoll-client 0.23.0, unmodified),
+against fake-openshell (tests/fakes/openshell): gRPC over HTTP/2 and mutual
+TLS, the client certificate held by the host, every command run in a real
+container.
+
+What is proven here: snippets and projects run end to end at the container
+tier; each knob a gateway can turn ends the way it should (a failed check
+runs nothing and deletes the sandbox; never marked not-dispatched once a
+request went out); the deadline cancels the exec and the process with it;
+the startup smoke test refuses to start on each broken promise, naming it;
+and no sandbox is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from plimsoll_client import Client
+from plimsoll_client.errors import PlimsollError
+
+from test_published_client import ROOT, Daemon, plimsolld_bin
+
+sys.path.insert(0, str(ROOT / "tests" / "fakes" / "e2b"))
+sys.path.insert(0, str(ROOT / "tests" / "fakes" / "openshell"))
+import certs as fake_certs  # noqa: E402
+from fake_openshell import FakeOpenShell  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("openshell-pki")
+    fake_certs.make(d)
+    fake_certs.make_client(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def fake(pki):
+    f = FakeOpenShell(tls=(str(pki / "leaf.pem"), str(pki / "leaf.key")),
+                      client_ca=str(pki / "ca.pem")).start()
+    yield f
+    f.stop()
+
+
+def daemon_env(fake: FakeOpenShell, pki: Path) -> dict:
+    return {
+        "SANDBOX_PROVIDER": "openshell",
+        "SANDBOX_PLUGIN_MAX_TIER": "container",
+        "SANDBOX_PLUGIN_HTTP_ORIGINS": fake.origin,
+        "SANDBOX_PLUGIN_HTTP_CA": str(pki / "ca.pem"),
+        "SANDBOX_PLUGIN_HTTP_CLIENT_CERT": str(pki / "client.pem"),
+        "SANDBOX_PLUGIN_HTTP_CLIENT_KEY": str(pki / "client.key"),
+        "PLIMSOLL_LOG_FORMAT": "json",
+    }
+
+
+@pytest.fixture(scope="module")
+def daemon(fake, pki):
+    d = Daemon(daemon_env(fake, pki))
+    yield d
+    d.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(fake):
+    fake.clear_faults()
+    yield
+    fake.clear_faults()
+    deadline = time.monotonic() + 10
+    while fake.live() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert fake.live() == [], f"sandboxes left: {fake.live()}"
+
+
+def run(daemon, code="console.log(1)", timeout=30):
+    return Client(daemon.url).run_javascript(code, timeout=timeout)
+
+
+def assert_unmarked_error(daemon) -> PlimsollError:
+    with pytest.raises(PlimsollError) as e:
+        run(daemon)
+    assert e.value.not_dispatched is None, e.value
+    return e.value
+
+
+def test_describe_states_the_container_tier(daemon):
+    info = Client(daemon.url).describe()
+    assert (info.provider, info.isolation) == ("openshell", "container")
+    assert info.supports_project and not info.supports_sessions
+
+
+def test_a_snippet_runs_from_stdin_in_a_fresh_sandbox(daemon, fake):
+    before = fake.state()
+    r = Client(daemon.url).run_javascript(
+        "console.log('hi', 6 * 7); console.error('e'); process.exitCode = 3",
+        minimum_isolation="container", timeout=30)
+    assert (r.stdout, r.stderr, r.exit_code) == (b"hi 42\n", b"e\n", 3)
+    assert (r.provider, r.isolation) == ("openshell", "container")
+    after = fake.state()
+    assert after["created"] == before["created"] + 1
+    assert after["config_reads"] == before["config_reads"] + 1
+
+
+def test_a_vm_floor_is_refused_before_anything_is_made(daemon, fake):
+    before = fake.state()["created"]
+    with pytest.raises(PlimsollError) as e:
+        Client(daemon.url).run_javascript("console.log(1)", minimum_isolation="vm", timeout=30)
+    assert e.value.not_dispatched is not None
+    assert fake.state()["created"] == before
+
+
+def test_a_project_writes_files_runs_steps_and_returns_artifacts(daemon):
+    r = Client(daemon.url).run_project(
+        {"src/in.txt": "payload\n"},
+        ["cp src/in.txt out.txt && pwd", "exit 7", "echo never"],
+        ["out.txt", "missing.txt"], timeout=60)
+    assert [s.exit_code for s in r.steps] == [0, 7]
+    assert r.steps[0].stdout == b"/tmp/work\n"
+    assert [(a.path, a.content) for a in r.artifacts] == [("out.txt", b"payload\n")]
+
+
+def test_output_is_kept_to_the_limit_with_flags(daemon):
+    r = run(daemon, "process.stdout.write('o'.repeat(70000)); process.stderr.write('e'.repeat(65536))")
+    assert len(r.stdout) == 65536 and r.stdout_truncated
+    assert len(r.stderr) == 65536 and not r.stderr_truncated
+
+
+def test_the_deadline_cancels_the_exec_and_ends_the_process(daemon, fake):
+    before = fake.state()["cancelled"]
+    r = run(daemon, "console.log('started'); setInterval(() => {}, 1000)", timeout=3)
+    assert r.timed_out and r.exit_code == 124 and r.stdout == b"started\n"
+    assert fake.state()["cancelled"] == before + 1
+
+
+def test_a_sandbox_has_no_way_out(daemon):
+    r = run(daemon, """
+const s = require('net').connect(443, '1.1.1.1');
+s.on('connect', () => { console.log('open'); process.exit(0); });
+s.on('error', e => { console.log('closed'); process.exit(0); });
+setTimeout(() => { console.log('closed'); process.exit(0); }, 3000);
+""")
+    assert r.stdout == b"closed\n"
+
+
+@pytest.mark.parametrize("knob", ["driver_not_docker", "two_drivers"])
+def test_a_gateway_without_exactly_one_docker_driver_makes_nothing(daemon, fake, knob):
+    before = fake.state()["created"]
+    fake.set_fault(knob)
+    assert_unmarked_error(daemon)
+    assert fake.state()["created"] == before
+
+
+@pytest.mark.parametrize("knob", ["policy_global", "proposals_on", "readback_changed",
+                                  "config_not_admitted"])
+def test_a_sandbox_that_fails_a_read_back_runs_nothing_and_is_deleted(daemon, fake, knob):
+    before = fake.state()
+    fake.set_fault(knob)
+    assert_unmarked_error(daemon)
+    after = fake.state()
+    assert after["created"] == before["created"] + 1
+    assert after["deleted"] == before["deleted"] + 1
+    assert after["execs"] == before["execs"]
+
+
+def test_a_sandbox_that_is_not_ready_fails_unmarked(daemon, fake):
+    fake.set_fault("not_ready")
+    assert_unmarked_error(daemon)
+
+
+def test_the_gateways_own_timeout_reports_its_exit_and_the_sandbox_still_goes(daemon, fake):
+    fake.set_fault("exec_timeout", seconds=1)
+    r = run(daemon, "setTimeout(() => console.log('late'), 5000)", timeout=20)
+    assert r.exit_code == 124 and not r.timed_out
+
+
+def test_a_slow_start_and_a_delayed_delete_are_waited_for(daemon, fake):
+    fake.set_fault("provisioning_reads", reads=5)
+    fake.set_fault("delete_accepted", vanish_after=1.0)
+    assert run(daemon).stdout == b"1\n"
+
+
+@pytest.mark.parametrize("knob,check", [
+    ("egress_open", "connections out are refused: FAILED"),
+    ("driver_not_docker", "compute driver is not docker"),
+    ("policy_global", "a global policy governs"),
+    ("run_as_root", "nothing outside /tmp is writable: FAILED"),
+])
+def test_the_smoke_test_refuses_a_broken_promise(fake, pki, knob, check):
+    fake.set_fault(knob)
+    env = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": "127.0.0.1:0",
+           "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1", **daemon_env(fake, pki)}
+    done = subprocess.run([plimsolld_bin()], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0, "the daemon started on a gateway that broke a promise"
+    assert check in done.stderr, done.stderr[-2000:]
+
+
+def test_without_the_client_certificate_nothing_starts(fake, pki):
+    env = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": "127.0.0.1:0",
+           "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1", **daemon_env(fake, pki)}
+    del env["SANDBOX_PLUGIN_HTTP_CLIENT_CERT"], env["SANDBOX_PLUGIN_HTTP_CLIENT_KEY"]
+    before = fake.state()["created"]
+    done = subprocess.run([plimsolld_bin()], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert fake.state()["created"] == before
+
+
+def test_a_bearer_token_instead_of_a_client_certificate(pki):
+    # A gateway behind OIDC: the host adds the token; the plugin never sees it.
+    token = "oidc-canary-token-51f0"
+    f = FakeOpenShell(tls=(str(pki / "leaf.pem"), str(pki / "leaf.key")), bearer=token).start()
+    env = {**daemon_env(f, pki), "SANDBOX_PLUGIN_API_KEY_ENV": "OPENSHELL_TOKEN",
+           "OPENSHELL_TOKEN": token}
+    del env["SANDBOX_PLUGIN_HTTP_CLIENT_CERT"], env["SANDBOX_PLUGIN_HTTP_CLIENT_KEY"]
+    d = Daemon(env)
+    try:
+        assert run(d).stdout == b"1\n"
+        assert f.state()["refused"] == 0
+        assert token not in "\n".join(d.lines)
+    finally:
+        d.stop()
+        f.stop()
+    assert f.live() == []

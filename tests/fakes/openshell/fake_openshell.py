@@ -1,0 +1,395 @@
+"""fake-openshell: a stand-in for an NVIDIA OpenShell gateway, for tests.
+
+A gRPC server (grpcio, HTTP/2 over TLS, mutual TLS when given a client CA)
+serving the calls a client makes for one run on the `openshell.v1.OpenShell`
+service: GetGatewayInfo, CreateSandbox, GetSandbox, GetSandboxConfig,
+ListSandboxes, DeleteSandbox, ExecSandbox and ExecSandboxInteractive. Its
+messages are its own tables (messages.py), field numbers as OpenShell
+publishes them; test_fake_openshell.py proves them by driving the fake
+with the stubs in OpenShell's own Python package.
+
+Sandboxes live in memory and move PROVISIONING -> READY; each is a real
+container (`--network none`), and an exec runs the command in it for real
+as the sandbox user (stdin from the stream's frames, stdout and stderr as
+they come, then the exit; a cancelled call kills the command's process
+group). GetSandboxConfig answers the policy the sandbox was created with
+and its hash, computed as the client computes it. Requests are checked as
+the gateway checks them (a name, a command, the workspace), and the fake
+counts live sandboxes. Knobs (`KNOBS`) make it misbehave the ways a
+gateway can. It shares the container runner and the knob table with
+fake-e2b.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "e2b"))
+sys.path.insert(0, str(HERE))
+import messages as m  # noqa: E402
+from container import Docker  # noqa: E402
+from faults import Faults  # noqa: E402
+from protowire import WireError, decode, encode  # noqa: E402
+
+SERVICE = "openshell.v1.OpenShell"
+DEFAULT_IMAGE = "plimsoll/sandbox:bookworm"
+SANDBOX_USER = "user"  # the gateway's choice, not the client's
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,17}[a-z0-9])?$")
+
+KNOBS: "dict[str, dict]" = {
+    "driver_not_docker": {},            # the one compute driver is "podman"
+    "two_drivers": {},                  # a second compute driver
+    "policy_global": {},                # GetSandboxConfig: a GLOBAL policy source
+    "proposals_on": {},                 # agent policy proposals enabled
+    "readback_changed": {},             # GetSandbox reports a wider filesystem policy
+    "config_not_admitted": {},          # configuration_admitted false
+    "not_ready": {},                    # exec: FAILED_PRECONDITION "sandbox is not ready"
+    "exec_timeout": {"seconds": 1},     # the gateway's own timeout: exit 124, process left running
+    "delete_accepted": {"vanish_after": 1.0},  # ACCEPTED; the sandbox goes later
+    "egress_open": {},                  # the sandbox gets a network
+    "provisioning_reads": {"reads": 3},  # READY only after N reads
+    "run_as_root": {},                  # the sandbox's commands run as root
+}
+
+
+class Sandbox:
+    def __init__(self, sid: str, request: dict, container: str) -> None:
+        self.id, self.request, self.container = sid, request, container
+        self.name = request["name"]
+        self.pending_reads = 1
+        self.vanish_at: "float | None" = None
+        self.processes: "list[subprocess.Popen]" = []
+        self.flags: "set[str]" = set()
+
+    def to_message(self, phase: int, spec: "dict | None" = None) -> dict:
+        return {"metadata": {"id": self.id, "name": self.name,
+                             "labels": self.request.get("labels", {}), "workspace": "default"},
+                "spec": spec if spec is not None else self.request.get("spec", {}),
+                "status": {"phase": phase}}
+
+
+class FakeOpenShell:
+    def __init__(self, *, tls: "tuple[str, str]", client_ca: "str | None" = None,
+                 bearer: "str | None" = None, image: str = DEFAULT_IMAGE,
+                 docker: str = "docker") -> None:
+        self.tls, self.client_ca, self.bearer, self.image = tls, client_ca, bearer, image
+        self.instance_id = "fake-openshell-" + secrets.token_hex(6)
+        self.docker = Docker(self.instance_id, docker)
+        self.faults = Faults(KNOBS)
+        self._lock = threading.Lock()
+        self.sandboxes: "dict[str, Sandbox]" = {}
+        self.counts = {"created": 0, "deleted": 0, "execs": 0, "cancelled": 0,
+                       "config_reads": 0, "refused": 0}
+        self.seen_auth: "list[str]" = []
+        self.port = 0
+        self._server: "grpc.Server | None" = None
+        self._stopping = threading.Event()
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> "FakeOpenShell":
+        raw = lambda b: b  # noqa: E731 - the fake decodes with its own tables
+        unary = lambda f: grpc.unary_unary_rpc_method_handler(  # noqa: E731
+            self._guard(f), request_deserializer=raw, response_serializer=raw)
+        handlers = {
+            "GetGatewayInfo": unary(self._gateway_info),
+            "CreateSandbox": unary(self._create),
+            "GetSandbox": unary(self._get),
+            "GetSandboxConfig": unary(self._config),
+            "ListSandboxes": unary(self._list),
+            "DeleteSandbox": unary(self._delete),
+            "ExecSandbox": grpc.unary_stream_rpc_method_handler(
+                self._guard(self._exec_unary), request_deserializer=raw, response_serializer=raw),
+            "ExecSandboxInteractive": grpc.stream_stream_rpc_method_handler(
+                self._guard(self._exec_interactive), request_deserializer=raw,
+                response_serializer=raw),
+        }
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        cert, key = (Path(p).read_bytes() for p in self.tls)
+        creds = grpc.ssl_server_credentials(
+            [(key, cert)],
+            root_certificates=Path(self.client_ca).read_bytes() if self.client_ca else None,
+            require_client_auth=self.client_ca is not None)
+        self.port = self._server.add_secure_port("127.0.0.1:0", creds)
+        self._server.start()
+        threading.Thread(target=self._vanish_loop, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.stop(grace=None)
+            self._server = None
+        self.docker.remove_all()
+
+    @property
+    def origin(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def set_fault(self, name: str, count: "int | None" = 1, **params) -> None:
+        self.faults.set(name, count, **params)
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+
+    def live(self) -> "list[str]":
+        with self._lock:
+            return [s.name for s in self.sandboxes.values()]
+
+    def state(self) -> dict:
+        with self._lock:
+            return {"live": [s.name for s in self.sandboxes.values()], **self.counts,
+                    "faults": self.faults.snapshot()}
+
+    def _vanish_loop(self) -> None:
+        """Deletes that were ACCEPTED finish later."""
+        while not self._stopping.wait(0.1):
+            now = time.time()
+            with self._lock:
+                due = [s for s in self.sandboxes.values() if s.vanish_at and s.vanish_at <= now]
+            for s in due:
+                self._remove(s)
+
+    def _remove(self, s: Sandbox) -> None:
+        with self._lock:
+            if self.sandboxes.pop(s.name, None) is None:
+                return
+            self.counts["deleted"] += 1
+        for p in s.processes:
+            p.kill()
+        self.docker.remove(s.container)
+
+    # ---- every call ----------------------------------------------------------------
+
+    def _guard(self, handler):
+        """Authentication as a gateway does it (the client certificate is
+        checked by TLS; a bearer, when configured, in the metadata), and
+        requests that do not decode refused as INVALID_ARGUMENT."""
+        def call(request, context):
+            md = dict(context.invocation_metadata())
+            if self.bearer is not None and md.get("authorization") != f"Bearer {self.bearer}":
+                with self._lock:
+                    self.counts["refused"] += 1
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
+            try:
+                return handler(request, context)
+            except WireError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {e}")
+        return call
+
+    def _workspace(self, req: dict, context) -> None:
+        if (req.get("workspace_scope") or {}).get("workspace") != "default":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "workspace_scope must name a workspace")
+
+    def _find(self, name: str, context) -> Sandbox:
+        with self._lock:
+            s = self.sandboxes.get(name)
+        if s is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "sandbox not found")
+        return s
+
+    # ---- the calls ---------------------------------------------------------------------
+
+    def _gateway_info(self, raw: bytes, context) -> bytes:
+        def driver(name: str) -> dict:
+            return {"name": name, "capabilities": {
+                "driver_name": name, "driver_version": "fake",
+                "resource_capabilities": {"cpu": {"limit_supported": True},
+                                          "memory": {"limit_supported": True}}}}
+        drivers = [driver("podman" if self.faults.take("driver_not_docker") is not None
+                          else "docker")]
+        if self.faults.take("two_drivers") is not None:
+            drivers.append(driver("vm"))
+        return encode(m.GetGatewayInfoResponse, {"status": 1, "gateway_version": "0.1.2-fake",
+                                                 "compute_drivers": drivers})
+
+    def _create(self, raw: bytes, context) -> bytes:
+        req = decode(m.CreateSandboxRequest, raw)
+        self._workspace(req, context)
+        name = req.get("name", "")
+        if not name:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name is required")
+        if not _NAME.match(name):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "invalid sandbox name")
+        with self._lock:
+            if name in self.sandboxes:
+                context.abort(grpc.StatusCode.ALREADY_EXISTS, "sandbox already exists")
+        network = "bridge" if self.faults.take("egress_open") is not None else "none"
+        container = self.docker.create(self.image, name, network=network, env={},
+                                       container_signs=True)
+        s = Sandbox("sb-" + secrets.token_hex(8), req, container)
+        if self.faults.take("run_as_root") is not None:
+            s.flags.add("root")
+        if knob := self.faults.take("provisioning_reads"):
+            s.pending_reads = knob["reads"]
+        with self._lock:
+            self.sandboxes[name] = s
+            self.counts["created"] += 1
+        return encode(m.SandboxResponse, {"sandbox": s.to_message(m.PHASE["PROVISIONING"])})
+
+    def _get(self, raw: bytes, context) -> bytes:
+        req = decode(m.GetSandboxRequest, raw)
+        self._workspace(req, context)
+        s = self._find(req.get("name", ""), context)
+        if s.vanish_at:
+            phase = m.PHASE["DELETING"]
+        elif s.pending_reads > 0:
+            s.pending_reads -= 1
+            phase = m.PHASE["PROVISIONING"]
+        else:
+            phase = m.PHASE["READY"]
+        spec = None
+        # The change shows once the sandbox is ready, where a client reads
+        # it back.
+        if phase == m.PHASE["READY"] and self.faults.take("readback_changed") is not None:
+            spec = decode(m.SandboxSpec, encode(m.SandboxSpec, s.request.get("spec", {})))
+            fs = spec.setdefault("policy", {}).setdefault("filesystem", {})
+            fs["read_write"] = list(fs.get("read_write", [])) + ["/"]
+        return encode(m.SandboxResponse, {"sandbox": s.to_message(phase, spec)})
+
+    def _config(self, raw: bytes, context) -> bytes:
+        req = decode(m.GetSandboxConfigRequest, raw)
+        self._workspace(req, context)
+        s = self._find(req.get("name", ""), context)
+        with self._lock:
+            self.counts["config_reads"] += 1
+        policy = (s.request.get("spec") or {}).get("policy", {})
+        proposals = {"key": "agent_policy_proposals_enabled",
+                     "value": {"value": {"bool_value": self.faults.take("proposals_on") is not None},
+                               "scope": 1}}
+        source = ("GLOBAL" if self.faults.take("policy_global") is not None else "SANDBOX")
+        admitted = self.faults.take("config_not_admitted") is None
+        return encode(m.GetSandboxConfigResponse, {
+            "policy": policy, "version": 1, "policy_hash": m.policy_hash(policy) or "",
+            "settings": [proposals], "policy_source": m.POLICY_SOURCE[source],
+            "workspace": "default", "configuration_admitted": admitted})
+
+    def _list(self, raw: bytes, context) -> bytes:
+        req = decode(m.ListSandboxesRequest, raw)
+        self._workspace(req, context)
+        wanted = dict(term.split("=", 1) for term in req.get("label_selector", "").split(",")
+                      if "=" in term)
+        with self._lock:
+            found = [s for s in self.sandboxes.values()
+                     if all(s.request.get("labels", {}).get(k) == v for k, v in wanted.items())]
+        size = min(req.get("page_size") or 100, 1000)
+        start = int(req.get("page_token") or 0)
+        page = found[start:start + size]
+        more = start + size < len(found)
+        return encode(m.ListSandboxesResponse, {
+            "sandboxes": [s.to_message(m.PHASE["READY"]) for s in page],
+            "next_page_token": str(start + size) if more else ""})
+
+    def _delete(self, raw: bytes, context) -> bytes:
+        req = decode(m.DeleteSandboxRequest, raw)
+        self._workspace(req, context)
+        with self._lock:
+            s = self.sandboxes.get(req.get("name", ""))
+        if s is None:
+            if not req.get("allow_missing"):
+                context.abort(grpc.StatusCode.NOT_FOUND, "sandbox not found")
+            return encode(m.DeleteSandboxResponse, {"outcome": m.DELETION["ALREADY_ABSENT"]})
+        if knob := self.faults.take("delete_accepted"):
+            s.vanish_at = time.time() + knob["vanish_after"]
+            return encode(m.DeleteSandboxResponse, {"outcome": m.DELETION["ACCEPTED"],
+                                                    "sandbox_id": s.id})
+        self._remove(s)
+        return encode(m.DeleteSandboxResponse, {"outcome": m.DELETION["COMPLETED"],
+                                                "sandbox_id": s.id})
+
+    # ---- exec ------------------------------------------------------------------------------
+
+    def _exec_unary(self, raw: bytes, context):
+        start = decode(m.ExecSandboxRequest, raw)
+        stdin = iter([start.get("stdin", b"")] if start.get("stdin") else [])
+        yield from self._exec(start, stdin, context)
+
+    def _exec_interactive(self, requests, context):
+        first = decode(m.ExecSandboxInput, next(requests, b""))
+        if "start" not in first:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be start")
+
+        def stdin():
+            for raw in requests:
+                frame = decode(m.ExecSandboxInput, raw)
+                if "stdin" in frame:
+                    yield frame["stdin"]
+        yield from self._exec(first["start"], stdin(), context)
+
+    def _exec(self, start: dict, stdin, context):
+        self._workspace(start, context)
+        command = start.get("command") or []
+        if not command:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "command is required")
+        s = self._find(start.get("sandbox", ""), context)
+        if s.pending_reads > 0 or s.vanish_at or self.faults.take("not_ready") is not None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "sandbox is not ready")
+        with self._lock:
+            self.counts["execs"] += 1
+        user = "root" if "root" in s.flags else SANDBOX_USER
+        proc = self.docker.spawn(s.container, command[0], command[1:], user=user,
+                                 cwd=start.get("workdir") or "/tmp", env={}, stdin=True)
+        s.processes.append(proc)
+        pid = int(proc.stdout.readline().strip() or 0)
+        events: "queue.Queue" = queue.Queue()
+
+        def pump(stream, kind):
+            while chunk := stream.read1(4096) if hasattr(stream, "read1") else stream.read(4096):
+                events.put((kind, chunk))
+            events.put((kind, None))
+
+        def feed():
+            try:
+                for chunk in stdin:
+                    proc.stdin.write(chunk)
+                proc.stdin.close()
+            except (BrokenPipeError, ValueError, grpc.RpcError):
+                pass
+
+        left_running = []
+
+        def cancelled():
+            if proc.poll() is not None or left_running:
+                return
+            with self._lock:
+                self.counts["cancelled"] += 1
+            self.docker.signal(s.container, pid, 9)
+            proc.kill()
+
+        context.add_callback(cancelled)
+        for target, args in ((pump, (proc.stdout, "stdout")), (pump, (proc.stderr, "stderr")),
+                             (feed, ())):
+            threading.Thread(target=target, args=args, daemon=True).start()
+        timeout = self.faults.take("exec_timeout")
+        ends = time.time() + timeout["seconds"] if timeout else None
+        open_streams = 2
+        while open_streams:
+            try:
+                kind, chunk = events.get(timeout=0.1)
+            except queue.Empty:
+                if ends and time.time() >= ends:
+                    # The gateway's own timeout: it reports 124 and leaves
+                    # the process running.
+                    left_running.append(True)
+                    yield encode(m.ExecSandboxEvent, {"exit": {"exit_code": 124}})
+                    return
+                continue
+            if chunk is None:
+                open_streams -= 1
+                continue
+            yield encode(m.ExecSandboxEvent, {kind: {"data": chunk}})
+        code = proc.wait()
+        yield encode(m.ExecSandboxEvent, {"exit": {"exit_code": code}})
