@@ -272,3 +272,50 @@ def test_no_token_reaches_the_log(daemon, fake):
     log = "\n".join(daemon.lines)
     for secret in [PAT, *tokens]:
         assert secret not in log
+
+
+# ---- the operator's cap, the sweeper, the token's expiry ----------------------------------------
+
+
+def start_daemon(fake, certs, **extra) -> Daemon:
+    return Daemon({**daemon_env(fake, certs), **extra})
+
+
+def test_the_tier_is_vm_only_under_an_operator_cap_of_vm(fake, certs):
+    d = start_daemon(fake, certs, SANDBOX_PLUGIN_MAX_TIER="container")
+    try:
+        assert Client(d.url).describe().isolation == "container"
+        assert run(d).isolation == "container"
+    finally:
+        d.stop()
+
+
+def test_the_sweeper_deletes_expired_sandboxes_of_ours_and_nothing_else(fake, certs):
+    expired = fake.plant({"created-by": "plimsoll", "plimsoll-deadline": "1"})
+    current = fake.plant({"created-by": "plimsoll",
+                          "plimsoll-deadline": str(int(time.time()) + 3600)})
+    foreign = fake.plant({"created-by": "someone-else", "plimsoll-deadline": "1"})
+    d = start_daemon(fake, certs)  # the smoke test sweeps first
+    try:
+        live = fake.live()
+        assert expired not in live and current in live and foreign in live
+    finally:
+        d.stop()
+        for uid in (current, foreign):
+            fake._remove(fake.sandboxes[uid])
+
+
+def test_a_token_near_its_expiry_is_traded_again(fake, certs):
+    # Tokens that live 61 s are replaced 60 s early: each run more than a
+    # second after the last trade trades again (the module's daemon, with
+    # 900 s tokens, trades once and reuses it).
+    fake.set_fault("token_ttl", count=None, seconds=61)
+    d = start_daemon(fake, certs)
+    try:
+        before = fake.state()["exchanges"]
+        for _ in range(2):
+            time.sleep(1.5)
+            assert run(d).stdout == b"1\n"
+        assert fake.state()["exchanges"] >= before + 2
+    finally:
+        d.stop()

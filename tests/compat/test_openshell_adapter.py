@@ -229,3 +229,18 @@ def test_a_bearer_token_instead_of_a_client_certificate(pki):
         d.stop()
         f.stop()
     assert f.live() == []
+
+
+def test_the_sweeper_deletes_expired_sandboxes_of_ours_and_nothing_else(fake, pki):
+    expired = fake.plant({"plimsoll.run": "1", "plimsoll.deadline": "1"})
+    current = fake.plant({"plimsoll.run": "1", "plimsoll.deadline": str(int(time.time()) + 3600)})
+    foreign = fake.plant({"someone.else": "1"})
+    d = Daemon(daemon_env(fake, pki))  # the smoke test sweeps first
+    try:
+        live = fake.live()
+        assert expired not in live and current in live and foreign in live
+    finally:
+        d.stop()
+        for name in (current, foreign):
+            fake._remove(fake.sandboxes[name])
+

@@ -180,6 +180,17 @@ class FakeDockerCloud:
                     "violations": list(self.violations),
                     "faults": self.faults.snapshot()}
 
+    def plant(self, labels: "dict[str, str]") -> str:
+        """A sandbox made by someone else (another instance, a crashed
+        daemon), with these labels and no container; returns its uid."""
+        uid = secrets.token_hex(10)
+        s = Sandbox(uid, {"displayName": f"planted-{uid[:6]}", "labels": labels,
+                          "resources": {"cpus": 1, "memoryMib": 2048}}, "",
+                    f"{self.endpoint_origin}/endpoints/{uid}")
+        with self._lock:
+            self.sandboxes[uid] = s
+        return uid
+
     def _reap_expired(self) -> None:
         """The service's backstop: a sandbox past its timeout is deleted."""
         while not self._stopping.wait(0.5):
@@ -197,7 +208,8 @@ class FakeDockerCloud:
             if self.sandboxes.pop(s.uid, None) is None:
                 return
             self.counts["deleted"] += 1
-        self.docker.remove(s.container)
+        if s.container:
+            self.docker.remove(s.container)
 
     # ---- answers, each checked against the published shapes -----------------------
 

@@ -154,6 +154,16 @@ class FakeOpenShell:
             return {"live": [s.name for s in self.sandboxes.values()], **self.counts,
                     "faults": self.faults.snapshot()}
 
+    def plant(self, labels: "dict[str, str]") -> str:
+        """A ready sandbox made by someone else, with these labels and no
+        container; returns its name."""
+        name = "planted-" + secrets.token_hex(4)
+        s = Sandbox("sb-" + secrets.token_hex(8), {"name": name, "labels": labels}, "")
+        s.pending_reads = 0
+        with self._lock:
+            self.sandboxes[name] = s
+        return name
+
     def _vanish_loop(self) -> None:
         """Deletes that were ACCEPTED finish later."""
         while not self._stopping.wait(0.1):
@@ -170,7 +180,8 @@ class FakeOpenShell:
             self.counts["deleted"] += 1
         for p in s.processes:
             p.kill()
-        self.docker.remove(s.container)
+        if s.container:
+            self.docker.remove(s.container)
 
     # ---- every call ----------------------------------------------------------------
 
