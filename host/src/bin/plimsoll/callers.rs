@@ -1,10 +1,4 @@
-//! `plimsoll`: the operator's command line. Today it manages callers:
-//!
-//!   plimsoll callers create --file F --id ID [--scope S]...   prints the new token once
-//!   plimsoll callers import --file F --id ID [--scope S]...   token on stdin
-//!   plimsoll callers list   --file F [--json]                 ids and scopes, never tokens
-//!   plimsoll callers rotate --file F --id ID [--token-stdin]  prints the new token once
-//!   plimsoll callers revoke --file F --id ID
+//! `plimsoll callers`: the callers file (PLIMSOLL_CLIENTS_FILE).
 //!
 //! The file holds SHA-256 digests, never tokens. It is rewritten whole
 //! (temporary file, fsync, rename) under a lock directory, created with mode
@@ -14,31 +8,14 @@
 use std::ffi::OsStr;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::Subcommand;
 use plimsoll::callers::{self, ClientsFile, Entry};
 use plimsoll::dirs::{self, Dir};
 
-#[derive(Parser)]
-#[command(name = "plimsoll", about = "Operator commands for plimsolld")]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Manage the callers file (PLIMSOLL_CLIENTS_FILE).
-    Callers {
-        #[command(subcommand)]
-        action: Action,
-    },
-}
-
 /// A caller to add: what `create` and `import` both take.
 #[derive(clap::Args)]
-struct NewCaller {
+pub struct NewCaller {
     #[arg(long)]
     file: PathBuf,
     #[arg(long)]
@@ -51,7 +28,7 @@ struct NewCaller {
 }
 
 #[derive(Subcommand)]
-enum Action {
+pub enum Action {
     /// Adds a caller with a new random token, printed once on stdout.
     Create(NewCaller),
     /// Adds a caller whose token (at least 32 characters) is read from stdin.
@@ -82,19 +59,7 @@ enum Action {
     },
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let Command::Callers { action } = cli.command;
-    match run(action) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("plimsoll: {e}");
-            ExitCode::from(1)
-        }
-    }
-}
-
-fn run(action: Action) -> Result<(), String> {
+pub fn run(action: Action) -> Result<(), String> {
     match action {
         Action::Create(new) => {
             let token = callers::new_token()?;

@@ -1,0 +1,126 @@
+//! The daemon's API as the command line calls it: one Connect JSON call per
+//! procedure, the caller's token from PLIMSOLL_TOKEN, and every answer
+//! sorted into a result, a refusal the daemon marked not-dispatched (nothing
+//! ran), or anything else (it may have run).
+
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::Value;
+
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8746";
+/// How long an answer may take past the run's own budget.
+const SLACK: Duration = Duration::from_secs(30);
+
+pub struct Api {
+    base: String,
+    token: Option<String>,
+    client: reqwest::Client,
+}
+
+pub enum Failure {
+    /// The daemon's statement that nothing ran, with its reason.
+    NotDispatched {
+        reason: &'static str,
+        message: String,
+    },
+    /// Anything else: an unmarked error answer, or no answer at all.
+    Unknown(String),
+}
+
+/// The reasons, by the number in `plimsoll.v1.NotDispatched`.
+const REASONS: [&str; 8] = [
+    "unspecified",
+    "request",
+    "permission",
+    "protocol",
+    "unsupported",
+    "isolation",
+    "capacity",
+    "environment",
+];
+
+impl Api {
+    pub fn new(url: Option<String>) -> Result<Api, String> {
+        let base = url
+            .or_else(|| std::env::var("PLIMSOLL_URL").ok())
+            .unwrap_or_else(|| DEFAULT_URL.to_string());
+        let base = base.trim_end_matches('/').to_string();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(format!("{base:?} is not an http(s) URL"));
+        }
+        let token = std::env::var("PLIMSOLL_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty());
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("http client: {e}"))?;
+        Ok(Api {
+            base,
+            token,
+            client,
+        })
+    }
+
+    /// Calls `procedure` with `body`; waits at most `budget` plus a margin.
+    pub async fn call(
+        &self,
+        procedure: &str,
+        body: &Value,
+        budget: Duration,
+    ) -> Result<Value, Failure> {
+        let mut req = self
+            .client
+            .post(format!(
+                "{}/plimsoll.v1.SandboxService/{procedure}",
+                self.base
+            ))
+            .header("content-type", "application/json")
+            .timeout(budget + SLACK)
+            .json(body);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| Failure::Unknown(format!("no answer from {}: {e}", self.base)))?;
+        let status = resp.status();
+        let answer: Value = resp.json().await.map_err(|e| {
+            Failure::Unknown(format!("the answer is not JSON (HTTP {status}): {e}"))
+        })?;
+        if status.is_success() {
+            return Ok(answer);
+        }
+        let message = answer["message"].as_str().unwrap_or("").to_string();
+        let code = answer["code"].as_str().unwrap_or("unknown");
+        match not_dispatched(&answer) {
+            Some(reason) => Err(Failure::NotDispatched { reason, message }),
+            None => Err(Failure::Unknown(format!("{code}: {message}"))),
+        }
+    }
+}
+
+/// The reason a refusal names, if the daemon marked it not-dispatched.
+fn not_dispatched(answer: &Value) -> Option<&'static str> {
+    let details = answer["details"].as_array()?;
+    let detail = details
+        .iter()
+        .find(|d| d["type"].as_str() == Some("plimsoll.v1.NotDispatched"))?;
+    let value = detail["value"].as_str()?;
+    let bytes = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(value.trim_end_matches('='))
+        .ok()?;
+    match bytes.as_slice() {
+        [0x08, n] => REASONS.get(usize::from(*n)).copied(),
+        _ => None,
+    }
+}
+
+/// A bytes field of an answer (standard base64; absent is empty).
+pub fn bytes(v: &Value) -> Vec<u8> {
+    v.as_str()
+        .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+        .unwrap_or_default()
+}

@@ -1,0 +1,57 @@
+//! `plimsoll`: the command line.
+//!
+//!   plimsoll run FILE.js [--floor TIER] [--timeout T] [--grant P] [--json]
+//!   plimsoll run --project DIR --step CMD... [--artifact PATH]... [--out DIR]
+//!   plimsoll describe [--json]
+//!   plimsoll callers create|import|list|rotate|revoke --file F ...
+//!
+//! `run` and `describe` talk to a daemon (`--url`, or PLIMSOLL_URL, default
+//! http://127.0.0.1:8746) with the caller's token from PLIMSOLL_TOKEN; see
+//! docs/cli.md for what they print and their exit codes. `callers` manages
+//! the callers file on this machine.
+
+mod callers;
+mod client;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "plimsoll",
+    about = "Run code through plimsolld, and manage its callers"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs a JavaScript file, or a project directory's steps, and exits
+    /// with the run's exit code.
+    Run(run::RunArgs),
+    /// Shows what the daemon runs and at which isolation tier.
+    Describe(run::DescribeArgs),
+    /// Manage the callers file (PLIMSOLL_CLIENTS_FILE).
+    Callers {
+        #[command(subcommand)]
+        action: callers::Action,
+    },
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Run(args) => run::run(args),
+        Command::Describe(args) => run::describe(args),
+        Command::Callers { action } => match callers::run(action) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("plimsoll: {e}");
+                ExitCode::from(1)
+            }
+        },
+    }
+}

@@ -1,0 +1,342 @@
+//! `plimsoll run` and `plimsoll describe`.
+//!
+//! `run` sends a JavaScript file, or a directory's files with shell steps,
+//! as one `Run`; prints the program's output (stdout to stdout, stderr to
+//! stderr; for a project, each step's in order), then a summary line on
+//! stderr: provider, isolation tier, exit code, duration and the run
+//! record's digest. It exits with the run's exit code; the codes it adds
+//! are documented in docs/cli.md: 125 when the daemon refused the run and
+//! marked it not-dispatched (nothing ran), 126 for any other failure (it
+//! may have run), 2 for a bad command line or an unreadable input.
+
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::client::{self, Api, Failure};
+
+pub const EXIT_NOT_DISPATCHED: u8 = 125;
+pub const EXIT_UNKNOWN: u8 = 126;
+const EXIT_USAGE: u8 = 2;
+/// What a project may send, as the API bounds it (checked there too).
+const MAX_FILES: usize = 200;
+const MAX_FILE_BYTES: u64 = 4 << 20;
+
+#[derive(clap::Args)]
+pub struct Connection {
+    /// The daemon (default PLIMSOLL_URL, else http://127.0.0.1:8746). The
+    /// caller's token is read from PLIMSOLL_TOKEN.
+    #[arg(long)]
+    url: Option<String>,
+    /// Print the daemon's answer as JSON on stdout instead.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// A JavaScript file to run.
+    #[arg(required_unless_present = "project", conflicts_with = "project")]
+    file: Option<PathBuf>,
+    /// A directory whose files are sent with the run (relative paths).
+    #[arg(long, requires = "steps")]
+    project: Option<PathBuf>,
+    /// A shell step run in the project directory, in order (repeat it).
+    #[arg(long = "step", requires = "project")]
+    steps: Vec<String>,
+    /// A file to bring back from the project directory (repeat it).
+    #[arg(long = "artifact", requires = "project")]
+    artifacts: Vec<String>,
+    /// Where artifacts are written (default: the current directory).
+    #[arg(long, requires = "project")]
+    out: Option<PathBuf>,
+    /// The weakest isolation the run may have: process, container, kernel
+    /// or vm. Below it nothing runs.
+    #[arg(long)]
+    floor: Option<String>,
+    /// The run's budget: 500ms, 5s, 2m, or a number of seconds.
+    #[arg(long)]
+    timeout: Option<String>,
+    /// A grant profile the run may use.
+    #[arg(long)]
+    grant: Option<String>,
+    #[command(flatten)]
+    conn: Connection,
+}
+
+#[derive(clap::Args)]
+pub struct DescribeArgs {
+    #[command(flatten)]
+    conn: Connection,
+}
+
+pub fn run(args: RunArgs) -> ExitCode {
+    let request = match request(&args) {
+        Ok(r) => r,
+        Err(e) => return fail(EXIT_USAGE, &e),
+    };
+    let budget = Duration::from_millis(request["timeoutMs"].as_u64().unwrap_or(120_000));
+    let api = match Api::new(args.conn.url.clone()) {
+        Ok(a) => a,
+        Err(e) => return fail(EXIT_USAGE, &e),
+    };
+    let answer = match call(&api, "Run", &request, budget) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    if args.conn.json {
+        println!("{answer}");
+        return ExitCode::from(exit_of(&answer));
+    }
+    if args.project.is_some() {
+        if let Err(e) = print_project(&answer, args.out.as_deref()) {
+            return fail(EXIT_UNKNOWN, &e);
+        }
+    } else {
+        let js = &answer["javascript"];
+        let _ = std::io::stdout().write_all(&client::bytes(&js["stdout"]));
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().write_all(&client::bytes(&js["stderr"]));
+    }
+    let code = exit_of(&answer);
+    eprintln!("{}", summary(&answer, code));
+    ExitCode::from(code)
+}
+
+pub fn describe(args: DescribeArgs) -> ExitCode {
+    let api = match Api::new(args.conn.url.clone()) {
+        Ok(a) => a,
+        Err(e) => return fail(EXIT_USAGE, &e),
+    };
+    let answer = match call(&api, "Describe", &json!({}), Duration::from_secs(10)) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    if args.conn.json {
+        println!("{answer}");
+    } else {
+        println!(
+            "provider {} · isolation {}{}{}",
+            answer["sandbox"].as_str().unwrap_or("?"),
+            answer["isolation"].as_str().unwrap_or("?"),
+            if answer["supportsProject"].as_bool() == Some(true) {
+                " · projects"
+            } else {
+                ""
+            },
+            if answer["supportsSessions"].as_bool() == Some(true) {
+                " · sessions"
+            } else {
+                ""
+            },
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn call(api: &Api, procedure: &str, body: &Value, budget: Duration) -> Result<Value, ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail(EXIT_UNKNOWN, &format!("runtime: {e}")))?;
+    rt.block_on(api.call(procedure, body, budget))
+        .map_err(|f| match f {
+            Failure::NotDispatched { reason, message } => fail(
+                EXIT_NOT_DISPATCHED,
+                &format!("refused, nothing ran ({reason}): {message}"),
+            ),
+            Failure::Unknown(why) => fail(EXIT_UNKNOWN, &format!("failed, it may have run: {why}")),
+        })
+}
+
+fn fail(code: u8, why: &str) -> ExitCode {
+    eprintln!("plimsoll: {why}");
+    ExitCode::from(code)
+}
+
+/// The Run request the arguments describe.
+fn request(args: &RunArgs) -> Result<Value, String> {
+    let mut req = json!({"protocol": 4});
+    if let Some(floor) = &args.floor {
+        if !["process", "container", "kernel", "vm"].contains(&floor.as_str()) {
+            return Err(format!(
+                "--floor {floor:?}: want process, container, kernel or vm"
+            ));
+        }
+        req["minimumIsolation"] = json!(floor);
+    }
+    if let Some(t) = &args.timeout {
+        req["timeoutMs"] = json!(parse_duration_ms(t)?);
+    }
+    let grant = args.grant.clone().unwrap_or_default();
+    match (&args.file, &args.project) {
+        (Some(file), None) => {
+            let code =
+                std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+            req["javascript"] = json!({"code": code, "grantProfile": grant});
+        }
+        (None, Some(dir)) => {
+            req["project"] = json!({
+                "files": project_files(dir)?,
+                "steps": args.steps,
+                "artifacts": args.artifacts,
+                "grantProfile": grant,
+            });
+        }
+        _ => return Err("give a JavaScript file or --project DIR".into()),
+    }
+    Ok(req)
+}
+
+/// `500ms`, `5s`, `2m`, or a bare number of seconds.
+fn parse_duration_ms(s: &str) -> Result<u64, String> {
+    let bad = || format!("--timeout {s:?}: want e.g. 500ms, 5s, 2m");
+    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        (s, 1000)
+    };
+    let n: u64 = num.trim().parse().map_err(|_| bad())?;
+    n.checked_mul(scale)
+        .filter(|ms| *ms > 0 && *ms <= i32::MAX as u64)
+        .ok_or_else(bad)
+}
+
+/// Every regular file under `dir`, by relative path (symlinks are not
+/// followed); contents must be UTF-8, as the API carries them.
+fn project_files(dir: &Path) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    let mut total = 0u64;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&d)
+            .map_err(|e| format!("{}: {e}", d.display()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{}: {e}", d.display()))?;
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let path = entry.path();
+            let kind = entry
+                .file_type()
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if kind.is_dir() {
+                pending.push(path);
+            } else if kind.is_file() {
+                let rel = path
+                    .strip_prefix(dir)
+                    .map_err(|_| "a path left the project")?;
+                let rel = rel
+                    .to_str()
+                    .ok_or_else(|| format!("{}: the name is not UTF-8", path.display()))?;
+                total += entry.metadata().map(|m| m.len()).unwrap_or(0);
+                if out.len() >= MAX_FILES || total > MAX_FILE_BYTES {
+                    return Err(format!(
+                        "{}: a project is at most {MAX_FILES} files and 4 MiB",
+                        dir.display()
+                    ));
+                }
+                let content = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("{}: {e} (files must be UTF-8 text)", path.display()))?;
+                out.push(json!({"path": rel, "content": content}));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn print_project(answer: &Value, out: Option<&Path>) -> Result<(), String> {
+    let project = &answer["project"];
+    for step in project["steps"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        eprintln!("$ {}", step["command"].as_str().unwrap_or(""));
+        let _ = std::io::stdout().write_all(&client::bytes(&step["stdout"]));
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().write_all(&client::bytes(&step["stderr"]));
+    }
+    let out = out.unwrap_or(Path::new("."));
+    for artifact in project["artifacts"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let rel = Path::new(artifact["path"].as_str().unwrap_or(""));
+        // The daemon only returns paths the run asked for; a path that
+        // could leave the output directory is refused anyway.
+        if rel.as_os_str().is_empty()
+            || rel.components().any(|c| !matches!(c, Component::Normal(_)))
+        {
+            return Err(format!(
+                "the answer named an artifact path {rel:?} outside the output directory"
+            ));
+        }
+        let target = out.join(rel);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        std::fs::write(&target, client::bytes(&artifact["content"]))
+            .map_err(|e| format!("{}: {e}", target.display()))?;
+        eprintln!("plimsoll: wrote {}", target.display());
+    }
+    if project["artifactsTruncated"].as_bool() == Some(true) {
+        eprintln!("plimsoll: some artifacts were left out (over 8 MiB in all)");
+    }
+    Ok(())
+}
+
+/// The run's exit code: a snippet's own; for a project the last step's
+/// that ran (124 when it timed out), 0 with no step.
+fn exit_of(answer: &Value) -> u8 {
+    let result = if answer["project"].is_object() {
+        answer["project"]["steps"]
+            .as_array()
+            .and_then(|s| s.last())
+            .cloned()
+            .unwrap_or(Value::Null)
+    } else {
+        answer["javascript"].clone()
+    };
+    if result["timedOut"].as_bool() == Some(true) {
+        return 124;
+    }
+    let code = result["exitCode"].as_i64().unwrap_or(0);
+    // A shell shows a code past 255 modulo 256; negative ones as 128+signal.
+    (code.rem_euclid(256)) as u8
+}
+
+fn summary(answer: &Value, code: u8) -> String {
+    let result = if answer["project"].is_object() {
+        &answer["project"]
+    } else {
+        &answer["javascript"]
+    };
+    let mut notes = Vec::new();
+    if result["timedOut"].as_bool() == Some(true)
+        || answer["project"]["outcome"].as_str() == Some("PROJECT_OUTCOME_TIMED_OUT")
+    {
+        notes.push("timed out");
+    }
+    if result["stdoutTruncated"].as_bool() == Some(true) {
+        notes.push("stdout truncated");
+    }
+    if result["stderrTruncated"].as_bool() == Some(true) {
+        notes.push("stderr truncated");
+    }
+    format!(
+        "plimsoll: {} · {} · exit {code} · {} ms{} · record {}",
+        answer["sandbox"].as_str().unwrap_or("?"),
+        answer["isolation"].as_str().unwrap_or("?"),
+        answer["durationMs"].as_str().unwrap_or("0"),
+        notes.iter().map(|n| format!(" · {n}")).collect::<String>(),
+        answer["record"]["recordSha256"].as_str().unwrap_or("?"),
+    )
+}
