@@ -242,3 +242,30 @@ fn a_project_runs_its_steps_in_order_and_writes_its_artifacts() {
         "payload\n"
     );
 }
+
+#[test]
+fn on_a_terminal_a_slow_run_shows_it_is_waiting_and_clears_the_line() {
+    let d = plimsoll_tests::wasm_daemon();
+    let s = Scratch::new("cli-tty");
+    let file = write(
+        &s.0,
+        "a.js",
+        "const t = Date.now(); while (Date.now() - t < 2500) {} console.log('done')",
+    );
+    // `script` gives the command a terminal; its output is the terminal's.
+    let command = format!("{} run --timeout 10s {file}", cli().display());
+    let out = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env_clear()
+        .env("PLIMSOLL_URL", d.url(""))
+        .output()
+        .expect("script");
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{shown}");
+    assert!(shown.contains("\rplimsoll: running… 1 s"), "{shown:?}");
+    assert!(shown.contains("\r\x1b[Kdone"), "{shown:?}");
+    // Not a terminal: no progress at all (every other test here).
+    let plain = plimsoll(Some(&d), &["run", "--timeout", "10s", &file], None);
+    assert_eq!(text(&plain.stdout), "done\n");
+    assert!(!text(&plain.stderr).contains("running…"));
+}

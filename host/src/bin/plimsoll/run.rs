@@ -9,7 +9,7 @@
 //! marked it not-dispatched (nothing ran), 126 for any other failure (it
 //! may have run), 2 for a bad command line or an unreadable input.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Component, Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -142,14 +142,42 @@ fn call(api: &Api, procedure: &str, body: &Value, budget: Duration) -> Result<Va
         .enable_all()
         .build()
         .map_err(|e| fail(EXIT_UNKNOWN, &format!("runtime: {e}")))?;
-    rt.block_on(api.call(procedure, body, budget))
-        .map_err(|f| match f {
-            Failure::NotDispatched { reason, message } => fail(
-                EXIT_NOT_DISPATCHED,
-                &format!("refused, nothing ran ({reason}): {message}"),
-            ),
-            Failure::Unknown(why) => fail(EXIT_UNKNOWN, &format!("failed, it may have run: {why}")),
-        })
+    rt.block_on(async {
+        let call = api.call(procedure, body, budget);
+        if !std::io::stderr().is_terminal() {
+            return call.await;
+        }
+        // On a terminal, anything slower than a second shows that it is
+        // waiting (a docker project, a cold sandbox); the line is cleared
+        // before any output.
+        tokio::pin!(call);
+        let began = std::time::Instant::now();
+        let mut tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        let mut shown = false;
+        let answer = loop {
+            tokio::select! {
+                answer = &mut call => break answer,
+                _ = tick.tick() => {
+                    eprint!("\rplimsoll: running… {} s", began.elapsed().as_secs());
+                    shown = true;
+                }
+            }
+        };
+        if shown {
+            eprint!("\r\x1b[K");
+        }
+        answer
+    })
+    .map_err(|f| match f {
+        Failure::NotDispatched { reason, message } => fail(
+            EXIT_NOT_DISPATCHED,
+            &format!("refused, nothing ran ({reason}): {message}"),
+        ),
+        Failure::Unknown(why) => fail(EXIT_UNKNOWN, &format!("failed, it may have run: {why}")),
+    })
 }
 
 fn fail(code: u8, why: &str) -> ExitCode {
