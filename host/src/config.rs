@@ -538,6 +538,14 @@ mod tests {
             .is_err()
         );
         assert!(swap("SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER", "").is_err());
+        // The plugin may not reach the exchange itself.
+        assert!(
+            swap(
+                "SANDBOX_PLUGIN_KEY_EXCHANGE_URL",
+                "https://a.example/v2/auth/token"
+            )
+            .is_err()
+        );
         assert!(swap("SANDBOX_PLUGIN_API_KEY_ENV", "").is_err());
         assert!(swap("SANDBOX_PLUGIN_API_KEY_HEADER", "x-api-key").is_err());
         assert!(swap("SANDBOX_PLUGIN_KEY_EXCHANGE_URL", "").is_err());

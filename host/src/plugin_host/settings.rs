@@ -49,6 +49,11 @@ pub const VARIABLES: &[Var] = &[
         "https URL where the host trades the API key for an access token (Docker Hub's shape: POST {identifier, secret} -> {access_token}) and sends Authorization: Bearer <token> instead; the key goes only here",
     ),
     var(
+        "SANDBOX_PLUGIN_KEY_EXCHANGE_CA",
+        "(unset: the system's roots only)",
+        "PEM file of CA certificates the exchange URL may also be verified against (the plugin's own extra CAs never apply to it)",
+    ),
+    var(
         "SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER",
         "(unset)",
         "the account name sent beside the key in that trade (required with SANDBOX_PLUGIN_KEY_EXCHANGE_URL)",
@@ -126,6 +131,17 @@ impl PluginSettings {
             Some(list) => {
                 let origins = origin_list(list, "SANDBOX_PLUGIN_HTTP_ORIGINS")?;
                 let exchange = exchange(env)?;
+                // The plugin never reaches the exchange: with the traded
+                // token on its requests there, it could mint credentials of
+                // its own.
+                if let Some(e) = &exchange
+                    && origins.iter().any(|o| o.matches_url(&e.url))
+                {
+                    return Err(invalid(
+                        "SANDBOX_PLUGIN_KEY_EXCHANGE_URL",
+                        "its origin is one of SANDBOX_PLUGIN_HTTP_ORIGINS; the plugin must not reach the exchange",
+                    ));
+                }
                 // A traded key is never sent as is.
                 let api_key = match exchange {
                     Some(_) => None,
@@ -153,6 +169,7 @@ impl PluginSettings {
         for tls_var in [
             "SANDBOX_PLUGIN_KEY_EXCHANGE_URL",
             "SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER",
+            "SANDBOX_PLUGIN_KEY_EXCHANGE_CA",
             "SANDBOX_PLUGIN_HTTP_CA",
             "SANDBOX_PLUGIN_HTTP_CLIENT_CERT",
             "SANDBOX_PLUGIN_HTTP_CLIENT_KEY",
@@ -219,11 +236,16 @@ fn origin_list(list: &str, var: &'static str) -> Result<Vec<Origin>, ConfigError
 /// account name, and the key from the variable named for it.
 fn exchange(env: &Env) -> Result<Option<ExchangeSettings>, ConfigError> {
     let Some(url) = env.get("SANDBOX_PLUGIN_KEY_EXCHANGE_URL") else {
-        if env.is_set("SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER") {
-            return Err(invalid(
-                "SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER",
-                "belongs to a key exchange: set SANDBOX_PLUGIN_KEY_EXCHANGE_URL too",
-            ));
+        for var in [
+            "SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER",
+            "SANDBOX_PLUGIN_KEY_EXCHANGE_CA",
+        ] {
+            if env.is_set(var) {
+                return Err(invalid(
+                    var,
+                    "belongs to a key exchange: set SANDBOX_PLUGIN_KEY_EXCHANGE_URL too",
+                ));
+            }
         }
         return Ok(None);
     };
@@ -275,6 +297,7 @@ fn exchange(env: &Env) -> Result<Option<ExchangeSettings>, ConfigError> {
         url: parsed,
         identifier: identifier.to_string(),
         secret: secret.to_string(),
+        ca: env.get("SANDBOX_PLUGIN_KEY_EXCHANGE_CA").map(PathBuf::from),
     }))
 }
 

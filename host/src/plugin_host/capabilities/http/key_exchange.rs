@@ -10,12 +10,15 @@
 //! it does with a key that needs no trade.
 //!
 //! The access token is kept until 60 s before the `exp` its payload states
-//! and fetched again after; one trade at a time (callers wait for it rather
-//! than each sending the secret). The exchange goes through the host's own
-//! sender (no redirects, no proxy settings, TLS verified against the same
-//! roots and extra CAs as the plugin's origins, bounded by the caller's
-//! deadline). Neither token ever reaches a log: a failure says which step
-//! failed and the HTTP status, nothing the service wrote.
+//! (counted on the monotonic clock from the trade, so a wall clock that
+//! jumps cannot stretch it) and fetched again after; one trade at a time,
+//! callers waiting for it no longer than their own deadline. A failed trade
+//! is remembered for 10 s and answered from memory meanwhile, so a bad key
+//! is not sent again for every request. The exchange goes through the
+//! host's own sender (no redirects, no proxy settings, TLS verified against
+//! the system's roots and the CA named for the exchange alone, no client
+//! certificate). Neither token ever reaches a log: a failure says which
+//! step failed and the HTTP status, nothing the service wrote.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -37,6 +40,8 @@ use super::sender::{self, CallTasks};
 const REFRESH_EARLY: Duration = Duration::from_secs(60);
 /// Longest the exchange itself may take, whatever the caller's deadline.
 const EXCHANGE_TIME: Duration = Duration::from_secs(15);
+/// How long a failed trade is answered from memory.
+const FAILURE_KEPT: Duration = Duration::from_secs(10);
 /// Most of the exchange's answer the host reads.
 const ANSWER_BYTES: usize = 64 << 10;
 
@@ -51,10 +56,16 @@ pub struct KeyExchange {
     current: Mutex<Option<Held>>,
 }
 
-struct Held {
-    header: HeaderValue,
-    /// Wall-clock time after which the token is traded again.
-    replace_at: SystemTime,
+enum Held {
+    Token {
+        header: HeaderValue,
+        /// When the token is traded again.
+        replace_at: Instant,
+    },
+    Failed {
+        why: String,
+        until: Instant,
+    },
 }
 
 impl std::fmt::Debug for KeyExchange {
@@ -80,23 +91,45 @@ impl KeyExchange {
     /// The `Authorization` value for a request that must leave by
     /// `deadline`: the held token while it is fresh, else a new trade.
     pub async fn bearer(&self, deadline: Instant) -> Result<HeaderValue, String> {
-        let mut current = self.current.lock().await;
-        if let Some(held) = current.as_ref()
-            && SystemTime::now() < held.replace_at
-        {
-            return Ok(held.header.clone());
+        let mut current = tokio::time::timeout_at(deadline, self.current.lock())
+            .await
+            .map_err(|_| "the token exchange was busy past the request's deadline".to_string())?;
+        let now = Instant::now();
+        match current.as_ref() {
+            Some(Held::Token { header, replace_at }) if now < *replace_at => {
+                return Ok(header.clone());
+            }
+            Some(Held::Failed { why, until }) if now < *until => return Err(why.clone()),
+            _ => {}
         }
         *current = None;
-        let ends = deadline.min(Instant::now() + EXCHANGE_TIME);
-        let token = self.trade(ends).await?;
-        let mut header = HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| "the token exchange answered a token that is not a header value")?;
-        header.set_sensitive(true);
-        // A token whose expiry cannot be read serves this request only.
-        if let Some(replace_at) = expiry(&token).and_then(|exp| exp.checked_sub(REFRESH_EARLY)) {
-            *current = Some(Held {
+        let ends = deadline.min(now + EXCHANGE_TIME);
+        let traded = self.trade(ends).await.and_then(|token| {
+            let mut header = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| "the token exchange answered a token that is not a header value")?;
+            header.set_sensitive(true);
+            Ok((token, header))
+        });
+        let (token, header) = match traded {
+            Ok(t) => t,
+            Err(why) => {
+                *current = Some(Held::Failed {
+                    why: why.clone(),
+                    until: Instant::now() + FAILURE_KEPT,
+                });
+                return Err(why);
+            }
+        };
+        // The lifetime the token states, counted from now on the monotonic
+        // clock; a token whose expiry cannot be read serves this request
+        // only.
+        let lifetime = expiry(&token)
+            .and_then(|exp| exp.duration_since(SystemTime::now()).ok())
+            .and_then(|left| left.checked_sub(REFRESH_EARLY));
+        if let Some(left) = lifetime {
+            *current = Some(Held::Token {
                 header: header.clone(),
-                replace_at,
+                replace_at: now + left,
             });
         }
         Ok(header)

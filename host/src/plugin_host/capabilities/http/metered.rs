@@ -160,9 +160,11 @@ where
         }
         if let Some(trailers) = frame.trailers_ref()
             && this.direction == Direction::Out
-            && trailers
-                .keys()
-                .any(|name| policy::is_reserved(&this.capability.allowance, name))
+            && trailers.keys().any(|name| {
+                // Trailers never carry a credential, the plugin's own included.
+                name == http::header::AUTHORIZATION
+                    || policy::is_reserved(&this.capability.allowance, name)
+            })
         {
             this.end();
             tracing::warn!(

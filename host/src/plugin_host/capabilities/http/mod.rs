@@ -45,9 +45,25 @@ impl HttpCapability {
     /// `http` interface and its TLS settings for wasi:http.
     pub fn new(allowance: HttpAllowance) -> Result<HttpCapability, String> {
         let tls = sender::tls_config(&allowance.tls)?;
-        let exchange = allowance.exchange.as_ref().map(|e| {
-            key_exchange::KeyExchange::new(e.url.clone(), &e.identifier, &e.secret, tls.clone())
-        });
+        // The trade trusts the system's roots and only the CA named for it,
+        // never the plugin's extra CAs (whoever holds a gateway's private CA
+        // must not be able to pose as the exchange), and presents no client
+        // certificate.
+        let exchange = match &allowance.exchange {
+            None => None,
+            Some(e) => {
+                let trade_tls = sender::tls_config(&policy::HttpTls {
+                    ca: e.ca.clone(),
+                    client: None,
+                })?;
+                Some(key_exchange::KeyExchange::new(
+                    e.url.clone(),
+                    &e.identifier,
+                    &e.secret,
+                    trade_tls,
+                ))
+            }
+        };
         Ok(HttpCapability {
             exchange,
             allowance,
@@ -186,11 +202,9 @@ pub async fn send(
             "this plugin was not granted the http capability",
         ));
     };
-    // From here on the request may reach the service: anything the plugin
-    // reports afterwards may follow execution.
-    let _sent = call.mark.before_execution();
+    // The host's own trade first: a failed one sent nothing to the service.
     if checked.needs_exchanged_key {
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+        let deadline = tokio::time::Instant::from_std(call.ends);
         if let Err(why) = capability
             .add_exchanged_key(&mut checked.headers, deadline)
             .await
@@ -199,6 +213,9 @@ pub async fn send(
             return Err(http_if::HttpError::Transport(why));
         }
     }
+    // From here on the request may reach the service: anything the plugin
+    // reports afterwards may follow execution.
+    let _sent = call.mark.before_execution();
     match policy::send(&capability.client, checked).await {
         Ok((status, headers, body)) => Ok(http_if::Response {
             status,

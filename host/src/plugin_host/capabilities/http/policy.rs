@@ -64,6 +64,11 @@ impl Origin {
         format!("{}://{}:{}", self.scheme, self.host, self.port)
     }
 
+    /// Whether `url` is at this origin.
+    pub fn matches_url(&self, url: &Url) -> bool {
+        self.matches(url)
+    }
+
     fn matches(&self, url: &Url) -> bool {
         url.scheme() == self.scheme
             && url
@@ -105,6 +110,8 @@ pub struct ExchangeSettings {
     pub url: Url,
     pub identifier: String,
     pub secret: String,
+    /// An extra CA for the exchange URL alone (a test's private CA).
+    pub ca: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for ExchangeSettings {
@@ -539,6 +546,7 @@ mod tests {
             url: Url::parse("https://hub.example.com/token").expect("url"),
             identifier: "me".into(),
             secret: "pat".into(),
+            ca: None,
         });
         let to_api = check(Some(&g), "GET", "https://api.example.com/x", &[], None).expect("api");
         assert!(to_api.needs_exchanged_key);
@@ -555,6 +563,7 @@ mod tests {
             url: Url::parse("https://hub.example.com/token").expect("url"),
             identifier: "me".into(),
             secret: "pat".into(),
+            ca: None,
         });
         // The secret never prints.
         assert!(!format!("{g:?}").contains("pat\""));
