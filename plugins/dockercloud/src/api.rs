@@ -109,7 +109,9 @@ impl Service {
             }
         };
         if !matches!(answer.status, 201 | 202) {
-            if answer.status >= 500 {
+            // A failure inside the service, or a success off the document,
+            // may still have made one.
+            if answer.status >= 500 || (200..300).contains(&answer.status) {
                 self.reap_named(&name);
             }
             return Err(RunError::NotDispatched(refusal("create", &answer)));

@@ -16,6 +16,11 @@ use crate::wire::Failure;
 
 const STDIN_FRAME: usize = 64 << 10;
 pub const EXIT_TIMED_OUT: i32 = 124;
+/// The exit code of a process ended for flooding its output.
+pub const EXIT_FLOODED: i32 = 153;
+/// Answer bytes a call may take in before a flooding command is cut off:
+/// well short of the host's 64 MiB per call, so the delete still fits.
+const CALL_RECEIVED_CAP: u64 = 48 << 20;
 
 pub struct Command<'a> {
     pub argv: &'a [&'a str],
@@ -91,6 +96,11 @@ pub fn run(
                 )));
             }
         };
+        // A flood past what the call can carry: dropping the stream cancels
+        // the call, and the process with it.
+        if crate::wire::received() > CALL_RECEIVED_CAP {
+            return Ok(out.flooded());
+        }
         frames
             .push(&chunk)
             .map_err(|e| RunError::MayHaveRun(e.say()))?;
@@ -155,6 +165,13 @@ impl Output {
         if bytes.len() > room {
             *cut = true;
         }
+    }
+
+    /// Both streams flagged, as a flood is reported everywhere.
+    fn flooded(mut self) -> ProcessOutput {
+        self.stdout_truncated = true;
+        self.stderr_truncated = true;
+        self.finish(EXIT_FLOODED, false)
     }
 
     fn timed_out(self) -> ProcessOutput {

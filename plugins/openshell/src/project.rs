@@ -75,7 +75,7 @@ pub fn run(
         )?;
     }
     let mut outcome = ProjectOutcome::Completed;
-    for step in &p.steps {
+    for (i, step) in p.steps.iter().enumerate() {
         let began = monotonic_clock::now();
         let output = exec::run(
             gw,
@@ -87,7 +87,14 @@ pub fn run(
                 limit: limit as usize,
             },
             deadline,
-        )?;
+        )
+        // Once a step ran, nothing after it can say nothing ran.
+        .map_err(|e| match e {
+            RunError::NotDispatched(r) if i > 0 => {
+                RunError::MayHaveRun(format!("a later step was not started: {r:?}"))
+            }
+            e => e,
+        })?;
         let (timed_out, failed) = (output.timed_out, output.exit_code != 0);
         project_report::add_step(&StepResult {
             command: step.clone(),
@@ -128,7 +135,8 @@ pub fn run(
                     truncated = true;
                 }
             }
-            Ok(o) if o.exit_code == 0 => truncated = true,
+            // Cut, or not read within the budget: not brought back whole.
+            Ok(o) if o.exit_code == 0 || o.timed_out => truncated = true,
             // Absent: the steps may not have made it.
             Ok(_) => {}
             Err(_) => truncated = true,
