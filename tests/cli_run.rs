@@ -183,6 +183,7 @@ fn bad_arguments_exit_2_before_anything_is_sent() {
         vec!["run", "--timeout", "soon", file.as_str()],
         vec!["run", "/no/such/file.js"],
         vec!["run"],
+        vec!["describe", "--url", "ftp://x"],
     ] {
         let out = plimsoll(None, &args, None);
         assert_eq!(
@@ -192,6 +193,17 @@ fn bad_arguments_exit_2_before_anything_is_sent() {
             text(&out.stderr)
         );
     }
+    // A token is never sent in clear off this machine.
+    let out = Command::new(cli())
+        .env_clear()
+        .env("PLIMSOLL_URL", "http://192.0.2.1:8746")
+        .env("PLIMSOLL_TOKEN", "secret-token-canary")
+        .args(["run", &file])
+        .output()
+        .expect("plimsoll");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("plain http off this machine"));
+    assert!(!text(&out.stderr).contains("secret-token-canary"));
 }
 
 #[test]

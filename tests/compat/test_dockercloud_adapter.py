@@ -64,6 +64,8 @@ def daemon_env(fake: FakeDockerCloud, certs: Path) -> dict:
         "SANDBOX_PLUGIN_KEY_EXCHANGE_URL": fake.exchange_url,
         "SANDBOX_PLUGIN_KEY_EXCHANGE_IDENTIFIER": USER,
         "SANDBOX_PLUGIN_HTTP_CA": str(certs / "ca.pem"),
+        # The exchange trusts only the CA named for it (here the same test CA).
+        "SANDBOX_PLUGIN_KEY_EXCHANGE_CA": str(certs / "ca.pem"),
         "SANDBOX_PLUGIN_METERED": "1",
         "PLIMSOLL_LOG_FORMAT": "json",
     }
@@ -319,3 +321,18 @@ def test_a_token_near_its_expiry_is_traded_again(fake, certs):
         assert fake.state()["exchanges"] >= before + 2
     finally:
         d.stop()
+
+
+def test_the_exchange_does_not_trust_the_plugins_extra_ca(fake, certs):
+    # The fake's CA is trusted for the plugin's origins only: the trade
+    # must fail verification, and the daemon must not start.
+    env = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": "127.0.0.1:0",
+           "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1", **daemon_env(fake, certs)}
+    del env["SANDBOX_PLUGIN_KEY_EXCHANGE_CA"]
+    before = fake.state()["exchanges"]
+    done = subprocess.run([plimsolld_bin()], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "the token exchange could not be reached" in done.stderr, done.stderr[-2000:]
+    assert fake.state()["exchanges"] == before
+

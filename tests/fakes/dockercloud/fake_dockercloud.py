@@ -120,7 +120,8 @@ class FakeDockerCloud:
                        "policy_reads": 0, "ttl_reaped": 0}
         self.violations: "list[str]" = []
         self.secrets_seen_on_endpoint: "list[str]" = []
-        self._server = None
+        self._server = self._exchange_server = None
+        self.exchange_port = 0
         self._stopping = threading.Event()
 
     # ---- lifecycle ------------------------------------------------------------
@@ -131,22 +132,28 @@ class FakeDockerCloud:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(*self.tls)
         context.set_alpn_protocols(["http/1.1"])
-        self._server = type("Server", (_TlsServer,), {"context": context})(
-            (self.host, self.port), handler)
-        self._server.daemon_threads = True
+        server = type("Server", (_TlsServer,), {"context": context})
+        self._server = server((self.host, self.port), handler)
+        # Docker Hub's exchange is another origin than the API: a listener
+        # of its own, which serves nothing else.
+        self._exchange_server = server((self.host, 0), handler)
+        for srv in (self._server, self._exchange_server):
+            srv.daemon_threads = True
+            threading.Thread(target=srv.serve_forever, daemon=True,
+                             name="fake-dockercloud-http").start()
         self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, daemon=True,
-                         name="fake-dockercloud-http").start()
+        self.exchange_port = self._exchange_server.server_address[1]
         threading.Thread(target=self._reap_expired, daemon=True,
                          name="fake-dockercloud-ttl").start()
         return self
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        for srv in (self._server, self._exchange_server):
+            if srv is not None:
+                srv.shutdown()
+                srv.server_close()
+        self._server = self._exchange_server = None
         self.docker.remove_all()
 
     @property
@@ -159,7 +166,7 @@ class FakeDockerCloud:
 
     @property
     def exchange_url(self) -> str:
-        return f"{self.api_origin}/v2/auth/token"
+        return f"https://127.0.0.1:{self.exchange_port}/v2/auth/token"
 
     def _handled(self, began: float, ended: float) -> None:
         pass
@@ -250,10 +257,12 @@ class FakeDockerCloud:
 
     def _route(self, ex: Exchange) -> None:
         path = ex.path
+        if ex._h.server is self._exchange_server:
+            if path == "/v2/auth/token" and ex.method == "POST":
+                return self._exchange(ex)
+            return ex.reply(404, b"<html><body>404 page not found</body></html>", "text/html")
         if path == "/_fake/state":
             return ex.json(200, self.state())
-        if path == "/v2/auth/token" and ex.method == "POST":
-            return self._exchange(ex)
         if path.startswith("/sandboxes/v1/"):
             if not self._management_bearer(ex):
                 return self._error(ex, 401, "unauthenticated", "a valid bearer is required")

@@ -51,8 +51,19 @@ def call(fake, method, path, body=None, headers=None, host="127.0.0.1"):
     return r.status, dict(r.getheaders()), parsed
 
 
+def exchange(fake, body):
+    conn = http.client.HTTPSConnection("127.0.0.1", fake.exchange_port,
+                                       context=ssl.create_default_context(cafile=fake.ca))
+    conn.request("POST", "/v2/auth/token", json.dumps(body).encode(),
+                 {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    answer = (r.status, json.loads(r.read()))
+    conn.close()
+    return answer
+
+
 def bearer(fake) -> dict:
-    status, _, body = call(fake, "POST", "/v2/auth/token", {"identifier": USER, "secret": PAT})
+    status, body = exchange(fake, {"identifier": USER, "secret": PAT})
     assert status == 200
     return {"Authorization": f"Bearer {body['access_token']}"}
 
@@ -65,8 +76,10 @@ CREATE = {"displayName": "t1", "imageRef": "docker.io/library/node:22-bookworm-s
 
 
 def test_the_exchange_takes_only_the_right_secret(fake):
-    status, _, _ = call(fake, "POST", "/v2/auth/token", {"identifier": USER, "secret": "no"})
+    status, _ = exchange(fake, {"identifier": USER, "secret": "no"})
     assert status == 401
+    # The exchange is its own origin: the API's does not serve it.
+    assert call(fake, "POST", "/v2/auth/token", {"identifier": USER, "secret": PAT})[0] == 404
     status, _, _ = call(fake, "GET", "/sandboxes/v1/sandboxes")
     assert status == 401
     status, _, body = call(fake, "GET", "/sandboxes/v1/sandboxes", headers=bearer(fake))

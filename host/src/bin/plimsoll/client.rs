@@ -52,6 +52,12 @@ impl Api {
         let token = std::env::var("PLIMSOLL_TOKEN")
             .ok()
             .filter(|t| !t.is_empty());
+        // A token goes over plain http only to this machine.
+        if token.is_some() && base.starts_with("http://") && !is_loopback(&base) {
+            return Err(format!(
+                "{base} is plain http off this machine: the token would travel in clear; use https"
+            ));
+        }
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
@@ -123,4 +129,17 @@ pub fn bytes(v: &Value) -> Vec<u8> {
     v.as_str()
         .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
         .unwrap_or_default()
+}
+
+/// Whether an http URL's host is a loopback address or `localhost`.
+fn is_loopback(url: &str) -> bool {
+    let Ok(parsed) = reqwest::Url::parse(url) else {
+        return false;
+    };
+    match parsed.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
 }

@@ -337,8 +337,12 @@ fn exit_of(answer: &Value) -> u8 {
         return 124;
     }
     let code = result["exitCode"].as_i64().unwrap_or(0);
-    // A shell shows a code past 255 modulo 256; negative ones as 128+signal.
-    (code.rem_euclid(256)) as u8
+    // A shell shows a code past 255 modulo 256; one that would land on 0
+    // is still a failure.
+    match code.rem_euclid(256) as u8 {
+        0 if code != 0 => 1,
+        c => c,
+    }
 }
 
 fn summary(answer: &Value, code: u8) -> String {
