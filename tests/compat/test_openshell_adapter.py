@@ -180,6 +180,13 @@ def test_the_gateways_own_timeout_reports_its_exit_and_the_sandbox_still_goes(da
     assert r.exit_code == 124 and not r.timed_out
 
 
+def test_a_flood_is_cut_before_the_calls_budget_and_the_sandbox_still_goes(daemon, fake):
+    fake.set_fault("stdout_flood", mib=56)
+    r = run(daemon, timeout=30)
+    assert r.exit_code == 153 and r.stdout_truncated and r.stderr_truncated
+    assert len(r.stdout) == 65536
+
+
 def test_a_slow_start_and_a_delayed_delete_are_waited_for(daemon, fake):
     fake.set_fault("provisioning_reads", reads=5)
     fake.set_fault("delete_accepted", vanish_after=1.0)

@@ -60,6 +60,7 @@ KNOBS: "dict[str, dict]" = {
     "egress_open": {},                  # the sandbox gets a network
     "provisioning_reads": {"reads": 3},  # READY only after N reads
     "run_as_root": {},                  # the sandbox's commands run as root
+    "stdout_flood": {"mib": 56},        # an exec streams this much stdout, never ending
 }
 
 
@@ -384,6 +385,16 @@ class FakeOpenShell:
         for target, args in ((pump, (proc.stdout, "stdout")), (pump, (proc.stderr, "stderr")),
                              (feed, ())):
             threading.Thread(target=target, args=args, daemon=True).start()
+        if knob := self.faults.take("stdout_flood"):
+            # A command that writes without end, as far as the client can
+            # tell: the fake streams until the call is cancelled or the
+            # amount is sent.
+            chunk = encode(m.ExecSandboxEvent, {"stdout": {"data": b"y" * 65536}})
+            for _ in range(knob["mib"] * 16):
+                if not context.is_active():
+                    return
+                yield chunk
+            return
         timeout = self.faults.take("exec_timeout")
         ends = time.time() + timeout["seconds"] if timeout else None
         open_streams = 2
