@@ -72,18 +72,7 @@ pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
         probe.is("container", "no"),
         "no container runtime marker (a VM, not a container)",
     );
-    let egress = probe.values("egress");
-    checks.check(
-        egress.len() == 2 && egress.iter().all(|e| *e == "closed"),
-        "connections out are refused",
-    );
-    checks.check(
-        probe
-            .values("node")
-            .first()
-            .is_some_and(|v| v.starts_with('v')),
-        "node is present",
-    );
+    checks.egress_and_node(&probe);
     checks.check(
         slept.timed_out && slept.exit_code == 124,
         "the wrapper ends a command at its time limit",

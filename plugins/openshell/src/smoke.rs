@@ -82,18 +82,7 @@ pub fn preflight(gw: &Gateway) -> Result<PreflightReport, String> {
         probe.is("writable-done", "yes") && probe.values("writable").is_empty(),
         "nothing outside /tmp is writable",
     );
-    let egress = probe.values("egress");
-    checks.check(
-        egress.len() == 2 && egress.iter().all(|e| *e == "closed"),
-        "connections out are refused",
-    );
-    checks.check(
-        probe
-            .values("node")
-            .first()
-            .is_some_and(|v| v.starts_with('v')),
-        "node is present",
-    );
+    checks.egress_and_node(&probe);
     Ok(PreflightReport {
         passed: checks.passed(),
         checks: checks.report(),

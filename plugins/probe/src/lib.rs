@@ -48,6 +48,24 @@ impl Checks {
             .push(format!("{what}: {}", if ok { "ok" } else { "FAILED" }));
     }
 
+    /// The two promises every adapter's probe step shows the same way:
+    /// both egress attempts (`egress=`) found closed, and `node=` printed a
+    /// version.
+    pub fn egress_and_node(&mut self, probe: &Probe) {
+        let egress = probe.values("egress");
+        self.check(
+            egress.len() == 2 && egress.iter().all(|e| *e == "closed"),
+            "connections out are refused",
+        );
+        self.check(
+            probe
+                .values("node")
+                .first()
+                .is_some_and(|v| v.starts_with('v')),
+            "node is present",
+        );
+    }
+
     pub fn passed(&self) -> bool {
         !self.failed
     }
