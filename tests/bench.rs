@@ -70,6 +70,7 @@ async fn bare_cell(n: usize) {
         timeout: Duration::from_secs(5),
         output_limit: 64 << 10,
         grant: None,
+        live: None,
     };
     for _ in 0..200 {
         let _ = s.run(job()).await;

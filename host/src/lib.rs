@@ -12,7 +12,7 @@
 //! - `grants` is the operator's API grants and the broker that serves them;
 //! - `config` puts together each part's settings into one closed list.
 //!
-//! `outcome`, `refusal`, `tier`, `text`, `env_vars`, `outbound` and
+//! `outcome`, `live`, `refusal`, `tier`, `text`, `env_vars`, `outbound` and
 //! `store_limits` are leaves every layer may use.
 
 pub mod admission;
@@ -25,6 +25,7 @@ pub mod env_vars;
 pub mod fd_limit;
 pub mod grants;
 pub mod hardened;
+pub mod live;
 pub mod metrics;
 pub mod outbound;
 pub mod outcome;

@@ -21,6 +21,7 @@ use tokio::sync::Semaphore;
 use crate::admission::{self, Limits};
 use crate::callers::Caller;
 use crate::grants::{Grants, Profile, broker};
+use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::outcome::{NotReady, RunFailure};
 use crate::providers::{Evidence, Job, Payload, ProjectInput, Provider};
@@ -256,6 +257,18 @@ impl Daemon {
         req: RunRequest,
         caller: Arc<Caller>,
     ) -> Result<RunResponse, RunError> {
+        self.run_watched(req, caller, None).await
+    }
+
+    /// `run`, with the run's output also sent to `live` as the provider
+    /// keeps it (where the provider can pass output on early). Every check,
+    /// the record and the audit line are exactly `run`'s.
+    pub async fn run_watched(
+        self: &Arc<Self>,
+        req: RunRequest,
+        caller: Arc<Caller>,
+        live: Option<Live>,
+    ) -> Result<RunResponse, RunError> {
         // 1. The request on its own: malformed or out of bounds is `request`.
         let checked = admission::validate(&req, &self.limits)?;
 
@@ -323,7 +336,7 @@ impl Daemon {
             let _caller_slot = caller_slot;
             let _inflight = InFlight::new(&daemon.metrics);
             let started = Instant::now();
-            let answer = daemon.admitted(req, checked, work, &caller).await;
+            let answer = daemon.admitted(req, checked, work, &caller, live).await;
             // Whole seconds, and nothing for a run refused before it ran.
             let used = match &answer {
                 Err(RunError::Refused(_)) => 0,
@@ -348,6 +361,7 @@ impl Daemon {
         checked: admission::Checked,
         work: Work,
         caller: &Caller,
+        live: Option<Live>,
     ) -> Result<RunResponse, RunError> {
         // 4. The wall: current evidence against the floor and the software
         //    rule, immediately before dispatch.
@@ -370,6 +384,7 @@ impl Daemon {
                 timeout: checked.timeout,
                 output_limit: self.limits.output_limit,
                 grant: session.clone(),
+                live,
             })
             .await
             .map_err(failed);

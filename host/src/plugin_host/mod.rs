@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::grants::broker;
+use crate::live::Live;
 use crate::outcome::{NotReady, ProcessOutput, ProjectOutput, RunFailure};
 use crate::refusal::Refusal;
 use crate::text::sanitize;
@@ -132,6 +133,7 @@ impl PluginProvider {
         timeout: Duration,
         output_limit: usize,
         grant: Option<Arc<broker::Session>>,
+        live: Option<Live>,
     ) -> Result<ProcessOutput, RunFailure> {
         match self
             .run(
@@ -139,6 +141,7 @@ impl PluginProvider {
                 timeout,
                 output_limit,
                 grant,
+                live,
             )
             .await?
         {
@@ -156,6 +159,7 @@ impl PluginProvider {
         timeout: Duration,
         output_limit: usize,
         grant: Option<Arc<broker::Session>>,
+        live: Option<Live>,
     ) -> Result<ProjectOutput, RunFailure> {
         let project = types::ProjectPayload {
             files: project
@@ -172,6 +176,7 @@ impl PluginProvider {
                 timeout,
                 output_limit,
                 grant,
+                live,
             )
             .await?
         {
@@ -189,6 +194,7 @@ impl PluginProvider {
         timeout: Duration,
         output_limit: usize,
         grant: Option<Arc<broker::Session>>,
+        live: Option<Live>,
     ) -> Result<PluginResult, RunFailure> {
         // A plugin whose backend is not ready never gets the run: nothing is
         // dispatched, and the refusal says why.
@@ -208,6 +214,7 @@ impl PluginProvider {
         };
         store.data_mut().report.output_limit = output_limit;
         store.data_mut().call.grant = grant;
+        store.data_mut().call.live = live;
         let outcome = runner
             .call::<(types::RunRequest,), (Result<types::RunResult, types::RunError>,)>(
                 &mut store,

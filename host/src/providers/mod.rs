@@ -22,6 +22,7 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, ready};
 
 use crate::grants::broker;
+use crate::live::Live;
 use crate::outcome::{CellOutput, NotReady, ProcessOutput, ProjectOutput, RunFailure};
 use crate::refusal::Refusal;
 use crate::tier::Tier;
@@ -96,6 +97,10 @@ pub struct Job {
     /// Bytes kept per output stream.
     pub output_limit: usize,
     pub grant: Option<Arc<broker::Session>>,
+    /// Where output goes as it is written, when a caller watches the run.
+    /// A provider that cannot pass output on early ignores it: the result
+    /// carries everything either way.
+    pub live: Option<Live>,
 }
 
 /// What a run produced.

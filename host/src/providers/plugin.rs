@@ -171,7 +171,7 @@ impl Provider for PluginProvider {
         Box::pin(async move {
             match job.payload {
                 Payload::JavaScript(code) => self
-                    .run_javascript(code, job.timeout, job.output_limit, job.grant)
+                    .run_javascript(code, job.timeout, job.output_limit, job.grant, job.live)
                     .await
                     .map(Output::JavaScript),
                 Payload::Project(p) => self
@@ -184,6 +184,7 @@ impl Provider for PluginProvider {
                         job.timeout,
                         job.output_limit,
                         job.grant,
+                        job.live,
                     )
                     .await
                     .map(Output::Project),

@@ -178,7 +178,9 @@ impl Guest for Docker {
         let env = engine::environment();
         match request.payload {
             bindings::plimsoll::provider::types::Payload::Javascript(code) => {
-                let out = engine::run(
+                // The container's output is the snippet's output as it
+                // stands, so a caller watching the run may see it early.
+                let out = engine::run_live(
                     &snippet_spec(&env),
                     code.as_bytes(),
                     request.timeout_ms,

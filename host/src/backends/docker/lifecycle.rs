@@ -25,6 +25,7 @@ use tokio::io::AsyncWriteExt;
 use super::envelope::{GATE_LINE, Life};
 use super::verify::PidsCgroup;
 use super::{DockerEngine, short};
+use crate::live::{Channel, Live};
 use crate::outcome::ProcessOutput;
 use crate::plugin_host::capabilities::container_engine::backend::{Approved, EngineFailure};
 
@@ -208,6 +209,7 @@ impl DockerEngine {
         stdin: Vec<u8>,
         deadline: Deadline,
         output_limit: usize,
+        live: Option<Live>,
     ) -> Result<ProcessOutput, EngineFailure> {
         let mut out = ProcessOutput::default();
         let Warm { id: name, io, .. } = warm;
@@ -220,21 +222,33 @@ impl DockerEngine {
             input.write_all(&stdin).await?;
             input.shutdown().await
         });
+        // What is kept goes to a watcher too, as it arrives.
+        let watched = |channel, kept: &[u8]| {
+            if let Some(live) = &live {
+                live.send(channel, kept);
+            }
+        };
         let collect = async {
             while let Some(frame) = output.next().await {
                 match frame {
-                    Ok(LogOutput::StdOut { message }) => keep(
-                        &mut out.stdout,
-                        &mut out.stdout_truncated,
-                        &message,
-                        output_limit,
-                    ),
-                    Ok(LogOutput::StdErr { message }) => keep(
-                        &mut out.stderr,
-                        &mut out.stderr_truncated,
-                        &message,
-                        output_limit,
-                    ),
+                    Ok(LogOutput::StdOut { message }) => {
+                        let kept = keep(
+                            &mut out.stdout,
+                            &mut out.stdout_truncated,
+                            &message,
+                            output_limit,
+                        );
+                        watched(Channel::Stdout, kept);
+                    }
+                    Ok(LogOutput::StdErr { message }) => {
+                        let kept = keep(
+                            &mut out.stderr,
+                            &mut out.stderr_truncated,
+                            &message,
+                            output_limit,
+                        );
+                        watched(Channel::Stderr, kept);
+                    }
                     Ok(_) => {}
                     Err(_) => break,
                 }
@@ -300,12 +314,15 @@ pub(super) fn limit_pids(root: &crate::dirs::Dir, id: &str, pids: i64) -> std::i
     crate::dirs::sub_nofollow(root, id)?.write("pids.max", pids.to_string())
 }
 
-fn keep(buf: &mut Vec<u8>, truncated: &mut bool, data: &[u8], limit: usize) {
+/// Keeps what fits of `data` and returns the part kept, for a watcher.
+fn keep<'a>(buf: &mut Vec<u8>, truncated: &mut bool, data: &'a [u8], limit: usize) -> &'a [u8] {
     let room = limit.saturating_sub(buf.len());
     if data.len() > room {
         *truncated = true;
     }
-    buf.extend_from_slice(&data[..data.len().min(room)]);
+    let kept = &data[..data.len().min(room)];
+    buf.extend_from_slice(kept);
+    kept
 }
 
 #[cfg(test)]

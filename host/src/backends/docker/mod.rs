@@ -41,6 +41,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bollard::Docker;
 use futures_util::future::BoxFuture;
 
+use crate::live::Live;
 use crate::outcome::{NotReady, ProcessOutput};
 use crate::plugin_host::capabilities::container_engine::backend::{
     Approved, BackendFacts, ContainerBackend, EngineFailure, Envelope, GrantMount, SessionContainer,
@@ -268,6 +269,7 @@ impl DockerEngine {
         timeout: Duration,
         output_limit: usize,
         grant: Option<GrantMount>,
+        live: Option<Live>,
     ) -> Result<ProcessOutput, EngineFailure> {
         if let Err(why) = self.last_verdict() {
             return Err(EngineFailure::BeforeStart(why.detail));
@@ -309,7 +311,9 @@ impl DockerEngine {
                 }
             };
             let name = warm.id.clone();
-            let result = engine.drive(warm, stdin, deadline, output_limit).await;
+            let result = engine
+                .drive(warm, stdin, deadline, output_limit, live)
+                .await;
             engine.remove(&name).await;
             result
         });
@@ -338,11 +342,12 @@ impl ContainerBackend for DockerEngine {
         timeout: Duration,
         output_limit: usize,
         grant: Option<GrantMount>,
+        live: Option<Live>,
     ) -> BoxFuture<'static, Result<ProcessOutput, EngineFailure>> {
         let engine = self.clone();
         Box::pin(async move {
             engine
-                .run_container(spec, stdin, timeout, output_limit, grant)
+                .run_container(spec, stdin, timeout, output_limit, grant, live)
                 .await
         })
     }

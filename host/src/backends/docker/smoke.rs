@@ -35,7 +35,9 @@ impl DockerEngine {
                  | EngineFailure::AfterStart(e))| { format!("smoke test: {e}") },
             )?;
         let name = warm.id.clone();
-        let ran = self.drive(warm, b"go\n".to_vec(), deadline, 1 << 20).await;
+        let ran = self
+            .drive(warm, b"go\n".to_vec(), deadline, 1 << 20, None)
+            .await;
         self.remove(&name).await;
         let out = match ran {
             Ok(out) => out,

@@ -116,6 +116,7 @@ impl Daemon {
             let started = Instant::now();
             let dispatched = sandbox
                 .run(Job {
+                    live: None,
                     payload,
                     timeout: checked.timeout,
                     output_limit: daemon.limits.output_limit,

@@ -35,6 +35,10 @@ pub struct CallContext {
     pub mark: DispatchMark,
     /// The run's broker session, when it carries a grant.
     pub grant: Option<Arc<broker::Session>>,
+    /// Where a run's output goes as it is written, when a caller watches
+    /// (only through `container-engine.run-live`, which the plugin uses for
+    /// a container whose output is the run's own).
+    pub live: Option<crate::live::Live>,
 }
 
 impl CallContext {
@@ -44,6 +48,7 @@ impl CallContext {
             ends,
             mark: DispatchMark::default(),
             grant: None,
+            live: None,
         }
     }
 }

@@ -30,6 +30,7 @@ use super::{
 };
 use crate::admission::OUTPUT_LIMIT;
 use crate::grants::broker;
+use crate::live::{Channel, Live};
 use crate::outcome::{ProcessOutput, RunFailure};
 use crate::refusal::Refusal;
 use crate::store_limits::{EpochTicker, MemoryCap, ticks};
@@ -194,7 +195,7 @@ impl WasmProvider {
     /// Runs one snippet to completion, its deadline, or its memory cap.
     /// Blocking: call it from a blocking thread.
     pub fn run(&self, code: &str, timeout: Duration) -> Result<ProcessOutput, RunFailure> {
-        self.run_granted(code, timeout, None)
+        self.run_granted(code, timeout, None, None)
     }
 
     /// Runs one snippet with the grant's broker session, if any. The
@@ -205,10 +206,12 @@ impl WasmProvider {
         code: &str,
         timeout: Duration,
         grant: Option<(Arc<broker::Session>, tokio::runtime::Handle)>,
+        live: Option<Live>,
     ) -> Result<ProcessOutput, RunFailure> {
         let global = grant.as_ref().map(|(s, _)| s.profile().global.clone());
         let mut state = RunState::new(self.memory_limit, self.output_limit);
         state.broker = grant;
+        state.live = live;
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(ticks(timeout, TICK));
@@ -229,30 +232,51 @@ impl WasmProvider {
         let result = guest.call_run(&mut store, code, global.as_deref());
         let state = store.into_data();
         let (mut out, mut err) = (state.stdout, state.stderr);
+        let live = state.live;
+        // The daemon's closing line reaches a watcher too, as it reaches the
+        // result.
+        let notice = |err: &mut Capped, text: &str| {
+            err.push_notice(text);
+            if let Some(live) = &live {
+                live.send(Channel::Stderr, text.as_bytes());
+            }
+        };
         let (exit_code, timed_out) = match result {
             Ok(code) => (code, false),
             Err(e) => {
                 if e.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
-                    err.push_notice(&format!(
-                        "plimsoll: the run was stopped at its deadline of {} ms\n",
-                        timeout.as_millis()
-                    ));
+                    notice(
+                        &mut err,
+                        &format!(
+                            "plimsoll: the run was stopped at its deadline of {} ms\n",
+                            timeout.as_millis()
+                        ),
+                    );
                     (EXIT_TIMED_OUT, true)
                 } else if state.limits.denied() {
-                    err.push_notice(&format!(
-                        "plimsoll: the run was stopped at its memory limit of {} MiB\n",
-                        self.memory_limit >> 20
-                    ));
+                    notice(
+                        &mut err,
+                        &format!(
+                            "plimsoll: the run was stopped at its memory limit of {} MiB\n",
+                            self.memory_limit >> 20
+                        ),
+                    );
                     (EXIT_OUT_OF_MEMORY, false)
                 } else if e.downcast_ref::<Trap>() == Some(&Trap::StackOverflow) {
                     // QuickJS has no working stack check under WASI, so deep
                     // recursion ends here rather than as a RangeError.
-                    err.push_notice("plimsoll: the run exhausted its stack (runaway recursion) and was stopped\n");
+                    notice(
+                        &mut err,
+                        "plimsoll: the run exhausted its stack (runaway recursion) and was stopped\n",
+                    );
                     (EXIT_ENGINE_TRAP, false)
                 } else if let Some(trap) = e.downcast_ref::<Trap>() {
                     // A trap code names the fault class only; the wasm
                     // backtrace is left out of the result and the log.
-                    err.push_notice(&format!("plimsoll: the engine stopped the run: {trap}\n"));
+                    notice(
+                        &mut err,
+                        &format!("plimsoll: the engine stopped the run: {trap}\n"),
+                    );
                     (EXIT_ENGINE_TRAP, false)
                 } else {
                     return Err(RunFailure::MayHaveRun(format!("{e:#}")));
@@ -321,7 +345,7 @@ impl Provider for WasmProvider {
             // with a stack large enough for the wasm stack (see
             // RUN_THREAD_STACK).
             let joined = tokio::task::spawn_blocking(move || {
-                me.run_granted(&code, job.timeout, job.grant.map(|s| (s, handle)))
+                me.run_granted(&code, job.timeout, job.grant.map(|s| (s, handle)), job.live)
             })
             .await;
             match joined {
@@ -341,6 +365,8 @@ struct RunState {
     stderr: Capped,
     /// The run's broker session, when it carries a grant.
     broker: Option<Grant>,
+    /// Where kept output also goes as it is written, when watched.
+    live: Option<Live>,
 }
 
 /// A grant's broker session, and the runtime its calls are made on.
@@ -355,6 +381,7 @@ impl RunState {
             stdout: Capped::new(output_limit),
             stderr: Capped::new(output_limit),
             broker: None,
+            live: None,
         }
     }
 }
@@ -380,11 +407,16 @@ impl WasiView for RunState {
 
 impl output_if::Host for RunState {
     fn write(&mut self, channel: output_if::Channel, data: String) -> bool {
-        let stream = match channel {
-            output_if::Channel::Stdout => &mut self.stdout,
-            output_if::Channel::Stderr => &mut self.stderr,
+        let (stream, which) = match channel {
+            output_if::Channel::Stdout => (&mut self.stdout, Channel::Stdout),
+            output_if::Channel::Stderr => (&mut self.stderr, Channel::Stderr),
         };
+        let before = stream.buf.len();
         stream.push_str(&data);
+        if let Some(live) = &self.live {
+            // Exactly what was kept: a watcher sees no byte the result lacks.
+            live.send(which, &stream.buf[before..]);
+        }
         !stream.truncated
     }
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 
+use crate::live::Live;
 use crate::outcome::{NotReady, ProcessOutput};
 use crate::tier::Tier;
 
@@ -102,7 +103,8 @@ pub trait ContainerBackend: Send + Sync + 'static {
 
     /// Runs one approved container to completion or its deadline, removing
     /// it on every path, even if the returned future is dropped. Its command
-    /// may not run before every limit is in place.
+    /// may not run before every limit is in place. Output kept is also sent
+    /// to `live`, as it arrives, when some.
     fn run(
         &self,
         spec: Approved,
@@ -110,6 +112,7 @@ pub trait ContainerBackend: Send + Sync + 'static {
         timeout: Duration,
         output_limit: usize,
         grant: Option<GrantMount>,
+        live: Option<Live>,
     ) -> BoxFuture<'static, Result<ProcessOutput, EngineFailure>>;
 
     /// Registers the spec single runs use and keeps containers of it ready.

@@ -21,6 +21,7 @@ use wasmtime::component::{Linker, WasmList};
 
 use super::{CallContext, CallView};
 use crate::grants::socket;
+use crate::live::Live;
 use crate::plugin_host::bindings::{engine_if, types};
 use crate::plugin_host::lazy;
 use backend::{Approved, ContainerBackend, EngineFailure, GrantMount};
@@ -90,7 +91,16 @@ pub fn add_to_linker<T: ContainerEngineView>(linker: &mut Linker<T>) -> wasmtime
         |mut store: StoreContextMut<'_, T>,
          (spec, stdin, timeout_ms, output_limit): (lazy::ContainerSpec, WasmList<u8>, u32, u32)| {
             Box::new(async move {
-                Ok((copy_and_run(&mut store, spec, stdin, timeout_ms, output_limit).await,))
+                Ok((copy_and_run(&mut store, spec, stdin, timeout_ms, output_limit, false).await,))
+            })
+        },
+    )?;
+    engine.func_wrap_async(
+        "run-live",
+        |mut store: StoreContextMut<'_, T>,
+         (spec, stdin, timeout_ms, output_limit): (lazy::ContainerSpec, WasmList<u8>, u32, u32)| {
+            Box::new(async move {
+                Ok((copy_and_run(&mut store, spec, stdin, timeout_ms, output_limit, true).await,))
             })
         },
     )?;
@@ -194,6 +204,7 @@ async fn copy_and_run<T: ContainerEngineView>(
     stdin: WasmList<u8>,
     timeout_ms: u32,
     output_limit: u32,
+    watched: bool,
 ) -> Result<types::ProcessOutput, engine_if::EngineError> {
     let copied = copy_spec(store, &spec);
     let (call, state) = store.data_mut().container_engine();
@@ -213,7 +224,8 @@ async fn copy_and_run<T: ContainerEngineView>(
             "this plugin was not granted the container-engine capability",
         ));
     };
-    run(call, state, approved, stdin, timeout_ms, output_limit).await
+    let live = if watched { call.live.clone() } else { None };
+    run(call, state, approved, stdin, timeout_ms, output_limit, live).await
 }
 
 /// Runs one approved spec: the mark, the call's broker directory, then the
@@ -225,6 +237,7 @@ pub async fn run(
     stdin: Vec<u8>,
     timeout_ms: u32,
     output_limit: u32,
+    live: Option<Live>,
 ) -> Result<types::ProcessOutput, engine_if::EngineError> {
     let engine = state.engine.clone();
     // The container gets what is left of the call, less a moment for the
@@ -249,7 +262,7 @@ pub async fn run(
     let before = call.mark.before_execution();
     match engine
         .backend
-        .run(approved, stdin, timeout, limit, grant)
+        .run(approved, stdin, timeout, limit, grant, live)
         .await
     {
         Ok(out) => Ok(types::ProcessOutput {

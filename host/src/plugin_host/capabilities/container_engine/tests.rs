@@ -83,6 +83,7 @@ impl ContainerBackend for Fake {
         timeout: Duration,
         _output_limit: usize,
         _grant: Option<GrantMount>,
+        _live: Option<crate::live::Live>,
     ) -> BoxFuture<'static, Result<ProcessOutput, EngineFailure>> {
         self.runs.lock().expect("lock").push((spec, timeout));
         let answer = match self.act {
@@ -140,7 +141,7 @@ async fn approve_and_run(
     timeout_ms: u32,
 ) -> Result<types::ProcessOutput, engine_if::EngineError> {
     let (_, approved) = approve(call, Some(state), spec)?;
-    run(call, state, approved, vec![], timeout_ms, 1024).await
+    run(call, state, approved, vec![], timeout_ms, 1024, None).await
 }
 
 #[tokio::test]
