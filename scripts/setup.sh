@@ -39,6 +39,12 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import plimsoll_client, p
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check 'plimsoll-client[anthropic,openai-agents]==0.23.0' 'jsonschema==4.26.0' 'pytest>=8,<9'
 fi
+# The official MCP SDK, pinned: the real client the MCP tests drive /mcp and
+# `plimsoll mcp` with (openai-agents brings some version of it already).
+if [ "$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("mcp"))' 2>/dev/null)" != "2.3.0" ]; then
+  echo "setup: pinning mcp 2.3.0 in .venv"
+  .venv/bin/pip install -q --disable-pip-version-check 'mcp==2.3.0'
+fi
 # grpcio: fake-openshell, started in-process by the adapter tests, is a
 # gRPC server.
 if ! .venv/bin/python -c 'import grpc' 2>/dev/null; then

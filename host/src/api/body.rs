@@ -68,7 +68,7 @@ impl Drop for CallerBody {
 
 /// Content type, encoding and declared length, all before any body byte is
 /// read. Boxed: a response is large and this is the error path.
-pub(super) fn check_headers(h: &HeaderMap) -> Result<(), Box<Response>> {
+pub(super) fn check_headers(h: &HeaderMap, content_type: &str) -> Result<(), Box<Response>> {
     let refuse =
         |status, why: &str| Err(Box::new(refusal_response(status, &Refusal::request(why))));
     let ctype = h
@@ -81,10 +81,12 @@ pub(super) fn check_headers(h: &HeaderMap) -> Result<(), Box<Response>> {
                 .trim()
                 .to_ascii_lowercase()
         });
-    if ctype.as_deref() != Some("application/json") {
+    if ctype.as_deref() != Some(content_type) {
         return refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "this daemon speaks the Connect protocol with the JSON codec: Content-Type must be application/json",
+            &format!(
+                "this daemon speaks the Connect protocol with the JSON codec: Content-Type must be {content_type}"
+            ),
         );
     }
     if let Some(v) = h.get("connect-protocol-version")

@@ -111,16 +111,8 @@ pub(super) fn connect_error_with(
     reason: Option<Reason>,
     extra: Vec<ConnectDetail>,
 ) -> Response {
-    let mut details: Vec<ConnectDetail> = reason
-        .map(|r| vec![detail("plimsoll.v1.NotDispatched", &r.detail_bytes())])
-        .unwrap_or_default();
-    details.extend(extra);
-    let body = serde_json::to_vec(&ConnectError {
-        code: code.as_str(),
-        message,
-        details,
-    })
-    .unwrap_or_else(|_| br#"{"code":"internal"}"#.to_vec());
+    let body = serde_json::to_vec(&error_value(code, message, reason, extra))
+        .unwrap_or_else(|_| br#"{"code":"internal"}"#.to_vec());
     let status =
         StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
@@ -129,6 +121,27 @@ pub(super) fn connect_error_with(
             .insert(NOT_DISPATCHED_HEADER, HeaderValue::from_static(r.as_str()));
     }
     resp
+}
+
+/// A Connect error as JSON (the unary body, or the `error` of a stream's
+/// end message), with the `plimsoll.v1.NotDispatched` detail when `reason`
+/// is given.
+pub(super) fn error_value(
+    code: Code,
+    message: &str,
+    reason: Option<Reason>,
+    extra: Vec<ConnectDetail>,
+) -> serde_json::Value {
+    let mut details: Vec<ConnectDetail> = reason
+        .map(|r| vec![detail("plimsoll.v1.NotDispatched", &r.detail_bytes())])
+        .unwrap_or_default();
+    details.extend(extra);
+    serde_json::to_value(ConnectError {
+        code: code.as_str(),
+        message,
+        details,
+    })
+    .unwrap_or_else(|_| serde_json::json!({"code": "internal"}))
 }
 
 #[cfg(test)]

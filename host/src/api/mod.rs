@@ -19,7 +19,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::routing::{any, any_service, get};
 use tokio::sync::Semaphore;
 
 use crate::pipeline::{Daemon, RunError};
@@ -29,11 +29,14 @@ use crate::wire::{self, DescribeRequest, RunRequest};
 mod body;
 mod connect;
 pub mod connections;
+mod mcp;
 #[cfg(test)]
 mod mutation_tests;
 pub mod serve;
 mod session;
 pub mod settings;
+mod stream;
+mod watch;
 
 pub use body::MAX_REQUEST_BYTES;
 use body::{CallerBodies, check_headers, read_body};
@@ -97,8 +100,11 @@ pub fn router(daemon: Arc<Daemon>, body_slots: usize, verifier: Arc<Verifier>) -
         // mode, where there is only one caller).
         caller_bodies: CallerBodies::new(if open { body_slots } else { body_slots / 2 }),
     };
+    let mcp = any_service(mcp::service(&api))
+        .layer(middleware::from_fn_with_state(api.clone(), mcp::guard));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/mcp", mcp)
         .route("/readyz", get(readyz))
         .route(&format!("/{SERVICE_PREFIX}/{{procedure}}"), any(procedure))
         .fallback(not_found)
@@ -165,7 +171,7 @@ async fn procedure(
     };
     let known = matches!(
         name.as_str(),
-        "Run" | "Describe" | "OpenSession" | "SessionRun" | "CloseSession"
+        "Run" | "RunStream" | "Describe" | "OpenSession" | "SessionRun" | "CloseSession"
     );
     if !known {
         return not_found().await;
@@ -173,61 +179,27 @@ async fn procedure(
     if req.method() != Method::POST {
         let mut r = refusal_response(
             StatusCode::METHOD_NOT_ALLOWED,
-            &Refusal::request("Connect unary calls use POST"),
+            &Refusal::request("Connect calls use POST"),
         );
         r.headers_mut()
             .insert(header::ALLOW, HeaderValue::from_static("POST"));
         return r;
     }
-    // Who is asking, before anything else about the request is read.
-    let authorization = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(HeaderValue::as_bytes);
-    let caller = match api.verifier.verify(authorization) {
-        Ok(c) => {
-            // The connection carried an authenticated request: it is no
-            // longer among the first closed to make room.
-            if let Some(conn) = req.extensions().get::<Arc<serve::Connection>>() {
-                conn.trust();
-            }
-            c
-        }
-        Err(_) => {
-            api.refused.note();
-            let mut r = connect_error(
-                Code::Unauthenticated,
-                "a valid bearer token is required",
-                None,
-            );
-            *r.status_mut() = StatusCode::UNAUTHORIZED;
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return r;
-        }
+    let caller = match authenticate(&api, &req) {
+        Ok(c) => c,
+        Err(r) => return *r,
     };
-    if !caller.may_run() {
-        return refusal_response(
-            StatusCode::FORBIDDEN,
-            &Refusal::permission("this caller's token does not carry the code:run scope"),
-        );
-    }
-    if let Err(r) = check_headers(req.headers()) {
+    let content_type = if name == "RunStream" {
+        stream::CONTENT_TYPE
+    } else {
+        "application/json"
+    };
+    if let Err(r) = check_headers(req.headers(), content_type) {
         return *r;
     }
-    // Nothing is read until a body slot is free now, for this caller and
-    // for the daemon; no queue.
-    let Some(caller_body) = api.caller_bodies.try_take(&caller.id) else {
-        return refusal_response(
-            StatusCode::TOO_MANY_REQUESTS,
-            &Refusal::capacity("this caller is sending as many request bodies as it may at once"),
-        );
-    };
-    let Ok(body_slot) = api.body_slots.clone().try_acquire_owned() else {
-        return refusal_response(
-            StatusCode::TOO_MANY_REQUESTS,
-            &Refusal::capacity("the daemon is reading as many request bodies as it allows"),
-        );
+    let (caller_body, body_slot) = match body_slots(&api, &caller) {
+        Ok(slots) => slots,
+        Err(r) => return *r,
     };
     let body = match read_body(req.into_body()).await {
         Ok(b) => b,
@@ -245,6 +217,16 @@ async fn procedure(
             drop(caller_body);
             run(&api.daemon, req, caller).await
         }
+        "RunStream" => {
+            let req = match stream::unframe(&body).and_then(parse_run) {
+                Ok(r) => r,
+                Err(r) => return refusal_from(&r),
+            };
+            drop(body);
+            drop(body_slot);
+            drop(caller_body);
+            stream::run_stream(&api.daemon, req, caller).await
+        }
         procedure => {
             let req = match session::parse_session(procedure, &body) {
                 Ok(r) => r,
@@ -256,6 +238,61 @@ async fn procedure(
             session::call(&api.daemon, req, caller).await
         }
     }
+}
+
+/// Who is asking, before anything else about the request is read: a known
+/// bearer token (401 otherwise, counted, never logged) with the `code:run`
+/// scope (403). Boxed: a response is large and this is the error path.
+fn authenticate(api: &Api, req: &Request) -> Result<Arc<Caller>, Box<Response>> {
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    let Ok(caller) = api.verifier.verify(authorization) else {
+        api.refused.note();
+        let mut r = connect_error(
+            Code::Unauthenticated,
+            "a valid bearer token is required",
+            None,
+        );
+        *r.status_mut() = StatusCode::UNAUTHORIZED;
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return Err(Box::new(r));
+    };
+    // The connection carried an authenticated request: it is no longer
+    // among the first closed to make room.
+    if let Some(conn) = req.extensions().get::<Arc<serve::Connection>>() {
+        conn.trust();
+    }
+    if !caller.may_run() {
+        return Err(Box::new(refusal_response(
+            StatusCode::FORBIDDEN,
+            &Refusal::permission("this caller's token does not carry the code:run scope"),
+        )));
+    }
+    Ok(caller)
+}
+
+/// A slot to read a body in, now, for this caller and for the daemon; no
+/// queue. Nothing is read without both.
+fn body_slots(
+    api: &Api,
+    caller: &Caller,
+) -> Result<(body::CallerBody, tokio::sync::OwnedSemaphorePermit), Box<Response>> {
+    let Some(caller_body) = api.caller_bodies.try_take(&caller.id) else {
+        return Err(Box::new(refusal_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            &Refusal::capacity("this caller is sending as many request bodies as it may at once"),
+        )));
+    };
+    let Ok(body_slot) = api.body_slots.clone().try_acquire_owned() else {
+        return Err(Box::new(refusal_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            &Refusal::capacity("the daemon is reading as many request bodies as it allows"),
+        )));
+    };
+    Ok((caller_body, body_slot))
 }
 
 fn describe(daemon: &Daemon, body: &[u8]) -> Response {

@@ -264,12 +264,23 @@ async fn shutdown_signal() {
 }
 
 fn init_logging(format: LogFormat) {
-    let builder = tracing_subscriber::fmt()
+    use tracing_subscriber::filter::{LevelFilter, filter_fn};
+    use tracing_subscriber::prelude::*;
+    // The MCP SDK's own lines carry what clients sent (their notifications,
+    // their client info): the log is metadata only, so they are dropped,
+    // and the daemon logs what it needs about MCP requests itself.
+    let ours = filter_fn(|m| !m.target().starts_with("rmcp"));
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(true);
+    let registry = tracing_subscriber::registry().with(LevelFilter::INFO);
     match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.with_ansi(false).init(),
+        LogFormat::Json => registry
+            .with(layer.json().flatten_event(true).with_filter(ours))
+            .init(),
+        LogFormat::Text => registry
+            .with(layer.with_ansi(false).with_filter(ours))
+            .init(),
     }
 }
 

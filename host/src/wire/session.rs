@@ -173,7 +173,7 @@ impl SessionEnd {
         }
     }
 
-    fn is_open(&self) -> bool {
+    pub fn is_open(&self) -> bool {
         *self == SessionEnd::Open
     }
 }

@@ -1,0 +1,278 @@
+//! The MCP server's handler: each tool call becomes the same request the
+//! Connect API takes, parsed by the same parser (protocol gate included),
+//! and goes through the same pipeline: admission, the floor checked
+//! immediately before dispatch, limits, the record and the audit line.
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData, ServerHandler};
+use serde_json::{Map, Value, json};
+
+use super::results;
+use super::tools;
+use crate::api::connect::parse;
+use crate::api::watch::{Event, watch};
+use crate::callers::Caller;
+use crate::live::{Channel, Text};
+use crate::pipeline::session::SessionError;
+use crate::pipeline::{Daemon, RunError};
+use crate::refusal::Refusal;
+use crate::wire::{PROTOCOL, Request};
+
+#[derive(Clone)]
+pub struct McpServer {
+    pub daemon: Arc<Daemon>,
+}
+
+impl ServerHandler for McpServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(rmcp::model::Implementation::new(
+                "plimsoll",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(tools::INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(tools::list(
+            self.daemon.has_sessions(),
+        )))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        // Set by the guard in front of this service, for every request that
+        // reaches it; its absence is a wiring fault, not a caller's error.
+        let caller = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Arc<Caller>>().cloned())
+            .ok_or_else(|| ErrorData::internal_error("no authenticated caller", None))?;
+        let args = request.arguments.unwrap_or_default();
+        let answer = match request.name.as_ref() {
+            "describe" => {
+                let d = serde_json::to_value(self.daemon.describe()).unwrap_or(Value::Null);
+                let summary = format!(
+                    "provider {}, isolation {}",
+                    d["sandbox"].as_str().unwrap_or_default(),
+                    d["isolation"].as_str().unwrap_or_default()
+                );
+                results::value(d, summary)
+            }
+            "run_javascript" | "run_project" => {
+                self.run(&request.name, args, caller, &context).await
+            }
+            "open_session" | "session_run" | "run_cell" | "close_session"
+                if self.daemon.has_sessions() =>
+            {
+                self.session(&request.name, args, caller).await
+            }
+            other => {
+                return Err(ErrorData::invalid_params(
+                    format!("no tool named {other:?}"),
+                    None,
+                ));
+            }
+        };
+        Ok(answer.into())
+    }
+}
+
+impl McpServer {
+    async fn run(
+        &self,
+        tool: &str,
+        args: Map<String, Value>,
+        caller: Arc<Caller>,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let req = match request_body(tool, args).and_then(|b| parse(Request::Run, "RunRequest", &b))
+        {
+            Ok(r) => r,
+            Err(r) => return results::refused(&r),
+        };
+        let token = context.meta.get_progress_token();
+        let mut events = watch(self.daemon.clone(), req, caller);
+        let mut progress = Progress::default();
+        while let Some(event) = events.recv().await {
+            match event {
+                Event::Output(channel, bytes) => {
+                    if let Some(token) = &token {
+                        progress.send(context, token, channel, &bytes).await;
+                    }
+                }
+                Event::Done(Ok(resp)) => return results::answered(&resp),
+                Event::Done(Err(RunError::Refused(r))) => return results::refused(&r),
+                Event::Done(Err(RunError::Internal { id, .. })) => {
+                    return results::failed(&format!("internal error {id}"));
+                }
+            }
+        }
+        results::failed("the run's answer was lost")
+    }
+
+    async fn session(
+        &self,
+        tool: &str,
+        args: Map<String, Value>,
+        caller: Arc<Caller>,
+    ) -> CallToolResult {
+        let body = match request_body(tool, args) {
+            Ok(b) => b,
+            Err(r) => return results::refused(&r),
+        };
+        let daemon = &self.daemon;
+        let answer = match tool {
+            "open_session" => match parse(Request::OpenSession, "OpenSessionRequest", &body) {
+                Ok(r) => daemon.open_session(r, caller).await.map(|o| {
+                    let v = serde_json::to_value(&o).unwrap_or(Value::Null);
+                    let summary = format!(
+                        "session {} open: provider {}, isolation {}",
+                        o.session_id, o.sandbox, o.isolation
+                    );
+                    results::value(v, summary)
+                }),
+                Err(r) => return results::refused(&r),
+            },
+            "close_session" => match parse(Request::CloseSession, "CloseSessionRequest", &body) {
+                Ok(r) => daemon.close_session(r, caller).await.map(|c| {
+                    let v = serde_json::to_value(&c).unwrap_or(Value::Null);
+                    results::value(v, format!("session closed after {} calls", c.calls.0))
+                }),
+                Err(r) => return results::refused(&r),
+            },
+            _ => match parse(Request::SessionRun, "SessionRunRequest", &body) {
+                Ok(r) => daemon.session_run(r, caller).await.map(|a| {
+                    let mut result = results::answered(&a.run);
+                    if let Some(Value::Object(v)) = result.structured_content.as_mut()
+                        && !a.ended.is_open()
+                    {
+                        v.insert("sessionEnded".into(), json!(a.ended.name()));
+                    }
+                    result
+                }),
+                Err(r) => return results::refused(&r),
+            },
+        };
+        match answer {
+            Ok(r) => r,
+            Err(SessionError::Refused { refusal, .. }) => results::refused(&refusal),
+            Err(SessionError::Unanswered { id, .. } | SessionError::Internal { id }) => {
+                results::failed(&format!("internal error {id}"))
+            }
+        }
+    }
+}
+
+/// Output sent as progress notifications: the progress value is the count
+/// of bytes passed on so far (it only grows), the message the text.
+#[derive(Default)]
+struct Progress {
+    sent: u64,
+    stdout: Text,
+    stderr: Text,
+}
+
+impl Progress {
+    async fn send(
+        &mut self,
+        context: &RequestContext<RoleServer>,
+        token: &ProgressToken,
+        channel: Channel,
+        bytes: &[u8],
+    ) {
+        let text = match channel {
+            Channel::Stdout => self.stdout.push(bytes),
+            Channel::Stderr => format!("[stderr] {}", self.stderr.push(bytes)),
+        };
+        self.sent += bytes.len() as u64;
+        // A client that stopped listening does not stop the run.
+        let _ = context
+            .peer
+            .notify_progress(
+                ProgressNotificationParam::new(token.clone(), self.sent as f64).with_message(text),
+            )
+            .await;
+    }
+}
+
+/// A tool's arguments as the Connect request they stand for. Only the
+/// arguments the tool's schema names are taken; anything else is refused,
+/// as the API refuses unknown fields.
+fn request_body(tool: &str, args: Map<String, Value>) -> Result<Vec<u8>, Refusal> {
+    let payload = match tool {
+        "run_javascript" | "session_run" => Some("javascript"),
+        "run_project" => Some("project"),
+        "run_cell" => Some("cell"),
+        _ => None,
+    };
+    let mut top = Map::new();
+    top.insert("protocol".into(), json!(PROTOCOL));
+    let mut inner = Map::new();
+    for (name, value) in args {
+        let (into_payload, field) = match name.as_str() {
+            "minimum_isolation" => (false, "minimumIsolation"),
+            "timeout_ms" => (false, "timeoutMs"),
+            "session_id" => (false, "sessionId"),
+            "lifetime_ms" => (false, "lifetimeMs"),
+            "idle_timeout_ms" => (false, "idleTimeoutMs"),
+            "code" => (true, "code"),
+            "grant_profile" => (true, "grantProfile"),
+            "files" => (true, "files"),
+            "steps" => (true, "steps"),
+            "artifacts" => (true, "artifacts"),
+            "language" => (true, "language"),
+            _ => return Err(Refusal::request(format!("unknown argument {name:?}"))),
+        };
+        if into_payload {
+            if payload.is_none() {
+                return Err(Refusal::request(format!("unknown argument {name:?}")));
+            }
+            inner.insert(field.into(), value);
+        } else {
+            top.insert(field.into(), value);
+        }
+    }
+    if let Some(p) = payload {
+        top.insert(p.into(), Value::Object(inner));
+    }
+    serde_json::to_vec(&top).map_err(|e| Refusal::request(format!("arguments: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_become_the_api_request_and_nothing_else() {
+        let args = json!({"code": "1", "minimum_isolation": "vm", "timeout_ms": 5});
+        let Value::Object(args) = args else { panic!() };
+        let b = request_body("run_javascript", args).expect("body");
+        let v: Value = serde_json::from_slice(&b).expect("json");
+        assert_eq!(v["javascript"]["code"], "1");
+        assert_eq!(v["minimumIsolation"], "vm");
+        assert_eq!(v["protocol"], PROTOCOL);
+        let Value::Object(bad) = json!({"code": "1", "protocol": 3}) else {
+            panic!()
+        };
+        assert!(request_body("run_javascript", bad).is_err());
+        let Value::Object(stray) = json!({"code": "1"}) else {
+            panic!()
+        };
+        assert!(request_body("close_session", stray).is_err());
+    }
+}

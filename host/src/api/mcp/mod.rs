@@ -1,0 +1,75 @@
+//! The MCP server at `/mcp`: streamable HTTP on plimsolld's own listener,
+//! so it has the API's TLS, connection limits and hardening. In front of
+//! the MCP SDK's service sits `guard`, which holds every request to the
+//! API's rules before the SDK sees a byte of its body: the same bearer
+//! tokens and `code:run` scope, the same body slots, size cap and read
+//! timeout. Runs go through the pipeline (admission, floor, limits,
+//! record, audit) exactly as Connect's `Run` does.
+//!
+//! Stateless: no MCP session is kept between requests, so no MCP session
+//! ID exists to log or leak, and any replica can answer any request.
+//! Requests that carry a browser `Origin` are refused (a page must not
+//! drive a daemon it can reach); with no tokens configured (open mode,
+//! loopback only) the `Host` must be a loopback name as well.
+
+mod handler;
+mod results;
+mod tools;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+
+use super::body::read_body;
+use super::{Api, MAX_REQUEST_BYTES, authenticate, body_slots};
+use handler::McpServer;
+
+/// The SDK's service for `/mcp`, one handler per request.
+pub fn service(api: &Api) -> StreamableHttpService<McpServer, NeverSessionManager> {
+    let server = McpServer {
+        daemon: api.daemon.clone(),
+    };
+    let mut config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_sse_keep_alive(None)
+        .with_sse_retry(None)
+        .with_max_request_body_bytes(MAX_REQUEST_BYTES)
+        .enforce_origin_validation();
+    if !api.verifier.is_open() {
+        // A bearer token is the defence against a rebound name; the
+        // daemon's own name is the operator's to choose.
+        config = config.disable_allowed_hosts();
+    }
+    StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(NeverSessionManager::default()),
+        config,
+    )
+}
+
+/// The API's rules, applied before the MCP SDK reads anything.
+pub async fn guard(State(api): State<Api>, req: Request, next: Next) -> Response {
+    let caller = match authenticate(&api, &req) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
+    let (mut parts, body) = req.into_parts();
+    // The body is read here, under the API's slots and limits, and handed
+    // on whole: a slow or endless upload is the API's to refuse.
+    let slots = match body_slots(&api, &caller) {
+        Ok(slots) => slots,
+        Err(r) => return *r,
+    };
+    let body = match read_body(body).await {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    drop(slots);
+    parts.extensions.insert(caller);
+    next.run(Request::from_parts(parts, Body::from(body))).await
+}

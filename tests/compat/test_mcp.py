@@ -1,0 +1,312 @@
+"""The MCP server, driven by the official MCP Python SDK (`mcp` from PyPI,
+pinned in scripts/setup.sh), against the real plimsolld: over streamable HTTP
+at /mcp and over the `plimsoll mcp` stdio bridge.
+
+What is checked is what an agent relies on: the tools and what their
+descriptions promise, every result's provider, tier, exit code, flags and
+record digest, a floor refusal as a tool error that names its reason, a
+timeout, output arriving as progress notifications before the result, and
+that nothing answers without the caller's token. The daemon's log is checked
+with canaries: no code, output or session ID reaches it through MCP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+
+import httpx2
+import pytest
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from test_published_client import Daemon, plimsolld_bin
+
+TOKEN = "mcp-test-token-" + "k" * 32
+IMAGE = os.environ.get("SANDBOX_DOCKER_IMAGE", "plimsoll/sandbox:bookworm")
+RUN_TOOLS = {"run_javascript", "run_project", "session_run", "run_cell", "open_session"}
+# Prints, keeps running for a while, prints again.
+SLOW = ("console.log('first'); let t = Date.now(); while (Date.now() - t < 800) {} "
+        "console.log('second')")
+
+
+@pytest.fixture(scope="module")
+def wasm():
+    d = Daemon({"SANDBOX_PROVIDER": "wasm", "PLIMSOLL_TOKEN": TOKEN,
+                "SANDBOX_MAX_SESSIONS": "2", "PLIMSOLL_LOG_FORMAT": "json"})
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def docker():
+    d = Daemon({"SANDBOX_PROVIDER": "docker", "SANDBOX_DOCKER_RUNTIME": "runc",
+                "SANDBOX_DOCKER_IMAGE": IMAGE, "PLIMSOLL_TOKEN": TOKEN})
+    yield d
+    d.stop()
+
+
+def plimsoll_bin() -> str:
+    return os.path.join(os.path.dirname(plimsolld_bin()), "plimsoll")
+
+
+def http(url: str, token: str | None = TOKEN):
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60, read=60))
+    return streamable_http_client(f"{url}/mcp", http_client=client)
+
+
+def stdio(url: str, token: str | None = TOKEN):
+    env = {"PATH": os.environ.get("PATH", "")}
+    if token:
+        env["PLIMSOLL_TOKEN"] = token
+    params = StdioServerParameters(command=plimsoll_bin(), args=["mcp", "--url", url], env=env)
+    return stdio_client(params)
+
+
+async def with_session(transport, body):
+    async with transport as streams:
+        read, write = streams[0], streams[1]
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            return await body(s)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+TRANSPORTS = ["http", "stdio"]
+
+
+def transport(kind: str, d: Daemon, token: str | None = TOKEN):
+    return http(d.url, token) if kind == "http" else stdio(d.url, token)
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_tools_are_listed_with_what_the_tier_means(wasm, kind):
+    async def body(s):
+        return (await s.list_tools()).tools
+    tools = {t.name: t for t in run(with_session(transport(kind, wasm), body))}
+    assert set(tools) == {"describe", "run_javascript", "run_project", "open_session",
+                          "session_run", "run_cell", "close_session"}
+    for name in RUN_TOOLS:
+        d = tools[name].description
+        assert "minimum_isolation" in d and "process" in d and "vm" in d, name
+        assert tools[name].output_schema is not None, name
+    assert tools["run_javascript"].input_schema["required"] == ["code"]
+
+
+def assert_result(sc: dict, provider: str, isolation: str) -> None:
+    assert sc["outcome"] == "completed"
+    assert (sc["provider"], sc["isolation"]) == (provider, isolation)
+    for k in ("exitCode", "timedOut", "stdoutTruncated", "stderrTruncated"):
+        assert k in sc, k
+    assert re.fullmatch(r"[0-9a-f]{64}", sc["recordSha256"])
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_run_javascript_states_provider_tier_exit_flags_and_record(wasm, kind):
+    async def body(s):
+        return await s.call_tool("run_javascript", {
+            "code": "console.log('hi', 6 * 7); console.error('err'); throw new Error('boom')",
+            "minimum_isolation": "process", "timeout_ms": 5000})
+    r = run(with_session(transport(kind, wasm), body))
+    assert not r.is_error
+    sc = r.structured_content
+    assert_result(sc, "wasm", "process")
+    assert sc["stdout"] == "hi 42\n"
+    assert "err" in sc["stderr"] and "boom" in sc["stderr"]
+    assert sc["exitCode"] == 1 and sc["timedOut"] is False
+    text = r.content[0].text
+    assert "isolation process" in text and sc["recordSha256"] in text
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_a_floor_refusal_is_a_tool_error_naming_its_reason(wasm, kind):
+    async def body(s):
+        return await s.call_tool("run_javascript", {"code": "console.log('ran')",
+                                                    "minimum_isolation": "vm"})
+    r = run(with_session(transport(kind, wasm), body))
+    assert r.is_error
+    assert r.structured_content["outcome"] == "not_dispatched"
+    assert r.structured_content["notDispatched"] == "isolation"
+    assert "not dispatched: isolation" in r.content[0].text
+    assert "ran" not in json.dumps(r.structured_content.get("stdout", ""))
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_a_timeout_is_reported_with_its_flag(wasm, kind):
+    async def body(s):
+        return await s.call_tool("run_javascript", {"code": "while (true) {}",
+                                                    "timeout_ms": 300})
+    r = run(with_session(transport(kind, wasm), body))
+    sc = r.structured_content
+    assert_result(sc, "wasm", "process")
+    assert sc["timedOut"] is True and sc["exitCode"] == 124
+    assert "timed out" in r.content[0].text
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_output_arrives_as_progress_before_the_result(wasm, kind):
+    seen: list[tuple[float, str]] = []
+
+    async def progress(value, total, message):
+        seen.append((time.monotonic(), message or ""))
+
+    async def body(s):
+        r = await s.call_tool("run_javascript", {"code": SLOW}, progress_callback=progress)
+        return r, time.monotonic()
+    r, done = run(with_session(transport(kind, wasm), body))
+    assert r.structured_content["stdout"] == "first\nsecond\n"
+    first = next(t for t, m in seen if "first" in m)
+    # The snippet runs 800 ms after printing `first`: its progress
+    # notification must have come well before the result.
+    assert done - first > 0.5, (done - first, seen)
+    assert "".join(m for _, m in seen) == "first\nsecond\n"
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_nothing_answers_without_the_callers_token(wasm, kind):
+    async def body(s):
+        return await s.list_tools()
+    for token in (None, "wrong-" + "x" * 40):
+        with pytest.raises(BaseException) as e:
+            run(with_session(transport(kind, wasm, token=token), body))
+        if kind == "stdio":
+            # The bridge answers with the daemon's status, so the agent
+            # sees why (the HTTP transport's SDK error carries no status;
+            # the raw test below checks it).
+            assert _has_401(e.value), repr(e.value)
+
+
+def _has_401(e: BaseException) -> bool:
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if "401" in str(x):
+            return True
+        stack.extend(getattr(x, "exceptions", []))
+        if x.__cause__:
+            stack.append(x.__cause__)
+        if x.__context__:
+            stack.append(x.__context__)
+    return False
+
+
+def raw_post(url: str, body: dict, headers: dict) -> tuple[int, dict, bytes]:
+    req = urllib.request.Request(f"{url}/mcp", json.dumps(body).encode(), {
+        "content-type": "application/json", "accept": "application/json, text/event-stream",
+        **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def test_unauthenticated_requests_are_refused_before_the_sdk_reads_them(wasm):
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "run_javascript", "arguments": {"code": "console.log(1)"}}}
+    status, headers, _ = raw_post(wasm.url, call, {})
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert status == 401 and headers.get("www-authenticate") == "Bearer"
+    # A browser page must not drive the daemon, token or not.
+    status, _, _ = raw_post(wasm.url, call, {"authorization": f"Bearer {TOKEN}",
+                                             "origin": "http://page.example"})
+    assert status == 403
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_session_tools_keep_state_and_report_each_call(wasm, kind):
+    async def body(s):
+        opened = await s.call_tool("open_session", {"minimum_isolation": "process"})
+        sid = opened.structured_content["sessionId"]
+        a = await s.call_tool("session_run", {"session_id": sid, "code": "globalThis.n = 41"})
+        b = await s.call_tool("session_run", {"session_id": sid, "code": "console.log(n + 1)"})
+        closed = await s.call_tool("close_session", {"session_id": sid})
+        gone = await s.call_tool("session_run", {"session_id": sid, "code": "1"})
+        return opened, a, b, closed, gone
+    opened, a, b, closed, gone = run(with_session(transport(kind, wasm), body))
+    assert opened.structured_content["isolation"] == "process"
+    assert_result(a.structured_content, "wasm", "process")
+    assert b.structured_content["stdout"] == "42\n"
+    assert closed.structured_content["calls"] == "2"
+    assert gone.is_error and gone.structured_content["outcome"] == "not_dispatched"
+
+
+def test_describe_runs_nothing_and_states_the_tier(wasm):
+    async def body(s):
+        return await s.call_tool("describe", {})
+    r = run(with_session(http(wasm.url), body))
+    assert r.structured_content["sandbox"] == "wasm"
+    assert r.structured_content["isolation"] == "process"
+
+
+def test_unknown_arguments_are_refused_and_nothing_runs(wasm):
+    async def body(s):
+        return await s.call_tool("run_javascript", {"code": "console.log(1)", "protocol": 3})
+    r = run(with_session(http(wasm.url), body))
+    assert r.is_error and r.structured_content["notDispatched"] == "request"
+
+
+def test_the_log_holds_no_code_output_or_session_id(wasm):
+    canary = f"mcp-canary-{time.monotonic_ns()}"
+
+    async def body(s):
+        await s.call_tool("run_javascript", {"code": f"console.log('{canary}')"})
+        opened = await s.call_tool("open_session", {})
+        sid = opened.structured_content["sessionId"]
+        await s.call_tool("session_run", {"session_id": sid, "code": f"'{canary}'"})
+        await s.call_tool("close_session", {"session_id": sid})
+        return sid
+    before = len(wasm.audit())
+    sid = run(with_session(http(wasm.url), body))
+    # Audit lines are written before each answer; the log reader may lag.
+    deadline = time.monotonic() + 10
+    while len(wasm.audit()) < before + 2:
+        assert time.monotonic() < deadline, "the MCP runs' audit lines never arrived"
+        time.sleep(0.05)
+    log = "\n".join(wasm.lines)
+    assert canary not in log
+    assert sid not in log
+    assert TOKEN not in log
+    assert any(a.get("op") == "javascript" for a in wasm.audit()), "MCP runs are audited"
+
+
+def test_run_project_on_docker_returns_each_step(docker):
+    async def body(s):
+        return await s.call_tool("run_project", {
+            "files": [{"path": "main.py", "content": "print('from python')\n"}],
+            "steps": ["python3 main.py", "echo done > out.txt"],
+            "artifacts": ["out.txt"], "timeout_ms": 60000})
+    r = run(with_session(http(docker.url), body))
+    sc = r.structured_content
+    assert_result(sc, "docker", "container")
+    assert [s["stdout"] for s in sc["steps"]] == ["from python\n", ""]
+    assert sc["artifacts"] == [{"path": "out.txt", "content": "done\n"}]
+    assert sc["projectOutcome"] == "completed"
+
+
+def test_docker_output_arrives_as_progress_before_the_result(docker):
+    seen: list[tuple[float, str]] = []
+
+    async def progress(value, total, message):
+        seen.append((time.monotonic(), message or ""))
+
+    async def body(s):
+        r = await s.call_tool("run_javascript", {
+            "code": "console.log('early'); setTimeout(() => console.log('late'), 1500)",
+            "timeout_ms": 20000}, progress_callback=progress)
+        return r, time.monotonic()
+    r, done = run(with_session(stdio(docker.url), body))
+    assert_result(r.structured_content, "docker", "container")
+    early = next(t for t, m in seen if "early" in m)
+    assert done - early > 1.0, (done - early, seen)
