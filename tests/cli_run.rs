@@ -281,3 +281,41 @@ fn on_a_terminal_a_slow_run_shows_it_is_waiting_and_clears_the_line() {
     assert_eq!(text(&plain.stdout), "done\n");
     assert!(!text(&plain.stderr).contains("running…"));
 }
+
+#[test]
+fn output_is_printed_as_the_run_writes_it() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let d = plimsoll_tests::wasm_daemon();
+    let s = Scratch::new("cli-stream");
+    // Prints, then keeps running for over a second before printing again.
+    let file = write(
+        &s.0,
+        "slow.js",
+        "console.log('first'); let t = Date.now(); while (Date.now() - t < 1200) {} console.log('second')",
+    );
+    let mut child = Command::new(cli())
+        .env_clear()
+        .env("PLIMSOLL_URL", d.url(""))
+        .args(["run", &file])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running plimsoll");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let began = Instant::now();
+    let mut first = [0u8; 6];
+    stdout.read_exact(&mut first).expect("the first line");
+    let first_at = began.elapsed();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).expect("the rest");
+    let ended_at = began.elapsed();
+    let status = child.wait().expect("exit");
+    assert_eq!(&first, b"first\n");
+    assert_eq!(rest, "second\n", "printed once, not again from the answer");
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        ended_at - first_at > Duration::from_millis(800),
+        "the first line arrived only with the answer ({first_at:?} then {ended_at:?})"
+    );
+}

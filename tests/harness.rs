@@ -289,10 +289,12 @@ impl Daemon {
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
+                    // Kept before it is announced: a test that reads the log
+                    // once the daemon listens must find the listening line.
+                    log.lock().expect("log lock").push(line.clone());
                     if line.contains("plimsolld listening") {
-                        let _ = tx.send(line.clone());
+                        let _ = tx.send(line);
                     }
-                    log.lock().expect("log lock").push(line);
                 }
             });
         }

@@ -69,6 +69,19 @@ impl Api {
         })
     }
 
+    /// A POST to `path` on the daemon, with the caller's token.
+    pub fn post(&self, path: &str) -> reqwest::RequestBuilder {
+        let req = self.client.post(format!("{}{path}", self.base));
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     /// Calls `procedure` with `body`; waits at most `budget` plus a margin.
     pub async fn call(
         &self,
@@ -99,12 +112,102 @@ impl Api {
         if status.is_success() {
             return Ok(answer);
         }
-        let message = answer["message"].as_str().unwrap_or("").to_string();
-        let code = answer["code"].as_str().unwrap_or("unknown");
-        match not_dispatched(&answer) {
-            Some(reason) => Err(Failure::NotDispatched { reason, message }),
-            None => Err(Failure::Unknown(format!("{code}: {message}"))),
+        Err(failure(&answer))
+    }
+}
+
+impl Api {
+    /// Calls `RunStream` with `body`: each piece of output the run writes is
+    /// sent to `output` as it arrives (`true` for stderr), and the answer is
+    /// `Run`'s. Waits at most `budget` plus a margin.
+    pub async fn stream(
+        &self,
+        body: &Value,
+        budget: Duration,
+        output: tokio::sync::mpsc::UnboundedSender<(bool, Vec<u8>)>,
+    ) -> Result<Value, Failure> {
+        let message = serde_json::to_vec(body).map_err(|e| Failure::Unknown(e.to_string()))?;
+        let mut framed = vec![0u8];
+        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&message);
+        let mut req = self
+            .client
+            .post(format!(
+                "{}/plimsoll.v1.SandboxService/RunStream",
+                self.base
+            ))
+            .header("content-type", "application/connect+json")
+            .timeout(budget + SLACK)
+            .body(framed);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
         }
+        let mut resp = req
+            .send()
+            .await
+            .map_err(|e| Failure::Unknown(format!("no answer from {}: {e}", self.base)))?;
+        let status = resp.status();
+        if !status.is_success() {
+            // Refused before the stream began: a unary Connect error.
+            let answer: Value = resp.json().await.map_err(|e| {
+                Failure::Unknown(format!("the answer is not JSON (HTTP {status}): {e}"))
+            })?;
+            return Err(failure(&answer));
+        }
+        let mut pending: Vec<u8> = Vec::new();
+        let mut result = None;
+        loop {
+            // Every whole message received so far.
+            while pending.len() >= 5 {
+                let len = u32::from_be_bytes([pending[1], pending[2], pending[3], pending[4]]);
+                let end = 5 + len as usize;
+                if pending.len() < end {
+                    break;
+                }
+                let flags = pending[0];
+                let message: Value = serde_json::from_slice(&pending[5..end]).map_err(|e| {
+                    Failure::Unknown(format!("a streamed message is not JSON: {e}"))
+                })?;
+                pending.drain(..end);
+                if flags & 0x02 != 0 {
+                    return match (message.get("error"), result) {
+                        (Some(error), _) => Err(failure(error)),
+                        (None, Some(answer)) => Ok(answer),
+                        (None, None) => Err(Failure::Unknown(
+                            "the stream ended without an answer".into(),
+                        )),
+                    };
+                }
+                if let Some(out) = message.get("output") {
+                    for (key, stderr) in [("stdout", false), ("stderr", true)] {
+                        if let Some(v) = out.get(key) {
+                            let _ = output.send((stderr, bytes(v)));
+                        }
+                    }
+                } else if let Some(answer) = message.get("result") {
+                    result = Some(answer.clone());
+                }
+            }
+            match resp.chunk().await {
+                Ok(Some(chunk)) => pending.extend_from_slice(&chunk),
+                Ok(None) => {
+                    return Err(Failure::Unknown(
+                        "the stream was cut before its end; the run may have happened".into(),
+                    ));
+                }
+                Err(e) => return Err(Failure::Unknown(format!("the stream broke: {e}"))),
+            }
+        }
+    }
+}
+
+/// A Connect error as a failure: not-dispatched when the daemon marked it.
+fn failure(error: &Value) -> Failure {
+    let message = error["message"].as_str().unwrap_or("").to_string();
+    let code = error["code"].as_str().unwrap_or("unknown");
+    match not_dispatched(error) {
+        Some(reason) => Failure::NotDispatched { reason, message },
+        None => Failure::Unknown(format!("{code}: {message}")),
     }
 }
 

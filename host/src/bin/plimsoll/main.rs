@@ -3,6 +3,7 @@
 //!   plimsoll run FILE.js [--floor TIER] [--timeout T] [--grant P] [--json]
 //!   plimsoll run --project DIR --step CMD... [--artifact PATH]... [--out DIR]
 //!   plimsoll describe [--json]
+//!   plimsoll mcp [--url URL]
 //!   plimsoll callers create|import|list|rotate|revoke --file F ...
 //!
 //! `run` and `describe` talk to a daemon (`--url`, or PLIMSOLL_URL, default
@@ -12,6 +13,7 @@
 
 mod callers;
 mod client;
+mod mcp;
 mod run;
 
 use std::process::ExitCode;
@@ -35,6 +37,9 @@ enum Command {
     Run(run::RunArgs),
     /// Shows what the daemon runs and at which isolation tier.
     Describe(run::DescribeArgs),
+    /// Serves the daemon's MCP tools over stdio, for an agent that launches
+    /// its tools as processes (the daemon's /mcp, bridged).
+    Mcp(mcp::McpArgs),
     /// Manage the callers file (PLIMSOLL_CLIENTS_FILE).
     Callers {
         #[command(subcommand)]
@@ -46,6 +51,7 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Run(args) => run::run(args),
         Command::Describe(args) => run::describe(args),
+        Command::Mcp(args) => mcp::run(args),
         Command::Callers { action } => match callers::run(action) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -1,8 +1,9 @@
 //! `plimsoll run` and `plimsoll describe`.
 //!
 //! `run` sends a JavaScript file, or a directory's files with shell steps,
-//! as one `Run`; prints the program's output (stdout to stdout, stderr to
-//! stderr; for a project, each step's in order), then a summary line on
+//! as one `RunStream` (`Run` with `--json`); prints the program's output as
+//! it arrives (stdout to stdout, stderr to stderr; for a project, each
+//! step's in order when the run ends), then a summary line on
 //! stderr: provider, isolation tier, exit code, duration and the run
 //! record's digest. It exits with the run's exit code; the codes it adds
 //! are documented in docs/cli.md: 125 when the daemon refused the run and
@@ -83,19 +84,25 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(a) => a,
         Err(e) => return fail(EXIT_USAGE, &e),
     };
-    let answer = match call(&api, "Run", &request, budget) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
     if args.conn.json {
+        let answer = match call(&api, "Run", &request, budget) {
+            Ok(a) => a,
+            Err(code) => return code,
+        };
         println!("{answer}");
         return ExitCode::from(exit_of(&answer));
     }
+    // Output is printed as the run writes it, where the provider passes it
+    // on early; what was not streamed is printed from the answer.
+    let (answer, streamed) = match stream(&api, &request, budget) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
     if args.project.is_some() {
         if let Err(e) = print_project(&answer, args.out.as_deref()) {
             return fail(EXIT_UNKNOWN, &e);
         }
-    } else {
+    } else if !streamed {
         let js = &answer["javascript"];
         let _ = std::io::stdout().write_all(&client::bytes(&js["stdout"]));
         let _ = std::io::stdout().flush();
@@ -138,38 +145,75 @@ pub fn describe(args: DescribeArgs) -> ExitCode {
 }
 
 fn call(api: &Api, procedure: &str, body: &Value, budget: Duration) -> Result<Value, ExitCode> {
+    let (_output, quiet) = tokio::sync::mpsc::unbounded_channel();
+    drive(api.call(procedure, body, budget), quiet).map(|(answer, _)| answer)
+}
+
+/// `RunStream`: output printed as it arrives. Also says whether any did.
+fn stream(api: &Api, body: &Value, budget: Duration) -> Result<(Value, bool), ExitCode> {
+    let (output, printed) = tokio::sync::mpsc::unbounded_channel();
+    drive(api.stream(body, budget, output), printed)
+}
+
+/// Waits for `answer`, printing `output` as it comes (stderr pieces to
+/// stderr). On a terminal, anything slower than a second shows that it is
+/// waiting (a docker project, a cold sandbox) until output or the answer
+/// arrives; the line is cleared before anything is printed.
+fn drive(
+    answer: impl std::future::Future<Output = Result<Value, Failure>>,
+    mut output: tokio::sync::mpsc::UnboundedReceiver<(bool, Vec<u8>)>,
+) -> Result<(Value, bool), ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| fail(EXIT_UNKNOWN, &format!("runtime: {e}")))?;
     rt.block_on(async {
-        let call = api.call(procedure, body, budget);
-        if !std::io::stderr().is_terminal() {
-            return call.await;
-        }
-        // On a terminal, anything slower than a second shows that it is
-        // waiting (a docker project, a cold sandbox); the line is cleared
-        // before any output.
-        tokio::pin!(call);
+        let terminal = std::io::stderr().is_terminal();
+        tokio::pin!(answer);
         let began = std::time::Instant::now();
         let mut tick = tokio::time::interval_at(
             tokio::time::Instant::now() + Duration::from_secs(1),
             Duration::from_secs(1),
         );
-        let mut shown = false;
+        let (mut shown, mut printed) = (false, false);
+        let clear = |shown: &mut bool| {
+            if std::mem::take(shown) {
+                eprint!("\r\x1b[K");
+            }
+        };
         let answer = loop {
             tokio::select! {
-                answer = &mut call => break answer,
-                _ = tick.tick() => {
+                biased;
+                Some((stderr, bytes)) = output.recv() => {
+                    clear(&mut shown);
+                    printed = true;
+                    if stderr {
+                        let _ = std::io::stderr().write_all(&bytes);
+                    } else {
+                        let mut out = std::io::stdout();
+                        let _ = out.write_all(&bytes);
+                        let _ = out.flush();
+                    }
+                }
+                answer = &mut answer => break answer,
+                _ = tick.tick(), if terminal && !printed => {
                     eprint!("\rplimsoll: running… {} s", began.elapsed().as_secs());
                     shown = true;
                 }
             }
         };
-        if shown {
-            eprint!("\r\x1b[K");
+        // Output that arrived with the answer.
+        while let Ok((stderr, bytes)) = output.try_recv() {
+            printed = true;
+            if stderr {
+                let _ = std::io::stderr().write_all(&bytes);
+            } else {
+                let _ = std::io::stdout().write_all(&bytes);
+            }
         }
-        answer
+        let _ = std::io::stdout().flush();
+        clear(&mut shown);
+        answer.map(|a| (a, printed))
     })
     .map_err(|f| match f {
         Failure::NotDispatched { reason, message } => fail(
