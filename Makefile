@@ -15,7 +15,7 @@ PLIMSOLLD := $(CARGO_TARGET_DIR)/release/plimsolld
 export PLIMSOLLD_BIN := $(PLIMSOLLD)
 export PLIMSOLL_GUEST_JS_WASM := $(GUEST_WASM)
 
-.PHONY: setup image guest build demo test audit bench bench-docker bench-e2b soak clean
+.PHONY: setup image guest build demo test audit bench bench-docker bench-e2b soak clean bench-mcp
 
 setup:
 	@scripts/setup.sh
@@ -75,6 +75,11 @@ bench-docker: build image
 # (docs/benchmarks.md). BENCH_N runs, default 200.
 bench-e2b: build image
 	.venv/bin/python scripts/bench_e2b.py
+
+# MCP tools/call against Run over one connection, and how soon a docker
+# run's first streamed chunk arrives after it is written (docs/benchmarks.md).
+bench-mcp: build image
+	.venv/bin/python scripts/bench_mcp.py
 
 # Tens of thousands of mixed runs; what each daemon holds before and after
 # (docs/benchmarks.md). Bounded in time, not a timed test.
