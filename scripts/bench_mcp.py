@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "compat"))
 
 from test_published_client import Daemon  # noqa: E402
+from test_sessions import GracefulDaemon  # noqa: E402
 
 N = int(os.environ.get("BENCH_N", "2000"))
 DOCKER_N = int(os.environ.get("BENCH_DOCKER_N", "30"))
@@ -100,7 +101,8 @@ def wasm_pairs():
 
 
 def first_chunk_delays():
-    d = Daemon({"SANDBOX_PROVIDER": "docker", "SANDBOX_DOCKER_RUNTIME": "runc",
+    # SIGTERM at the end, so the daemon removes its warm containers.
+    d = GracefulDaemon({"SANDBOX_PROVIDER": "docker", "SANDBOX_DOCKER_RUNTIME": "runc",
                 "SANDBOX_DOCKER_IMAGE": IMAGE})
     try:
         delays = []

@@ -28,6 +28,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from test_published_client import Daemon, plimsolld_bin
+from test_sessions import GracefulDaemon
 
 TOKEN = "mcp-test-token-" + "k" * 32
 IMAGE = os.environ.get("SANDBOX_DOCKER_IMAGE", "plimsoll/sandbox:bookworm")
@@ -47,7 +48,8 @@ def wasm():
 
 @pytest.fixture(scope="module")
 def docker():
-    d = Daemon({"SANDBOX_PROVIDER": "docker", "SANDBOX_DOCKER_RUNTIME": "runc",
+    # Stopped with SIGTERM, so the daemon removes its warm containers.
+    d = GracefulDaemon({"SANDBOX_PROVIDER": "docker", "SANDBOX_DOCKER_RUNTIME": "runc",
                 "SANDBOX_DOCKER_IMAGE": IMAGE, "PLIMSOLL_TOKEN": TOKEN})
     yield d
     d.stop()

@@ -20,6 +20,7 @@ import pytest
 from plimsoll_client import Client
 
 from test_published_client import Daemon
+from test_sessions import GracefulDaemon
 
 IMAGE = os.environ.get("SANDBOX_DOCKER_IMAGE", "plimsoll/sandbox:bookworm")
 PATH = "/plimsoll.v1.SandboxService/RunStream"
@@ -34,7 +35,8 @@ def wasm():
 
 @pytest.fixture(scope="module")
 def docker():
-    d = Daemon({"SANDBOX_PROVIDER": "docker", "SANDBOX_DOCKER_RUNTIME": "runc",
+    # Stopped with SIGTERM, so the daemon removes its warm containers.
+    d = GracefulDaemon({"SANDBOX_PROVIDER": "docker", "SANDBOX_DOCKER_RUNTIME": "runc",
                 "SANDBOX_DOCKER_IMAGE": IMAGE})
     yield d
     d.stop()
