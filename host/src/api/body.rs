@@ -97,6 +97,14 @@ pub(super) fn check_headers(h: &HeaderMap, content_type: &str) -> Result<(), Box
             "unsupported Connect-Protocol-Version (want 1)",
         );
     }
+    check_encoding_and_length(h)
+}
+
+/// Encoding and declared length, before any body byte is read (for every
+/// body the daemon reads: Connect's and MCP's).
+pub(super) fn check_encoding_and_length(h: &HeaderMap) -> Result<(), Box<Response>> {
+    let refuse =
+        |status, why: &str| Err(Box::new(refusal_response(status, &Refusal::request(why))));
     if let Some(enc) = h.get(header::CONTENT_ENCODING)
         && !enc.as_bytes().eq_ignore_ascii_case(b"identity")
     {

@@ -18,52 +18,136 @@ pub enum Event {
     Done(Result<Box<RunResponse>, RunError>),
 }
 
+/// Events a watcher has not taken yet, at most; more output waits, joined,
+/// in the watching task.
+const QUEUED: usize = 4;
+/// Runs of output waiting to be sent, at most, before they are joined per
+/// stream (only a slow watcher of a run that alternates its streams gets
+/// there): what waits is then the kept bytes and a constant.
+const PENDING_RUNS: usize = 64;
+
 /// Starts `req` and returns its events. The run goes on to its end (and is
 /// recorded and audited) even if the receiver is dropped: a watcher that
-/// leaves does not stop what it started.
-pub fn watch(
-    daemon: Arc<Daemon>,
-    req: RunRequest,
-    caller: Arc<Caller>,
-) -> mpsc::UnboundedReceiver<Event> {
-    let (events, rx) = mpsc::unbounded_channel();
-    let (live, mut chunks) = Live::channel();
+/// leaves does not stop what it started. A watcher that reads slowly holds
+/// at most the run's kept output: the channel is small, and output that
+/// waits for room is joined.
+pub fn watch(daemon: Arc<Daemon>, req: RunRequest, caller: Arc<Caller>) -> mpsc::Receiver<Event> {
+    let (events, rx) = mpsc::channel(QUEUED);
+    let (live, mut chunks) = Live::channel(daemon.output_limit());
     tokio::spawn(async move {
         let run = daemon.run_watched(req, caller, Some(live));
         tokio::pin!(run);
-        let answer = loop {
-            tokio::select! {
-                // Output before the answer, whenever both are ready.
-                biased;
-                Some(chunk) = chunks.recv() => forward(&events, chunk, &mut chunks),
-                answer = &mut run => break answer,
+        let mut pending = Pending::default();
+        let mut answer = None;
+        let mut sent_output = false;
+        loop {
+            if answer.is_some() {
+                // Output kept before the run ended, not yet taken.
+                while let Ok(chunk) = chunks.try_recv() {
+                    pending.push(chunk);
+                }
+                if pending.is_empty() {
+                    break;
+                }
             }
-        };
-        // Output kept before the run ended but not yet forwarded.
-        if let Ok(chunk) = chunks.try_recv() {
-            forward(&events, chunk, &mut chunks);
+            tokio::select! {
+                biased;
+                permit = events.reserve(), if !pending.is_empty() => {
+                    let Ok(permit) = permit else { break };
+                    if let Some((channel, bytes)) = pending.pop() {
+                        sent_output = true;
+                        permit.send(Event::Output(channel, bytes));
+                    }
+                }
+                Some(chunk) = chunks.recv() => pending.push(chunk),
+                done = &mut run, if answer.is_none() => answer = Some(done),
+            }
         }
-        let _ = events.send(Event::Done(answer.map(Box::new)));
+        let Some(answer) = answer else {
+            // The watcher left; the run still ends, recorded, on its own.
+            return;
+        };
+        let answer = match answer {
+            // Nothing a refusal says may follow output: if any was sent,
+            // the answer cannot be "nothing ran" (no path does this; the
+            // rule is kept here so none can).
+            Err(RunError::Refused(r)) if sent_output => Err(RunError::Internal {
+                id: crate::pipeline::internal_id(&r.message),
+                detail: "a refusal after output".into(),
+            }),
+            other => other.map(Box::new),
+        };
+        let _ = events.send(Event::Done(answer)).await;
     });
     rx
 }
 
-/// Sends `first` joined with every chunk already waiting, one event per run
-/// of the same stream: a guest that writes a line in pieces costs a watcher
-/// one message, not one per piece, and nothing waits to be joined.
-fn forward(
-    events: &mpsc::UnboundedSender<Event>,
-    first: Chunk,
-    chunks: &mut mpsc::UnboundedReceiver<Chunk>,
-) {
-    let (mut channel, mut bytes) = (first.channel, first.bytes);
-    while let Ok(next) = chunks.try_recv() {
-        if next.channel == channel {
-            bytes.extend_from_slice(&next.bytes);
-        } else {
-            let _ = events.send(Event::Output(channel, std::mem::take(&mut bytes)));
-            (channel, bytes) = (next.channel, next.bytes);
+/// Output waiting for the watcher, in order, each run of one stream joined.
+#[derive(Default)]
+struct Pending(std::collections::VecDeque<(Channel, Vec<u8>)>);
+
+impl Pending {
+    fn push(&mut self, chunk: Chunk) {
+        match self.0.back_mut() {
+            Some((channel, bytes)) if *channel == chunk.channel => {
+                bytes.extend_from_slice(&chunk.bytes);
+            }
+            _ => self.0.push_back((chunk.channel, chunk.bytes)),
+        }
+        if self.0.len() > PENDING_RUNS {
+            // Join per stream: the order between the two streams is given
+            // up, never a byte.
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            for (channel, bytes) in self.0.drain(..) {
+                match channel {
+                    Channel::Stdout => out.extend_from_slice(&bytes),
+                    Channel::Stderr => err.extend_from_slice(&bytes),
+                }
+            }
+            self.0.push_back((Channel::Stdout, out));
+            self.0.push_back((Channel::Stderr, err));
         }
     }
-    let _ = events.send(Event::Output(channel, bytes));
+
+    fn pop(&mut self) -> Option<(Channel, Vec<u8>)> {
+        self.0.pop_front()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(channel: Channel, b: &[u8]) -> Chunk {
+        Chunk {
+            channel,
+            bytes: b.to_vec(),
+        }
+    }
+
+    #[test]
+    fn waiting_output_is_joined_and_never_grows_past_its_bytes() {
+        let mut p = Pending::default();
+        for i in 0..10_000 {
+            let channel = if i % 2 == 0 {
+                Channel::Stdout
+            } else {
+                Channel::Stderr
+            };
+            p.push(chunk(channel, b"x"));
+            assert!(p.0.len() <= PENDING_RUNS + 1);
+        }
+        let total: usize = p.0.iter().map(|(_, b)| b.len()).sum();
+        assert_eq!(total, 10_000, "no byte lost");
+        let mut q = Pending::default();
+        q.push(chunk(Channel::Stdout, b"a"));
+        q.push(chunk(Channel::Stdout, b"b"));
+        q.push(chunk(Channel::Stderr, b"c"));
+        assert_eq!(q.pop(), Some((Channel::Stdout, b"ab".to_vec())));
+        assert_eq!(q.pop(), Some((Channel::Stderr, b"c".to_vec())));
+    }
 }

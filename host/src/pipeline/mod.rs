@@ -130,6 +130,11 @@ impl Daemon {
         }
     }
 
+    /// Bytes a run keeps per output stream.
+    pub fn output_limit(&self) -> usize {
+        self.limits.output_limit
+    }
+
     /// Whether the provider has sessions at all (whatever the settings).
     pub fn has_sessions(&self) -> bool {
         self.provider.session_offer().is_some()

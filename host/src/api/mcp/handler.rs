@@ -64,6 +64,9 @@ impl ServerHandler for McpServer {
             .ok_or_else(|| ErrorData::internal_error("no authenticated caller", None))?;
         let args = request.arguments.unwrap_or_default();
         let answer = match request.name.as_ref() {
+            "describe" if !args.is_empty() => {
+                results::refused(&Refusal::request("describe takes no arguments"))
+            }
             "describe" => {
                 let d = serde_json::to_value(self.daemon.describe()).unwrap_or(Value::Null);
                 let summary = format!(
@@ -115,7 +118,12 @@ impl McpServer {
                         progress.send(context, token, channel, &bytes).await;
                     }
                 }
-                Event::Done(Ok(resp)) => return results::answered(&resp),
+                Event::Done(Ok(resp)) => {
+                    if let Some(token) = &token {
+                        progress.finish(context, token).await;
+                    }
+                    return results::answered(&resp);
+                }
                 Event::Done(Err(RunError::Refused(r))) => return results::refused(&r),
                 Event::Done(Err(RunError::Internal { id, .. })) => {
                     return results::failed(&format!("internal error {id}"));
@@ -170,10 +178,23 @@ impl McpServer {
         };
         match answer {
             Ok(r) => r,
-            Err(SessionError::Refused { refusal, .. }) => results::refused(&refusal),
-            Err(SessionError::Unanswered { id, .. } | SessionError::Internal { id }) => {
-                results::failed(&format!("internal error {id}"))
+            Err(SessionError::Refused { refusal, ended }) => {
+                let mut r = results::refused(&refusal);
+                if let (Some(e), Some(Value::Object(v))) = (ended, r.structured_content.as_mut()) {
+                    v.insert("sessionEnded".into(), json!(e.reason.name()));
+                }
+                r
             }
+            Err(SessionError::Unanswered { id, record, .. }) => {
+                // The call may have run: its record took its place in the
+                // session's chain, and the agent gets its digest to check it.
+                let mut r = results::failed(&format!("internal error {id}"));
+                if let Some(Value::Object(v)) = r.structured_content.as_mut() {
+                    v.insert("recordSha256".into(), json!(record.record_sha256));
+                }
+                r
+            }
+            Err(SessionError::Internal { id }) => results::failed(&format!("internal error {id}")),
         }
     }
 }
@@ -197,14 +218,39 @@ impl Progress {
     ) {
         let text = match channel {
             Channel::Stdout => self.stdout.push(bytes),
-            Channel::Stderr => format!("[stderr] {}", self.stderr.push(bytes)),
+            Channel::Stderr => self.stderr.push(bytes),
         };
         self.sent += bytes.len() as u64;
+        self.notify(context, token, channel, text).await;
+    }
+
+    /// What an unfinished character left at the end of either stream.
+    async fn finish(&mut self, context: &RequestContext<RoleServer>, token: &ProgressToken) {
+        let (out, err) = (self.stdout.finish(), self.stderr.finish());
+        self.notify(context, token, Channel::Stdout, out).await;
+        self.notify(context, token, Channel::Stderr, err).await;
+    }
+
+    async fn notify(
+        &self,
+        context: &RequestContext<RoleServer>,
+        token: &ProgressToken,
+        channel: Channel,
+        text: String,
+    ) {
+        if text.is_empty() {
+            return;
+        }
+        let message = match channel {
+            Channel::Stdout => text,
+            Channel::Stderr => format!("[stderr] {text}"),
+        };
         // A client that stopped listening does not stop the run.
         let _ = context
             .peer
             .notify_progress(
-                ProgressNotificationParam::new(token.clone(), self.sent as f64).with_message(text),
+                ProgressNotificationParam::new(token.clone(), self.sent as f64)
+                    .with_message(message),
             )
             .await;
     }

@@ -25,7 +25,7 @@ use axum::response::Response;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-use super::body::read_body;
+use super::body::{check_encoding_and_length, read_body};
 use super::{Api, MAX_REQUEST_BYTES, authenticate, body_slots};
 use handler::McpServer;
 
@@ -58,6 +58,9 @@ pub async fn guard(State(api): State<Api>, req: Request, next: Next) -> Response
         Ok(c) => c,
         Err(r) => return *r,
     };
+    if let Err(r) = check_encoding_and_length(req.headers()) {
+        return *r;
+    }
     let (mut parts, body) = req.into_parts();
     // The body is read here, under the API's slots and limits, and handed
     // on whole: a slow or endless upload is the API's to refuse.

@@ -9,6 +9,8 @@ use base64::Engine;
 use serde_json::Value;
 
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8746";
+/// The largest streamed message read.
+const MAX_MESSAGE: u32 = 64 << 20;
 /// How long an answer may take past the run's own budget.
 const SLACK: Duration = Duration::from_secs(30);
 
@@ -160,6 +162,14 @@ impl Api {
             // Every whole message received so far.
             while pending.len() >= 5 {
                 let len = u32::from_be_bytes([pending[1], pending[2], pending[3], pending[4]]);
+                // The daemon's messages are a few bytes of output or one
+                // answer (at most a few MiB); anything larger is not its.
+                if len > MAX_MESSAGE {
+                    return Err(Failure::Unknown(
+                        "a streamed message is larger than any answer; the run may have happened"
+                            .into(),
+                    ));
+                }
                 let end = 5 + len as usize;
                 if pending.len() < end {
                     break;

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::client::Api;
@@ -77,19 +77,42 @@ async fn bridge(api: Arc<Api>) {
     let version: Arc<Mutex<Option<String>>> = Arc::default();
     let mut calls = tokio::task::JoinSet::new();
     let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
-    let mut line = String::new();
+    let mut line = Vec::new();
     loop {
+        // Finished relays are let go as the bridge goes.
+        while calls.try_join_next().is_some() {}
         line.clear();
-        match stdin.read_line(&mut line).await {
+        match (&mut stdin)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .await
+        {
             Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
-        let text = line.trim();
-        if text.is_empty() {
+        if line.len() > MAX_LINE {
+            // The rest of the line is read and dropped, never kept.
+            let mut rest = Vec::new();
+            while !line.ends_with(b"\n") && !rest.ends_with(b"\n") {
+                rest.clear();
+                match (&mut stdin)
+                    .take(64 << 10)
+                    .read_until(b'\n', &mut rest)
+                    .await
+                {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            let _ = lines.send(error(Value::Null, -32600, "message too large"));
             continue;
         }
-        if text.len() > MAX_LINE {
-            let _ = lines.send(error(Value::Null, -32600, "message too large"));
+        let Ok(text) = std::str::from_utf8(&line) else {
+            let _ = lines.send(error(Value::Null, -32700, "parse error: not UTF-8"));
+            continue;
+        };
+        let text = text.trim();
+        if text.is_empty() {
             continue;
         }
         let Ok(message) = serde_json::from_str::<Value>(text) else {

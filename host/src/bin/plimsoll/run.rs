@@ -150,9 +150,20 @@ fn call(api: &Api, procedure: &str, body: &Value, budget: Duration) -> Result<Va
 }
 
 /// `RunStream`: output printed as it arrives. Also says whether any did.
+/// A daemon without `RunStream` (it answers that it has no such
+/// procedure, and ran nothing) is asked with `Run` instead.
 fn stream(api: &Api, body: &Value, budget: Duration) -> Result<(Value, bool), ExitCode> {
     let (output, printed) = tokio::sync::mpsc::unbounded_channel();
-    drive(api.stream(body, budget, output), printed)
+    let streamed = async {
+        match api.stream(body, budget, output).await {
+            Err(Failure::NotDispatched {
+                reason: "unsupported",
+                message,
+            }) if message == "no such procedure or path" => api.call("Run", body, budget).await,
+            other => other,
+        }
+    };
+    drive(streamed, printed)
 }
 
 /// Waits for `answer`, printing `output` as it comes (stderr pieces to
@@ -202,7 +213,9 @@ fn drive(
                 }
             }
         };
-        // Output that arrived with the answer.
+        // Output that arrived with the answer, after the waiting line is
+        // cleared (so it neither follows the line nor is wiped with it).
+        clear(&mut shown);
         while let Ok((stderr, bytes)) = output.try_recv() {
             printed = true;
             if stderr {
@@ -212,7 +225,6 @@ fn drive(
             }
         }
         let _ = std::io::stdout().flush();
-        clear(&mut shown);
         answer.map(|a| (a, printed))
     })
     .map_err(|f| match f {
