@@ -15,7 +15,7 @@ PLIMSOLLD := $(CARGO_TARGET_DIR)/release/plimsolld
 export PLIMSOLLD_BIN := $(PLIMSOLLD)
 export PLIMSOLL_GUEST_JS_WASM := $(GUEST_WASM)
 
-.PHONY: setup image guest build demo test audit bench bench-docker bench-e2b soak clean bench-mcp
+.PHONY: setup image guest build demo test audit bench bench-docker bench-e2b soak clean bench-mcp bench-startup
 
 setup:
 	@scripts/setup.sh
@@ -80,6 +80,11 @@ bench-e2b: build image
 # run's first streamed chunk arrives after it is written (docs/benchmarks.md).
 bench-mcp: build image
 	.venv/bin/python scripts/bench_mcp.py
+
+# Exec to first Run answered, with and without the compile cache
+# (docs/benchmarks.md).
+bench-startup: build
+	.venv/bin/python scripts/bench_startup.py
 
 # Tens of thousands of mixed runs; what each daemon holds before and after
 # (docs/benchmarks.md). Bounded in time, not a timed test.

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use plimsoll_tests::{Daemon, Scratch, certificate, js_run, metrics_url, run_to_exit, test_ca};
+use plimsoll_tests::{
+    Daemon, Scratch, call, certificate, js_run, metrics_url, run_to_exit, test_ca,
+};
 use serde_json::{Value, json};
 
 fn cli() -> PathBuf {
@@ -750,4 +752,84 @@ async fn a_fully_hardened_daemon_starts_and_serves() {
     let pid = d.pid().expect("pid");
     drop(d);
     assert_eq!(plimsoll_tests::containers_of(pid), 0);
+}
+
+/// The compiled components a daemon keeps between starts
+/// (PLIMSOLL_COMPILE_CACHE): a second start uses the first's compilation
+/// (the file is not rewritten) and runs the same code under the same
+/// identity; a damaged file is rebuilt, never loaded; a cache another user
+/// could write is not used at all.
+#[tokio::test]
+async fn the_compile_cache_is_reused_checked_and_refused_when_others_could_write_it() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let s = Scratch::new("compile-cache");
+    let cache = s.path("cache");
+    let cache_str = cache.to_str().expect("utf-8").to_string();
+    let env = [
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_COMPILE_CACHE", cache_str.as_str()),
+    ];
+    let entries = || -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(&cache)
+            .expect("cache dir")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+            .collect();
+        v.sort();
+        v
+    };
+    let run_and_identity = |d: Daemon| async move {
+        let a = call(&d, "Run", &js_run("console.log(6 * 7)")).await;
+        assert_eq!(a.stdout(), "42\n");
+        let describe = call(&d, "Describe", &serde_json::json!({})).await;
+        let id = describe.body["javascriptEnvironment"]["identity"]
+            .as_str()
+            .expect("identity")
+            .to_string();
+        (id, d.log_lines().join("\n"))
+    };
+
+    let (first_id, _) = run_and_identity(Daemon::start(&env)).await;
+    let files = entries();
+    assert_eq!(files.len(), 1, "one compiled snapshot: {files:?}");
+    let meta = std::fs::metadata(&files[0]).expect("meta");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&cache).expect("dir").permissions().mode() & 0o777,
+        0o700
+    );
+
+    // Loaded, not rebuilt: the same file (inode) is there afterwards.
+    let (second_id, log) = run_and_identity(Daemon::start(&env)).await;
+    assert_eq!(first_id, second_id);
+    assert!(!log.contains("compile cache"), "{log}");
+    assert_eq!(entries(), files);
+    assert_eq!(
+        std::fs::metadata(&files[0]).expect("meta").ino(),
+        meta.ino()
+    );
+
+    // A damaged file: refused before wasmtime sees it, then rebuilt.
+    let mut bytes = std::fs::read(&files[0]).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x55;
+    std::fs::write(&files[0], &bytes).expect("damage");
+    let damaged_ino = std::fs::metadata(&files[0]).expect("meta").ino();
+    let (third_id, log) = run_and_identity(Daemon::start(&env)).await;
+    assert_eq!(third_id, first_id);
+    assert!(log.contains("damaged"), "{log}");
+    assert_ne!(
+        std::fs::metadata(&files[0]).expect("meta").ino(),
+        damaged_ino,
+        "rewritten"
+    );
+
+    // A cache directory others could write: not used, and said so.
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let kept_ino = std::fs::metadata(&files[0]).expect("meta").ino();
+    let (fourth_id, log) = run_and_identity(Daemon::start(&env)).await;
+    assert_eq!(fourth_id, first_id);
+    assert!(log.contains("the compile cache is not used"), "{log}");
+    assert_eq!(std::fs::metadata(&files[0]).expect("meta").ino(), kept_ino);
+    let _ = std::fs::remove_dir_all(&s.0);
 }

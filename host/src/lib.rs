@@ -19,6 +19,7 @@ pub mod admission;
 pub mod api;
 pub mod backends;
 pub mod callers;
+pub mod compile_cache;
 pub mod config;
 pub mod dirs;
 pub mod env_vars;

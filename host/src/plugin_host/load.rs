@@ -191,7 +191,14 @@ impl Pinned {
         &self.sha256
     }
 
-    pub fn compile(self, grants: Grants) -> Result<Checked, PluginError> {
+    /// Compiles the component (or loads its compilation from `cache`, keyed
+    /// by its digest and the engine), then checks its imports and exports:
+    /// the checks are the same either way.
+    pub fn compile(
+        self,
+        grants: Grants,
+        cache: Option<&crate::compile_cache::CompileCache>,
+    ) -> Result<Checked, PluginError> {
         match super::strings::non_utf8_encoding(&self.bytes) {
             Ok(None) => {}
             Ok(Some(encoding)) => {
@@ -206,8 +213,23 @@ impl Pinned {
         wcfg.wasm_component_model(true);
         wcfg.epoch_interruption(true);
         let wasm = Engine::new(&wcfg).map_err(|e| PluginError::Engine(format!("{e:#}")))?;
-        let component = Component::new(&wasm, &self.bytes)
-            .map_err(|e| PluginError::NotComponent(self.name.clone(), format!("{e:#}")))?;
+        let key = crate::compile_cache::CompileCache::key(
+            &wasm,
+            &format!("plugin-{}", self.name),
+            &self.sha256,
+            &[],
+        );
+        let component = match cache.and_then(|c| c.load(&wasm, &key)) {
+            Some(c) => c,
+            None => {
+                let c = Component::new(&wasm, &self.bytes)
+                    .map_err(|e| PluginError::NotComponent(self.name.clone(), format!("{e:#}")))?;
+                if let Some(cache) = cache {
+                    cache.store(&key, &c);
+                }
+                c
+            }
+        };
         check_imports(&self.name, grants, &component, &wasm)?;
         let exports = AdapterExports::find(&component).ok_or_else(|| {
             PluginError::Mismatch(

@@ -27,7 +27,7 @@ pub async fn start(settings: &ProviderSettings) -> Result<PluginProvider, StartE
         Tier::Vm,
         None,
         Some(docker),
-        settings.memory_mb,
+        settings,
     )
     .await?;
     tracing::info!(

@@ -30,7 +30,7 @@ pub async fn start(name: &str, settings: &ProviderSettings) -> Result<PluginProv
         p.max_tier.unwrap_or(Tier::Process),
         p.http.clone(),
         settings.docker.as_ref(),
-        settings.memory_mb,
+        settings,
     )
     .await?;
     tracing::info!(
@@ -52,15 +52,20 @@ pub(super) async fn load_plugin(
     max_tier: Tier,
     http: Option<HttpAllowance>,
     docker: Option<&docker::Settings>,
-    memory_mb: u32,
+    settings: &ProviderSettings,
 ) -> Result<PluginProvider, StartError> {
+    let memory_mb = settings.memory_mb;
+    let cache = settings.open_compile_cache();
     if let Some(d) = docker {
         d.check_guest_uid_on_host().map_err(StartError::Backend)?;
     }
-    let checked = load::read(name, &source, pin)?.compile(Grants {
-        http: http.is_some(),
-        container_engine: docker.is_some(),
-    })?;
+    let checked = load::read(name, &source, pin)?.compile(
+        Grants {
+            http: http.is_some(),
+            container_engine: docker.is_some(),
+        },
+        cache.as_ref(),
+    )?;
     let http = match http {
         None => None,
         Some(allowance) => Some(Arc::new(
@@ -184,7 +189,9 @@ impl Provider for PluginProvider {
                         job.timeout,
                         job.output_limit,
                         job.grant,
-                        job.live,
+                        // A project's output reaches the caller through the
+                        // plugin's report, at its end: nothing is streamed.
+                        None,
                     )
                     .await
                     .map(Output::Project),

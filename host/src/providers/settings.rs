@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::backends::docker;
+use crate::compile_cache::CompileCache;
 use crate::env_vars::{ConfigError, Env, Var, var};
 use crate::plugin_host::settings::PluginSettings;
 
@@ -26,7 +27,14 @@ pub const VARIABLES: &[Var] = &[
         "8",
         "runs in flight at once, 1-1024; more are refused as capacity",
     ),
+    var(
+        "PLIMSOLL_COMPILE_CACHE",
+        DEFAULT_COMPILE_CACHE,
+        "directory for compiled components kept between starts (only this user may write it and everything above it); off compiles on every start",
+    ),
 ];
+
+const DEFAULT_COMPILE_CACHE: &str = "/var/cache/plimsoll";
 
 /// Which provider runs the code.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +86,8 @@ pub struct ProviderSettings {
     pub plugin: PluginSettings,
     /// The docker backend's settings, when the provider drives one.
     pub docker: Option<docker::Settings>,
+    /// Where compiled components are kept between starts; `None`: off.
+    pub compile_cache: Option<PathBuf>,
 }
 
 impl ProviderSettings {
@@ -134,13 +144,42 @@ impl ProviderSettings {
             }
             None
         };
+        let compile_cache = match env.get("PLIMSOLL_COMPILE_CACHE") {
+            Some("off") => None,
+            Some(path) if Path::new(path).is_absolute() => Some(PathBuf::from(path)),
+            Some(_) => {
+                return Err(ConfigError::Invalid {
+                    name: "PLIMSOLL_COMPILE_CACHE",
+                    why: "must be an absolute path, or off".into(),
+                });
+            }
+            None => Some(PathBuf::from(DEFAULT_COMPILE_CACHE)),
+        };
         Ok(ProviderSettings {
             kind,
             memory_mb,
             max_concurrent,
             plugin,
             docker,
+            compile_cache,
         })
+    }
+
+    /// The compile cache, opened and checked; `None` when it is off or
+    /// fails its checks, which is said in the log and costs only time.
+    pub fn open_compile_cache(&self) -> Option<CompileCache> {
+        let path = self.compile_cache.as_deref()?;
+        match CompileCache::open(path) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    error = %e,
+                    "the compile cache is not used; components are compiled on every start"
+                );
+                None
+            }
+        }
     }
 
     /// Where plugins are loaded from: `PLIMSOLL_PLUGIN_DIR`, or `plugins/`

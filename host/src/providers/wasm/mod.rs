@@ -29,6 +29,7 @@ use super::{
     Evidence, Job, Offer, Output, Payload, Provider, ProviderSettings, Resources, not_offered,
 };
 use crate::admission::OUTPUT_LIMIT;
+use crate::compile_cache::CompileCache;
 use crate::grants::broker;
 use crate::live::{Channel, Live};
 use crate::outcome::{ProcessOutput, RunFailure};
@@ -101,9 +102,13 @@ pub async fn start(settings: &ProviderSettings) -> Result<WasmProvider, WasmErro
         "the wasm provider is process-tier: an engine escape lands in this daemon; never use it for hostile code"
     );
     let (memory_mb, max) = (settings.memory_mb, settings.max_concurrent);
-    tokio::task::spawn_blocking(move || WasmProvider::new(memory_mb, max, OUTPUT_LIMIT))
-        .await
-        .map_err(|e| WasmError::Engine(format!("the start-up thread failed: {e}")))?
+    let settings = settings.clone();
+    tokio::task::spawn_blocking(move || {
+        let cache = settings.open_compile_cache();
+        WasmProvider::from_component(GUEST_JS, memory_mb, max, OUTPUT_LIMIT, cache.as_ref())
+    })
+    .await
+    .map_err(|e| WasmError::Engine(format!("the start-up thread failed: {e}")))?
 }
 
 impl WasmProvider {
@@ -114,7 +119,7 @@ impl WasmProvider {
         max_concurrent: u32,
         output_limit: usize,
     ) -> Result<Self, WasmError> {
-        Self::from_component(GUEST_JS, memory_mb, max_concurrent, output_limit)
+        Self::from_component(GUEST_JS, memory_mb, max_concurrent, output_limit, None)
     }
 
     pub fn from_component(
@@ -122,6 +127,7 @@ impl WasmProvider {
         memory_mb: u32,
         max_concurrent: u32,
         output_limit: usize,
+        cache: Option<&CompileCache>,
     ) -> Result<Self, WasmError> {
         let memory_limit = (memory_mb as usize) << 20;
         let mut cfg = Config::new();
@@ -158,10 +164,28 @@ impl WasmProvider {
         generated::Guest::add_to_linker::<RunState, HasSelf<RunState>>(&mut linker, |s| s)
             .map_err(|e| WasmError::Link(format!("{e:#}")))?;
 
-        let snapshot =
-            snapshot::pre_initialize(&engine, &linker, bytes, memory_limit, output_limit)?;
-        let component =
-            Component::new(&engine, &snapshot).map_err(|e| WasmError::Compile(format!("{e:#}")))?;
+        let digest = hex::encode(Sha256::digest(bytes));
+        // The snapshot is built under the run limits, so they are part of
+        // its key with the guest's own digest.
+        let key = CompileCache::key(
+            &engine,
+            "quickjs-snapshot",
+            &digest,
+            &[&memory_limit.to_le_bytes(), &output_limit.to_le_bytes()],
+        );
+        let component = match cache.and_then(|c| c.load(&engine, &key)) {
+            Some(c) => c,
+            None => {
+                let snapshot =
+                    snapshot::pre_initialize(&engine, &linker, bytes, memory_limit, output_limit)?;
+                let c = Component::new(&engine, &snapshot)
+                    .map_err(|e| WasmError::Compile(format!("{e:#}")))?;
+                if let Some(cache) = cache {
+                    cache.store(&key, &c);
+                }
+                c
+            }
+        };
         let pre = linker
             .instantiate_pre(&component)
             .map_err(|e| WasmError::Link(format!("{e:#}")))?;
@@ -172,10 +196,7 @@ impl WasmProvider {
         Ok(WasmProvider {
             engine,
             pre,
-            identity: Arc::from(format!(
-                "quickjs-wasm:sha256:{}",
-                hex::encode(Sha256::digest(bytes))
-            )),
+            identity: Arc::from(format!("quickjs-wasm:sha256:{digest}")),
             memory_limit,
             output_limit,
             _ticker: Arc::new(ticker),
