@@ -15,6 +15,11 @@
 //!    and through wasi:http, timed inside the hostile test plugin (which
 //!    needs the container engine granted, so docker and the image).
 //!
+//! 7. native QuickJS: the same snippet in a fresh runtime and full context
+//!    of QuickJS built natively from the sources the guest is built from,
+//!    unsandboxed: the baseline the bare wasm run is measured against
+//!    (issue 16), in the same run.
+//!
 //! Everything is bounded in count and time and only talks to 127.0.0.1.
 
 use std::time::{Duration, Instant};
@@ -41,7 +46,47 @@ fn summary(name: &str, mut v: Vec<Duration>) {
     );
 }
 
-fn bare(n: usize) {
+/// A fresh QuickJS runtime and full context per run, natively: what the
+/// guest does for a run, without the sandbox, the snapshot or the copy-on-
+/// write instance. `console.log` appends to a string, as the guest's writes
+/// to its output import.
+fn native_quickjs(n: usize) -> Duration {
+    use rquickjs::{Context, Function, Object, Runtime};
+    let once = || {
+        let rt = Runtime::new().expect("runtime");
+        let ctx = Context::full(&rt).expect("context");
+        ctx.with(|ctx| {
+            let out = std::rc::Rc::new(std::cell::RefCell::new(String::new()));
+            let sink = out.clone();
+            let console = Object::new(ctx.clone()).expect("console");
+            let log = Function::new(ctx.clone(), move |s: rquickjs::Coerced<String>| {
+                let mut o = sink.borrow_mut();
+                o.push_str(&s.0);
+                o.push('\n');
+            })
+            .expect("log");
+            console.set("log", log).expect("set log");
+            ctx.globals().set("console", console).expect("set console");
+            ctx.eval::<(), _>(SNIPPET).expect("eval");
+            assert_eq!(out.borrow().as_str(), "42\n");
+        });
+    };
+    for _ in 0..200 {
+        once();
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        once();
+        v.push(t.elapsed());
+    }
+    v.sort();
+    let p50 = percentile(&v, 0.5);
+    summary("native QuickJS, fresh runtime+context (unsandboxed)", v);
+    p50
+}
+
+fn bare(n: usize) -> Duration {
     let w = WasmProvider::new(256, 8, 64 << 10).expect("wasm provider");
     for _ in 0..200 {
         w.run(SNIPPET, Duration::from_secs(5)).ok();
@@ -53,7 +98,10 @@ fn bare(n: usize) {
         v.push(t.elapsed());
         assert_eq!(out.stdout, b"42\n");
     }
+    v.sort();
+    let p50 = percentile(&v, 0.5);
     summary("bare instantiate+run (in process)", v);
+    p50
 }
 
 /// A cell in a kept instance, through the provider's session (the blocking
@@ -309,7 +357,8 @@ async fn main() {
         .unwrap_or(2000);
     println!("| what | runs | p50 | p99 | min |");
     println!("|---|---|---|---|---|");
-    bare(n);
+    let wasm = bare(n);
+    let native = native_quickjs(n);
     bare_cell(n).await;
     let d = Daemon::start(&[
         ("SANDBOX_PROVIDER", "wasm"),
@@ -333,6 +382,10 @@ async fn main() {
         ),
         None => println!("daemon idle RSS: unavailable"),
     }
+    println!(
+        "bare wasm run / native QuickJS fresh context, p50: {:.2}x",
+        wasm.as_secs_f64() / native.as_secs_f64()
+    );
     if let Some(kib) = d.pid().and_then(rss_kib) {
         println!(
             "daemon RSS after the benchmark: {:.1} MiB",
