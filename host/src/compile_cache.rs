@@ -186,33 +186,32 @@ impl CompileCache {
         let Ok(entries) = self.dir.entries() else {
             return;
         };
-        let mut same: Vec<(std::time::SystemTime, OsString)> = entries
-            .filter_map(Result::ok)
-            .filter(|e| {
-                e.file_name()
-                    .to_str()
-                    .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".cwasm"))
-            })
-            .filter_map(|e| {
-                let when = e.metadata().ok()?.modified().ok()?.into_std();
-                Some((when, e.file_name()))
-            })
-            .collect();
-        same.sort();
-        // A temporary file a crashed start left behind.
-        if let Ok(entries) = self.dir.entries() {
-            for e in entries.filter_map(Result::ok) {
-                let stale = e
-                    .metadata()
-                    .ok()
-                    .and_then(|m| m.modified().ok())
-                    .and_then(|t| t.into_std().elapsed().ok())
-                    .is_some_and(|age| age > std::time::Duration::from_secs(3600));
-                if stale && e.file_name().to_str().is_some_and(|n| n.ends_with(".tmp")) {
-                    let _ = self.dir.remove_file(e.file_name());
+        // One listing: this label's entries, by age, and any temporary file
+        // a crashed start left behind (over an hour old), removed.
+        let mut same: Vec<(std::time::SystemTime, OsString)> = Vec::new();
+        for e in entries.filter_map(Result::ok) {
+            let name = e.file_name();
+            let Some(text) = name.to_str() else { continue };
+            let Some(modified) = e
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .map(|t| t.into_std())
+            else {
+                continue;
+            };
+            if text.ends_with(".tmp") {
+                let stale = modified
+                    .elapsed()
+                    .is_ok_and(|age| age > std::time::Duration::from_secs(3600));
+                if stale {
+                    let _ = self.dir.remove_file(&name);
                 }
+            } else if text.starts_with(&prefix) && text.ends_with(".cwasm") {
+                same.push((modified, name));
             }
         }
+        same.sort();
         let excess = same.len().saturating_sub(KEEP);
         for (_, name) in same.into_iter().take(excess) {
             let _ = self.dir.remove_file(&name);
@@ -364,6 +363,49 @@ mod tests {
         c.write(&file_name(&key), b"not a component")
             .expect("write");
         assert!(c.load(&engine, &key).is_none());
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_of_a_label_and_drops_stale_temporaries() {
+        let base = scratch("prune");
+        let c = CompileCache::open(&base.join("cache")).expect("opens");
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+        let age = |name: &str, secs: u64| {
+            let f = std::fs::File::options()
+                .write(true)
+                .open(c.path().join(name))
+                .expect("open");
+            f.set_modified(old + std::time::Duration::from_secs(secs))
+                .expect("mtime");
+        };
+        for i in 0..6u64 {
+            let name = format!("a.{i}.cwasm");
+            c.write(&OsString::from(&name), b"x").expect("write");
+            age(&name, i);
+        }
+        c.write(&OsString::from("b.0.cwasm"), b"x").expect("write");
+        age("b.0.cwasm", 0);
+        std::fs::write(c.path().join("a.9.cwasm.1.tmp"), b"x").expect("tmp");
+        age("a.9.cwasm.1.tmp", 0);
+        std::fs::write(c.path().join("a.9.cwasm.2.tmp"), b"x").expect("fresh tmp");
+        c.prune("a.5");
+        let mut left: Vec<String> = std::fs::read_dir(c.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "a.2.cwasm",
+                "a.3.cwasm",
+                "a.4.cwasm",
+                "a.5.cwasm",
+                "a.9.cwasm.2.tmp",
+                "b.0.cwasm"
+            ]
+        );
         let _ = std::fs::remove_dir_all(&base);
     }
 

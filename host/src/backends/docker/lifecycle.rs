@@ -222,35 +222,28 @@ impl DockerEngine {
             input.write_all(&stdin).await?;
             input.shutdown().await
         });
-        // What is kept goes to a watcher too, as it arrives.
-        let watched = |channel, kept: &[u8]| {
-            if let Some(live) = &live {
-                live.send(channel, kept);
-            }
-        };
         let collect = async {
             while let Some(frame) = output.next().await {
-                match frame {
-                    Ok(LogOutput::StdOut { message }) => {
-                        let kept = keep(
-                            &mut out.stdout,
-                            &mut out.stdout_truncated,
-                            &message,
-                            output_limit,
-                        );
-                        watched(Channel::Stdout, kept);
-                    }
-                    Ok(LogOutput::StdErr { message }) => {
-                        let kept = keep(
-                            &mut out.stderr,
-                            &mut out.stderr_truncated,
-                            &message,
-                            output_limit,
-                        );
-                        watched(Channel::Stderr, kept);
-                    }
-                    Ok(_) => {}
+                let (buf, truncated, channel, message) = match frame {
+                    Ok(LogOutput::StdOut { message }) => (
+                        &mut out.stdout,
+                        &mut out.stdout_truncated,
+                        Channel::Stdout,
+                        message,
+                    ),
+                    Ok(LogOutput::StdErr { message }) => (
+                        &mut out.stderr,
+                        &mut out.stderr_truncated,
+                        Channel::Stderr,
+                        message,
+                    ),
+                    Ok(_) => continue,
                     Err(_) => break,
+                };
+                let kept = keep(buf, truncated, &message, output_limit);
+                // What is kept goes to a watcher too, as it arrives.
+                if let Some(live) = &live {
+                    live.send(channel, kept);
                 }
             }
         };
