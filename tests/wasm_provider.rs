@@ -218,6 +218,44 @@ async fn runs_share_nothing() {
     assert_eq!(b.stdout(), "undefined undefined\n");
 }
 
+/// A used instance slot is reset by copying the image over the pages the
+/// run dirtied (see the provider's `KEEP_RESIDENT`): a run that dirties far
+/// more than that, and changes built-ins, global state and the symbol
+/// registry, leaves nothing any later run can see, in whichever slot it
+/// lands.
+#[tokio::test]
+async fn a_run_that_dirties_much_memory_leaves_nothing_behind() {
+    let d = wasm_daemon();
+    let dirty = r#"
+        globalThis.keep = [];
+        for (let i = 0; i < 64; i++) keep.push('canary-' + i + '-'.repeat(65536));
+        const big = new Uint8Array(8 << 20); big.fill(0xAB); globalThis.big = big;
+        Array.prototype.leaked = 1; JSON.stringify = () => 'hijacked';
+        Symbol.for('plimsoll-canary'); Math.leaked = 7;
+        console.log('dirtied', keep.length, big[12345]);
+    "#;
+    let check = r#"
+        const names = Object.getOwnPropertyNames(globalThis).sort().join(',');
+        console.log(typeof keep, typeof big, [].leaked, JSON.stringify({a: 1}),
+            Math.leaked, names.length);
+    "#;
+    let clean = call(&d, "Run", &js_run(check)).await;
+    assert_eq!(clean.status, 200, "{:?}", clean.body);
+    for _ in 0..3 {
+        let a = call(&d, "Run", &js_run(dirty)).await;
+        assert_eq!(a.stdout(), "dirtied 64 171\n", "{:?}", a.body);
+        // Several runs, so the slot just used is among those reused.
+        for _ in 0..4 {
+            let b = call(&d, "Run", &js_run(check)).await;
+            assert_eq!(b.stdout(), clean.stdout());
+            assert!(
+                b.stdout()
+                    .starts_with("undefined undefined undefined {\"a\":1} undefined ")
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn describe_reports_the_embedded_engine() {
     let d = wasm_daemon();
