@@ -1,15 +1,31 @@
 """The docker provider beside a plain `docker run --rm` of the same image
-running the same snippet, under runc and under runsc, in one run.
+running the same snippet, and beside the engine's own floor, under runc and
+under runsc, in one run.
 
-    make bench-docker          (BENCH_N runs per side, default 40; BENCH_GAP_MS
-                                pause between runs, default 0)
+    make bench-docker     (BENCH_N runs per measurement, default 40;
+                           BENCH_RUNTIMES, default "runc,runsc")
 
-Each plimsolld run is one Run call over HTTP, end to end (the client's wall
-time); each baseline is one `docker run --rm -i --network none` of the
-image ID with the snippet on stdin, end to end. Runs go one after another,
-so the warm pool refills only as fast as it can between them.
+Per runtime, one after another:
+
+- baseline: `docker run --rm -i --network none <image ID> node -` with the
+  snippet on stdin, end to end (the CLI's wall time);
+- engine floor: containers created and started beforehand with the run
+  envelope (limits, read-only root, no capabilities, tmpfs, unprivileged
+  user), attached, then timed from writing stdin to the engine reporting the
+  exit status. Two of them: `cat` (the engine alone: stdin in, process exits,
+  status out) and the gate's shape followed by `node -` with the snippet
+  (the least any gated run can cost: the engine plus node's boot);
+- plimsolld back to back: one `Run` after another over HTTP, end to end;
+  runs/s over the batch is the rate one client sustains;
+- plimsolld at a steady two runs per second: a `Run` started every 500 ms
+  whatever the last one took, so the pool's refill is what is measured.
+
+Engine calls go to the Docker API on its Unix socket, as the daemon's do;
+only loopback and that socket are used.
 """
 
+import concurrent.futures
+import http.client
 import json
 import os
 import socket
@@ -21,12 +37,26 @@ import urllib.request
 
 SNIPPET = "console.log(6 * 7)"
 N = int(os.environ.get("BENCH_N", "40"))
-GAP = int(os.environ.get("BENCH_GAP_MS", "0")) / 1000
 BIN = os.environ.get("PLIMSOLLD_BIN", "target/release/plimsolld")
+DOCKER_SOCK = "/var/run/docker.sock"
 IMAGE = subprocess.run(
     ["docker", "image", "inspect", "plimsoll/sandbox:bookworm", "--format", "{{.Id}}"],
     check=True, capture_output=True, text=True,
 ).stdout.strip()
+# The daemon's defaults (SANDBOX_MEMORY_MB, SANDBOX_CPUS, SANDBOX_PIDS, the
+# guest user): close enough to the run envelope for a floor.
+ENVELOPE = {
+    "NetworkMode": "none",
+    "NanoCpus": 10**9,
+    "Memory": 512 << 20,
+    "MemorySwap": 512 << 20,
+    "PidsLimit": 256,
+    "ReadonlyRootfs": True,
+    "CapDrop": ["ALL"],
+    "SecurityOpt": ["no-new-privileges"],
+    "Tmpfs": {"/tmp": "size=64m,noexec", "/work": "size=64m,noexec"},
+    "LogConfig": {"Type": "none"},
+}
 
 
 def free_port():
@@ -40,18 +70,110 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def baseline(runtime):
+def ms(x):
+    return f"{x * 1000:.0f}"
+
+
+class EngineConnection(http.client.HTTPConnection):
+    def __init__(self):
+        super().__init__("docker")
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(DOCKER_SOCK)
+
+
+def engine(method, path, body=None):
+    c = EngineConnection()
+    c.request(method, path, None if body is None else json.dumps(body),
+              {"content-type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    if r.status >= 300:
+        raise SystemExit(f"{method} {path}: {r.status} {data!r}")
+    return json.loads(data) if data else None
+
+
+def attach(cid):
+    """A hijacked attach stream: the raw socket and any bytes already read."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(DOCKER_SOCK)
+    s.sendall(
+        f"POST /containers/{cid}/attach?stream=1&stdin=1&stdout=1&stderr=1 HTTP/1.1\r\n"
+        "Host: docker\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n".encode()
+    )
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += s.recv(4096)
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    assert b" 101 " in head.split(b"\r\n")[0], head
+    return s, rest
+
+
+def floor_once(runtime, cmd, stdin):
+    host = dict(ENVELOPE)
+    if runtime:
+        host["Runtime"] = runtime
+    cid = engine("POST", "/containers/create", {
+        "Image": IMAGE, "Cmd": cmd, "User": "61000", "WorkingDir": "/work",
+        "OpenStdin": True, "StdinOnce": True,
+        "AttachStdin": True, "AttachStdout": True, "AttachStderr": True,
+        "HostConfig": host,
+    })["Id"]
+    try:
+        s, out = attach(cid)
+        engine("POST", f"/containers/{cid}/start")
+        time.sleep(1.0)  # started and settled, as a warm container is
+        t = time.perf_counter()
+        s.sendall(stdin)
+        s.shutdown(socket.SHUT_WR)
+        while chunk := s.recv(65536):
+            out += chunk
+        status = engine("POST", f"/containers/{cid}/wait")
+        took = time.perf_counter() - t
+        s.close()
+        assert status["StatusCode"] == 0, status
+        return took, out
+    finally:
+        engine("DELETE", f"/containers/{cid}?force=1")
+
+
+def floor(runtime, n):
+    cat = [floor_once(runtime, ["sh", "-c", "cat >/dev/null"], b"x\n")[0] for _ in range(n)]
+    node = []
+    for _ in range(n):
+        took, out = floor_once(
+            runtime, ["sh", "-c", 'read -r _ || exit 125; exec node -'],
+            b"\n" + SNIPPET.encode(),
+        )
+        assert out.endswith(b"42\n"), out
+        node.append(took)
+    return cat, node
+
+
+def baseline(runtime, n):
     times = []
     args = ["docker", "run", "--rm", "-i", "--network", "none"]
     if runtime:
         args += ["--runtime", runtime]
     args += [IMAGE, "node", "-"]
-    for _ in range(max(10, N // 4)):
+    for _ in range(n):
         t = time.perf_counter()
         out = subprocess.run(args, input=SNIPPET.encode(), capture_output=True, check=True)
         times.append(time.perf_counter() - t)
         assert out.stdout == b"42\n", out
     return times
+
+
+def one_run(url, body):
+    t = time.perf_counter()
+    req = urllib.request.Request(url, body, {"content-type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        answer = json.load(r)
+    took = time.perf_counter() - t
+    assert answer["javascript"]["stdout"] == "NDIK", answer
+    return took, answer["isolation"]
 
 
 def plimsolld(runtime):
@@ -73,38 +195,52 @@ def plimsolld(runtime):
                 break
         else:
             raise SystemExit("plimsolld did not start")
-        time.sleep(3)  # let the pool fill once, as a daemon in service has
         url = f"http://127.0.0.1:{port}/plimsoll.v1.SandboxService/Run"
         body = json.dumps({"protocol": 4, "javascript": {"code": SNIPPET}}).encode()
-        times = []
-        for _ in range(N):
-            t = time.perf_counter()
-            req = urllib.request.Request(url, body, {"content-type": "application/json"})
-            with urllib.request.urlopen(req) as r:
-                answer = json.load(r)
-            times.append(time.perf_counter() - t)
-            assert answer["javascript"]["stdout"] == "NDIK", answer
-            if GAP:
-                time.sleep(GAP)
-        return times, answer["isolation"]
+        time.sleep(3)  # let the pool fill once, as a daemon in service has
+        t = time.perf_counter()
+        back = [one_run(url, body) for _ in range(N)]
+        rate = N / (time.perf_counter() - t)
+        time.sleep(3)  # the pool refills
+        # A steady two runs a second: each started on its schedule, so a
+        # slow one does not slow the rate.
+        start = time.perf_counter() + 0.1
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            futures = []
+            for i in range(N):
+                delay = start + i * 0.5 - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                futures.append(pool.submit(one_run, url, body))
+            steady = [f.result() for f in futures]
+        return [x for x, _ in back], rate, [x for x, _ in steady], back[-1][1]
     finally:
         proc.terminate()
         proc.wait(timeout=60)
 
 
 def main():
-    print(f"image {IMAGE}, snippet {SNIPPET!r}, {N} plimsolld runs per runtime")
-    print("| runtime | tier | plain docker run p50 / p90 (ms) | plimsolld p50 / p90 (ms) | p50 ratio |")
-    print("|---|---|---|---|---|")
-    for runtime in ["", "runsc"]:
-        base = baseline(runtime)
-        ours, tier = plimsolld(runtime)
-        b50, o50 = statistics.median(base), statistics.median(ours)
+    runtimes = [r.strip() for r in os.environ.get("BENCH_RUNTIMES", "runc,runsc").split(",")]
+    print(f"image {IMAGE}, snippet {SNIPPET!r}, {N} plimsolld runs per measurement")
+    print()
+    print("| runtime | tier | plain docker run p50 / p90 | engine floor: cat p50 | engine floor: gate + node p50 "
+          "| plimsolld back to back p50 / p90, runs/s | plimsolld at 2 runs/s p50 / p90 (p90/p50) "
+          "| p50 ratio to docker run |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in runtimes:
+        runtime = "" if name == "runc" else name
+        base = baseline(runtime, max(10, N // 4))
+        cat, node = floor(runtime, max(10, N // 4))
+        back, rate, steady, tier = plimsolld(runtime)
+        b50, o50, s50 = statistics.median(base), statistics.median(back), statistics.median(steady)
         print(
-            f"| {runtime or 'runc'} | {tier} | {b50*1000:.0f} / {pct(base, 90)*1000:.0f} "
-            f"| {o50*1000:.0f} / {pct(ours, 90)*1000:.0f} | {o50/b50:.2f} |"
+            f"| {name} | {tier} | {ms(b50)} / {ms(pct(base, 90))} ms "
+            f"| {ms(statistics.median(cat))} ms | {ms(statistics.median(node))} ms "
+            f"| {ms(o50)} / {ms(pct(back, 90))} ms, {rate:.1f} "
+            f"| {ms(s50)} / {ms(pct(steady, 90))} ms ({pct(steady, 90) / s50:.2f}) "
+            f"| {o50 / b50:.2f} back to back, {s50 / b50:.2f} at 2/s |"
         )
-    sys.stdout.flush()
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ command -v runsc >/dev/null || need_apt+=(runsc)
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
 # The E2B adapter tests make a test CA and a server certificate for fake-e2b.
 command -v openssl >/dev/null || need_apt+=(openssl)
+# The sandbox image's node comes from the npm registry (images/).
+command -v curl >/dev/null || need_apt+=(curl ca-certificates)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} from Debian"
   export DEBIAN_FRONTEND=noninteractive

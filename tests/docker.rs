@@ -95,6 +95,31 @@ async fn runc_is_the_container_tier_and_runs_snippets_and_projects() {
     assert_eq!(a.body["isolation"], "container");
     assert_eq!(a.body["record"]["isolation"], "container");
 
+    // The answer may come before the used container's removal, never
+    // instead of it: the run's container is dead once answered, and soon
+    // gone; what stays is the pool's one warm container, running.
+    let pid = d.pid().expect("pid");
+    let running = || {
+        let out = std::process::Command::new("docker")
+            .args([
+                "ps",
+                "-q",
+                "--filter",
+                &format!("label=io.plimsoll.owner={pid}"),
+            ])
+            .output()
+            .expect("docker ps");
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while (plimsoll_tests::containers_of(pid), running()) != (1, 1) {
+        assert!(
+            Instant::now() < deadline,
+            "the run's container was not removed after its answer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     // A floor above the evidence: refused, nothing ran.
     let mut req = js_run("console.log('ran')");
     req["minimumIsolation"] = json!("kernel");

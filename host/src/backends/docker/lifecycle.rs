@@ -10,6 +10,8 @@
 //! `AfterStart`.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::time::{Instant as Deadline, timeout_at};
@@ -32,6 +34,24 @@ use crate::plugin_host::capabilities::container_engine::backend::{Approved, Engi
 /// Past the run's deadline, how long the exit status of a killed container
 /// may take to arrive.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// A run's container not yet removed, counted from the moment the run
+/// takes or creates one until its removal ends, so shutdown can wait for
+/// removals that continue after the caller has its answer.
+pub(super) struct Removal(Arc<AtomicUsize>);
+
+impl Removal {
+    pub(super) fn begin(count: &Arc<AtomicUsize>) -> Removal {
+        count.fetch_add(1, Ordering::SeqCst);
+        Removal(count.clone())
+    }
+}
+
+impl Drop for Removal {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// A container started and waiting on its stdin.
 pub(super) struct Warm {

@@ -35,6 +35,7 @@ mod smoke;
 mod sweep;
 mod verify;
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -48,6 +49,7 @@ use crate::plugin_host::capabilities::container_engine::backend::{
 };
 use crate::tier::Tier;
 use envelope::Life;
+use lifecycle::Removal;
 pub use settings::Settings;
 use verify::{PidsCgroup, RuntimeEvidence, pids_cgroup_root, resolve_image, verify_runtime};
 
@@ -86,6 +88,8 @@ pub struct DockerEngine {
     pids: PidsCgroup,
     ready: Arc<Mutex<Result<(), NotReady>>>,
     last_probe: Arc<Mutex<Option<Instant>>>,
+    /// Runs whose container is not yet removed: shutdown waits for them.
+    removing: Arc<AtomicUsize>,
     pool: Arc<Mutex<pool::Pool>>,
     session_pool: Arc<Mutex<pool::Pool>>,
 }
@@ -146,6 +150,7 @@ impl DockerEngine {
             pids,
             ready: Arc::new(Mutex::new(Ok(()))),
             last_probe: Arc::new(Mutex::new(None)),
+            removing: Arc::new(AtomicUsize::new(0)),
             pool: Arc::new(Mutex::new(pool::Pool::default())),
             session_pool: Arc::new(Mutex::new(pool::Pool::default())),
         };
@@ -278,21 +283,22 @@ impl DockerEngine {
         // created: start, the run and the exit wait all count against it.
         let deadline = tokio::time::Instant::now() + timeout;
         let engine = self.clone();
+        let (answer, answered) = tokio::sync::oneshot::channel();
         // Own task: if the caller's future is dropped, this still finishes
-        // and removes the container.
-        let task = tokio::spawn(async move {
+        // and removes the container. It counts as a removal in flight from
+        // here, so shutdown waits for it.
+        let removal = Removal::begin(&self.removing);
+        tokio::spawn(async move {
+            let _removal = removal;
             // A granted run needs its own mount: never a warm container.
             let taken = if grant.is_none() {
                 engine.take_warm(pool::Which::Runs, &spec)
             } else {
                 None
             };
+            let refill = taken.is_some();
             let warm = match taken {
-                Some(w) => {
-                    let refill = engine.clone();
-                    tokio::spawn(async move { refill.top_up(pool::Which::Runs).await });
-                    w
-                }
+                Some(w) => w,
                 None => {
                     let mut spec = spec;
                     if let Some(g) = &grant {
@@ -300,25 +306,55 @@ impl DockerEngine {
                     }
                     // Creating and starting can be slow on a loaded engine;
                     // a run whose budget goes on that never opens the gate.
-                    engine
+                    // On failure `start_waiting` has removed what it made.
+                    let started = engine
                         .start_waiting(
                             &spec,
                             Life::run(expiry(timeout)),
                             grant.as_ref().map(|g| g.dir.as_path()),
                             deadline,
                         )
-                        .await?
+                        .await;
+                    match started {
+                        Ok(w) => w,
+                        Err(why) => {
+                            let _ = answer.send(Err(why));
+                            return;
+                        }
+                    }
                 }
             };
             let name = warm.id.clone();
             let result = engine
                 .drive(warm, stdin, deadline, output_limit, live)
                 .await;
+            // Once the engine has reported the exit status the container is
+            // dead: nothing more runs in it, and the caller need not wait for
+            // its filesystem to go. A failed run may have left it alive (its
+            // exit status never came): that is removed before the caller
+            // hears.
+            let failed = match result {
+                Ok(out) => {
+                    let _ = answer.send(Ok(out));
+                    None
+                }
+                Err(why) => Some((answer, why)),
+            };
+            // The pool is refilled once the run is over: starting a
+            // container costs the engine about as much CPU as the run's own
+            // boot, and on a small machine the two would slow each other.
+            if refill {
+                let refill = engine.clone();
+                tokio::spawn(async move { refill.top_up(pool::Which::Runs).await });
+            }
             engine.remove(&name).await;
-            result
+            if let Some((answer, why)) = failed {
+                let _ = answer.send(Err(why));
+            }
         });
-        task.await
-            .map_err(|e| EngineFailure::AfterStart(format!("the container task failed: {e}")))?
+        answered.await.map_err(|_| {
+            EngineFailure::AfterStart("the container task ended without an answer".into())
+        })?
     }
 }
 

@@ -213,9 +213,14 @@ impl DockerEngine {
         // A warm container being started now would be created after the
         // drain and outlive the daemon: wait for those starts to end (they
         // remove what they started once they see the pool closed).
+        // Runs answered before their container was removed are waited for
+        // too, so the daemon does not exit with their containers present.
         let deadline = Instant::now() + Duration::from_secs(30);
         let starting = |w| self.pool_of(w).lock().is_ok_and(|p| p.starting > 0);
-        while (starting(Which::Runs) || starting(Which::Sessions)) && Instant::now() < deadline {
+        let removing = || self.removing.load(std::sync::atomic::Ordering::SeqCst) > 0;
+        while (starting(Which::Runs) || starting(Which::Sessions) || removing())
+            && Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.drain_pool().await;
