@@ -63,12 +63,6 @@ pub const MAX_WASM_STACK: usize = 4 << 20;
 /// room for the host frames beneath it.
 pub const RUN_THREAD_STACK: usize = 8 << 20;
 
-/// Bytes of a used instance's memory (and of each table) reset by copying
-/// rather than discarded: more than a typical snippet dirties (measured:
-/// 1 MiB already gives the whole gain), little enough that a slot at rest
-/// holds at most this much.
-const KEEP_RESIDENT: usize = 2 << 20;
-
 /// Exit code reported for a run stopped at its deadline, as `timeout(1)` does.
 pub const EXIT_TIMED_OUT: i32 = 124;
 /// Exit code reported for a run stopped at its memory cap, as for a process
@@ -157,18 +151,12 @@ impl WasmProvider {
             .total_memories(slots * 2)
             .total_tables(slots * 4)
             .max_memory_size(memory_limit);
-        // A used slot is put back to the component's pristine image by
-        // copying the image over just the pages the run made resident (the
-        // kernel's PAGEMAP_SCAN finds them), instead of discarding them with
-        // `madvise`: the next run in the slot then takes no page faults on
-        // them, which were about half of a bare run's time. The contents
-        // after either reset are the same, byte for byte. Past
-        // `KEEP_RESIDENT` bytes (a run that touched more), the rest is
-        // discarded as before. Kernels without the ioctl reset the lowest
-        // `KEEP_RESIDENT` bytes by copy instead.
-        pool.linear_memory_keep_resident(KEEP_RESIDENT)
-            .table_keep_resident(KEEP_RESIDENT)
-            .pagemap_scan(wasmtime::Enabled::Auto);
+        // Used slots are reset by discarding their pages (wasmtime's
+        // default). Not `pagemap_scan` with `linear_memory_keep_resident`,
+        // though it halves a bare run (docs/benchmarks.md): wasmtime 48's
+        // scan copies the image back only over pages that are present in
+        // RAM, so a dirty page swapped out, or in the middle of a migration,
+        // at reset time would keep the last run's bytes into the next one.
         cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&cfg).map_err(|e| WasmError::Engine(format!("{e:#}")))?;
 
