@@ -352,7 +352,7 @@ async fn hostile_corpus(d: &Daemon, gvisor: bool) {
     // the mount table must say the root is read-only too.
     let a = js(
         d,
-        "for (const p of ['/x', '/etc/passwd', '/usr/bin/node']) { try { require('fs').writeFileSync(p, 'y'); console.log('WROTE', p) } catch (e) { console.log(e.code) } } const root = require('fs').readFileSync('/proc/self/mountinfo', 'utf8').split('\\n').map(l => l.split(' ')).find(f => f[4] === '/'); console.log('root', root[5].split(',').includes('ro') ? 'ro' : 'rw');",
+        "for (const p of ['/x', '/etc/passwd', '/usr/local/bin/node']) { try { require('fs').writeFileSync(p, 'y'); console.log('WROTE', p) } catch (e) { console.log(e.code) } } const root = require('fs').readFileSync('/proc/self/mountinfo', 'utf8').split('\\n').map(l => l.split(' ')).find(f => f[4] === '/'); console.log('root', root[5].split(',').includes('ro') ? 'ro' : 'rw');",
     )
     .await;
     if gvisor {

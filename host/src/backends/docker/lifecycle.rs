@@ -45,6 +45,16 @@ impl Removal {
         count.fetch_add(1, Ordering::SeqCst);
         Removal(count.clone())
     }
+
+    /// Counts one more only while fewer than `max` are counted.
+    pub(super) fn begin_bounded(count: &Arc<AtomicUsize>, max: usize) -> Option<Removal> {
+        count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Removal(count.clone()))
+    }
 }
 
 impl Drop for Removal {
@@ -341,6 +351,22 @@ fn keep<'a>(buf: &mut Vec<u8>, truncated: &mut bool, data: &'a [u8], limit: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn removals_counted_past_the_bound_are_refused_until_one_ends() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let a = Removal::begin_bounded(&count, 2).expect("first");
+        let _b = Removal::begin_bounded(&count, 2).expect("second");
+        assert!(Removal::begin_bounded(&count, 2).is_none());
+        drop(a);
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+        assert!(Removal::begin_bounded(&count, 2).is_some());
+        assert_eq!(
+            count.load(Ordering::SeqCst),
+            1,
+            "the one just made is dropped"
+        );
+    }
 
     #[test]
     fn a_cgroup_swapped_for_a_symlink_is_refused_and_nothing_is_written_outside() {

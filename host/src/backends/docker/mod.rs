@@ -66,6 +66,9 @@ pub const EXPIRES_LABEL: &str = "io.plimsoll.expires";
 /// Set on a session's container: kept for many calls, and removed by a
 /// later daemon when the daemon that made it is gone.
 pub const SESSION_LABEL: &str = "io.plimsoll.session";
+/// Dead containers whose runs were answered before their removal ended; past
+/// this many, runs wait for their container's removal before answering.
+const MAX_ANSWERED_UNREMOVED: usize = 4;
 /// How far past its deadline a container may live before it counts as leaked.
 const EXPIRY_GRACE: Duration = Duration::from_secs(300);
 
@@ -90,6 +93,8 @@ pub struct DockerEngine {
     last_probe: Arc<Mutex<Option<Instant>>>,
     /// Runs whose container is not yet removed: shutdown waits for them.
     removing: Arc<AtomicUsize>,
+    /// Runs answered whose dead container is still being removed.
+    answered_unremoved: Arc<AtomicUsize>,
     pool: Arc<Mutex<pool::Pool>>,
     session_pool: Arc<Mutex<pool::Pool>>,
 }
@@ -151,6 +156,7 @@ impl DockerEngine {
             ready: Arc::new(Mutex::new(Ok(()))),
             last_probe: Arc::new(Mutex::new(None)),
             removing: Arc::new(AtomicUsize::new(0)),
+            answered_unremoved: Arc::new(AtomicUsize::new(0)),
             pool: Arc::new(Mutex::new(pool::Pool::default())),
             session_pool: Arc::new(Mutex::new(pool::Pool::default())),
         };
@@ -332,14 +338,21 @@ impl DockerEngine {
             // dead: nothing more runs in it, and the caller need not wait for
             // its filesystem to go. A failed run may have left it alive (its
             // exit status never came): that is removed before the caller
-            // hears.
-            let failed = match result {
-                Ok(out) => {
-                    let _ = answer.send(Ok(out));
-                    None
-                }
-                Err(why) => Some((answer, why)),
+            // hears. The caller's admission slot is freed with the answer,
+            // so the dead containers awaiting removal are bounded here
+            // instead: past `MAX_ANSWERED_UNREMOVED` (a slow engine), a run
+            // is answered only once its container is gone.
+            let early = if result.is_ok() {
+                Removal::begin_bounded(&engine.answered_unremoved, MAX_ANSWERED_UNREMOVED)
+            } else {
+                None
             };
+            let mut pending = Some((answer, result));
+            if early.is_some()
+                && let Some((answer, result)) = pending.take()
+            {
+                let _ = answer.send(result);
+            }
             // The pool is refilled once the run is over: starting a
             // container costs the engine about as much CPU as the run's own
             // boot, and on a small machine the two would slow each other.
@@ -347,9 +360,15 @@ impl DockerEngine {
                 let refill = engine.clone();
                 tokio::spawn(async move { refill.top_up(pool::Which::Runs).await });
             }
-            engine.remove(&name).await;
-            if let Some((answer, why)) = failed {
-                let _ = answer.send(Err(why));
+            if !engine.remove(&name).await {
+                // The engine did not answer (an outage): the pool's
+                // maintenance retries it until it is gone, and shutdown
+                // tries once more.
+                engine.orphan(pool::Which::Runs, name);
+            }
+            drop(early);
+            if let Some((answer, result)) = pending {
+                let _ = answer.send(result);
             }
         });
         answered.await.map_err(|_| {

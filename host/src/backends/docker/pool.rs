@@ -272,6 +272,14 @@ impl DockerEngine {
         None
     }
 
+    /// Hands a container the engine would not remove to the pool's
+    /// orphans, which maintenance removes once the engine answers.
+    pub(super) fn orphan(&self, which: Which, id: String) {
+        if let Ok(mut pool) = self.pool_of(which).lock() {
+            pool.orphans.push(id);
+        }
+    }
+
     /// Sends every waiting container to the orphans (removed once the
     /// engine answers): their attached streams may be dead.
     pub(super) fn orphan_warm(&self) {
