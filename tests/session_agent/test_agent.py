@@ -32,7 +32,7 @@ SRC = ROOT / "plugins" / "docker" / "src" / "session"
 IMAGE = os.environ.get("SANDBOX_DOCKER_IMAGE", "plimsoll/sandbox:bookworm")
 SESSION_SH = 'node -e "$1" "$2" "$3"; exit $?'
 # No python3 on PATH: node through a symlink the container makes itself.
-NO_PYTHON_SH = ('mkdir -p /tmp/bin && ln -s /usr/bin/node /tmp/bin/node && '
+NO_PYTHON_SH = ('mkdir -p /tmp/bin && ln -s "$(command -v node)" /tmp/bin/node && '
                 'PATH=/tmp/bin exec node -e "$1" "$2" "$3"')
 
 
