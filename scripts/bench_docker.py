@@ -32,6 +32,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -39,6 +40,9 @@ SNIPPET = "console.log(6 * 7)"
 N = int(os.environ.get("BENCH_N", "40"))
 BIN = os.environ.get("PLIMSOLLD_BIN", "target/release/plimsolld")
 DOCKER_SOCK = "/var/run/docker.sock"
+# The floor's own containers carry this label, so any a failed run leaves
+# are removed at the next start and at exit.
+FLOOR_LABEL = "io.plimsoll.bench-floor"
 IMAGE = subprocess.run(
     ["docker", "image", "inspect", "plimsoll/sandbox:bookworm", "--format", "{{.Id}}"],
     check=True, capture_output=True, text=True,
@@ -98,6 +102,7 @@ def engine(method, path, body=None):
 def attach(cid):
     """A hijacked attach stream: the raw socket and any bytes already read."""
     s = socket.socket(socket.AF_UNIX)
+    s.settimeout(60)
     s.connect(DOCKER_SOCK)
     s.sendall(
         f"POST /containers/{cid}/attach?stream=1&stdin=1&stdout=1&stderr=1 HTTP/1.1\r\n"
@@ -117,6 +122,7 @@ def floor_once(runtime, cmd, stdin):
         host["Runtime"] = runtime
     cid = engine("POST", "/containers/create", {
         "Image": IMAGE, "Cmd": cmd, "User": "61000", "WorkingDir": "/work",
+        "Labels": {FLOOR_LABEL: "1"},
         "OpenStdin": True, "StdinOnce": True,
         "AttachStdin": True, "AttachStdout": True, "AttachStderr": True,
         "HostConfig": host,
@@ -137,6 +143,15 @@ def floor_once(runtime, cmd, stdin):
         return took, out
     finally:
         engine("DELETE", f"/containers/{cid}?force=1")
+
+
+def remove_floor_containers():
+    ids = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={FLOOR_LABEL}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
 
 
 def floor(runtime, n):
@@ -195,6 +210,9 @@ def plimsolld(runtime):
                 break
         else:
             raise SystemExit("plimsolld did not start")
+        # Its log keeps coming (an audit line per run): read to the end, or
+        # a full pipe would stall the daemon.
+        threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
         url = f"http://127.0.0.1:{port}/plimsoll.v1.SandboxService/Run"
         body = json.dumps({"protocol": 4, "javascript": {"code": SNIPPET}}).encode()
         time.sleep(3)  # let the pool fill once, as a daemon in service has
@@ -216,10 +234,29 @@ def plimsolld(runtime):
         return [x for x, _ in back], rate, [x for x, _ in steady], back[-1][1]
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Killed, its containers (labelled with its PID) go too.
+            proc.kill()
+            ids = subprocess.run(
+                ["docker", "ps", "-aq", "--filter", f"label=io.plimsoll.owner={proc.pid}"],
+                capture_output=True, text=True, check=False,
+            ).stdout.split()
+            if ids:
+                subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+            raise
 
 
 def main():
+    remove_floor_containers()
+    try:
+        measure()
+    finally:
+        remove_floor_containers()
+
+
+def measure():
     runtimes = [r.strip() for r in os.environ.get("BENCH_RUNTIMES", "runc,runsc").split(",")]
     print(f"image {IMAGE}, snippet {SNIPPET!r}, {N} plimsolld runs per measurement")
     print()
