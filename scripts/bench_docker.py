@@ -145,10 +145,11 @@ def floor_once(runtime, cmd, stdin):
         engine("DELETE", f"/containers/{cid}?force=1")
 
 
-def remove_floor_containers():
+def remove_labelled(label):
+    """Removes every container carrying `label` (`key` or `key=value`)."""
     ids = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label={FLOOR_LABEL}"],
-        capture_output=True, text=True, check=True,
+        ["docker", "ps", "-aq", "--filter", f"label={label}"],
+        capture_output=True, text=True, check=False,
     ).stdout.split()
     if ids:
         subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
@@ -239,21 +240,16 @@ def plimsolld(runtime):
         except subprocess.TimeoutExpired:
             # Killed, its containers (labelled with its PID) go too.
             proc.kill()
-            ids = subprocess.run(
-                ["docker", "ps", "-aq", "--filter", f"label=io.plimsoll.owner={proc.pid}"],
-                capture_output=True, text=True, check=False,
-            ).stdout.split()
-            if ids:
-                subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+            remove_labelled(f"io.plimsoll.owner={proc.pid}")
             raise
 
 
 def main():
-    remove_floor_containers()
+    remove_labelled(FLOOR_LABEL)
     try:
         measure()
     finally:
-        remove_floor_containers()
+        remove_labelled(FLOOR_LABEL)
 
 
 def measure():

@@ -35,15 +35,18 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn summary(name: &str, mut v: Vec<Duration>) {
+/// Prints one row; returns the p50.
+fn summary(name: &str, mut v: Vec<Duration>) -> Duration {
     v.sort();
+    let p50 = percentile(&v, 0.5);
     println!(
         "| {name} | {} | {:.3} ms | {:.3} ms | {:.3} ms |",
         v.len(),
-        percentile(&v, 0.5).as_secs_f64() * 1e3,
+        p50.as_secs_f64() * 1e3,
         percentile(&v, 0.99).as_secs_f64() * 1e3,
         v[0].as_secs_f64() * 1e3
     );
+    p50
 }
 
 /// A fresh QuickJS runtime and full context per run, natively: what the
@@ -80,10 +83,7 @@ fn native_quickjs(n: usize) -> Duration {
         once();
         v.push(t.elapsed());
     }
-    v.sort();
-    let p50 = percentile(&v, 0.5);
-    summary("native QuickJS, fresh runtime+context (unsandboxed)", v);
-    p50
+    summary("native QuickJS, fresh runtime+context (unsandboxed)", v)
 }
 
 fn bare(n: usize) -> Duration {
@@ -98,10 +98,7 @@ fn bare(n: usize) -> Duration {
         v.push(t.elapsed());
         assert_eq!(out.stdout, b"42\n");
     }
-    v.sort();
-    let p50 = percentile(&v, 0.5);
-    summary("bare instantiate+run (in process)", v);
-    p50
+    summary("bare instantiate+run (in process)", v)
 }
 
 /// A cell in a kept instance, through the provider's session (the blocking
@@ -302,16 +299,12 @@ async fn broker(n: usize) {
         let _ = r.bytes().await;
         direct.push(t0.elapsed());
     }
-    for v in [&mut a, &mut b, &mut direct] {
-        v.sort();
-    }
-    let med = |v: &Vec<Duration>| percentile(v, 0.5).as_secs_f64() * 1e3;
-    summary("HTTP Run with one granted call", a.clone());
-    summary("HTTP Run with the grant, no call", b.clone());
-    summary("the same call made directly", direct.clone());
+    let p50_with = summary("HTTP Run with one granted call", a).as_secs_f64();
+    let p50_without = summary("HTTP Run with the grant, no call", b).as_secs_f64();
+    let p50_direct = summary("the same call made directly", direct).as_secs_f64();
     println!(
         "| broker overhead per call (p50: with − without − direct) | | {:.3} ms | | |",
-        med(&a) - med(&b) - med(&direct)
+        (p50_with - p50_without - p50_direct) * 1e3
     );
     let _ = std::fs::remove_file(&file);
 }

@@ -99,20 +99,12 @@ async fn runc_is_the_container_tier_and_runs_snippets_and_projects() {
     // instead of it: the run's container is dead once answered, and soon
     // gone; what stays is the pool's one warm container, running.
     let pid = d.pid().expect("pid");
-    let running = || {
-        let out = std::process::Command::new("docker")
-            .args([
-                "ps",
-                "-q",
-                "--filter",
-                &format!("label=io.plimsoll.owner={pid}"),
-            ])
-            .output()
-            .expect("docker ps");
-        String::from_utf8_lossy(&out.stdout).lines().count()
-    };
     let deadline = Instant::now() + Duration::from_secs(15);
-    while (plimsoll_tests::containers_of(pid), running()) != (1, 1) {
+    while (
+        plimsoll_tests::containers_of(pid),
+        plimsoll_tests::running_containers_of(pid),
+    ) != (1, 1)
+    {
         assert!(
             Instant::now() < deadline,
             "the run's container was not removed after its answer"

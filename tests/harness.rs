@@ -125,10 +125,19 @@ pub fn sandbox_image() -> String {
 
 /// Containers a given daemon (by process ID) created that still exist.
 pub fn containers_of(pid: u32) -> usize {
+    count_containers_of(pid, "-aq")
+}
+
+/// Containers a given daemon created that are running now.
+pub fn running_containers_of(pid: u32) -> usize {
+    count_containers_of(pid, "-q")
+}
+
+fn count_containers_of(pid: u32, which: &str) -> usize {
     let out = Command::new("docker")
         .args([
             "ps",
-            "-aq",
+            which,
             "--filter",
             &format!("label=io.plimsoll.owner={pid}"),
         ])

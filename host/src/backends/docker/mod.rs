@@ -347,12 +347,12 @@ impl DockerEngine {
             } else {
                 None
             };
-            let mut pending = Some((answer, result));
-            if early.is_some()
-                && let Some((answer, result)) = pending.take()
-            {
+            let pending = if early.is_some() {
                 let _ = answer.send(result);
-            }
+                None
+            } else {
+                Some((answer, result))
+            };
             // The pool is refilled once the run is over: starting a
             // container costs the engine about as much CPU as the run's own
             // boot, and on a small machine the two would slow each other.
