@@ -33,7 +33,6 @@
 
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt};
@@ -59,39 +58,8 @@ impl CompileCache {
     /// Refused unless the rules above hold for it and every directory above
     /// it.
     pub fn open(path: &Path) -> io::Result<CompileCache> {
-        if !path.is_absolute() {
-            return Err(io::Error::other(
-                "the cache directory must be an absolute path",
-            ));
-        }
-        match std::fs::DirBuilder::new().mode(0o700).create(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-        let real = path.canonicalize()?;
-        let me = euid();
-        for ancestor in real.ancestors().skip(1) {
-            use std::os::unix::fs::MetadataExt as _;
-            let m = std::fs::symlink_metadata(ancestor)?;
-            let others_write = m.mode() & 0o022 != 0;
-            let sticky = m.mode() & 0o1000 != 0;
-            if (m.uid() != 0 && m.uid() != me) || (others_write && !sticky) {
-                return Err(io::Error::other(format!(
-                    "{} can be changed by another user",
-                    ancestor.display()
-                )));
-            }
-        }
-        let dir = crate::dirs::open_nofollow(&real)?;
-        let m = dir.dir_metadata()?;
-        if m.uid() != me || m.mode() & 0o077 != 0 {
-            return Err(io::Error::other(format!(
-                "{} must be owned by this user with mode 0700",
-                real.display()
-            )));
-        }
-        Ok(CompileCache { dir, path: real })
+        let (dir, path) = crate::dirs::open_private(path)?;
+        Ok(CompileCache { dir, path })
     }
 
     pub fn path(&self) -> &Path {

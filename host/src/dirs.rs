@@ -16,6 +16,48 @@ use std::path::Path;
 use cap_fs_ext::DirExt;
 pub use cap_std::fs::Dir;
 
+/// Opens a directory only this daemon can write (the compile cache, the
+/// embedded state store), creating it mode 0700 if it is absent. Refused
+/// unless it is owned by the daemon's user with no access for anyone else,
+/// and every directory above it (symlinks resolved) is owned by root or the
+/// daemon's user and writable by no one else unless sticky (`/tmp`): no
+/// other local user can put a file there or swap the directory. Returns the
+/// handle and the resolved path.
+pub fn open_private(path: &Path) -> io::Result<(Dir, std::path::PathBuf)> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if !path.is_absolute() {
+        return Err(io::Error::other("the directory must be an absolute path"));
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let real = path.canonicalize()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    for ancestor in real.ancestors().skip(1) {
+        let m = std::fs::symlink_metadata(ancestor)?;
+        let others_write = m.mode() & 0o022 != 0;
+        let sticky = m.mode() & 0o1000 != 0;
+        if (m.uid() != 0 && m.uid() != me) || (others_write && !sticky) {
+            return Err(io::Error::other(format!(
+                "{} can be changed by another user",
+                ancestor.display()
+            )));
+        }
+    }
+    let dir = open_nofollow(&real)?;
+    let m = dir.dir_metadata()?;
+    if cap_std::fs::MetadataExt::uid(&m) != me || cap_std::fs::MetadataExt::mode(&m) & 0o077 != 0 {
+        return Err(io::Error::other(format!(
+            "{} must be owned by this user with mode 0700",
+            real.display()
+        )));
+    }
+    Ok((dir, real))
+}
+
 /// Opens the directory at `path`, refusing a symlink at its last component.
 /// The components before it are resolved as the system does (`/var/run` is
 /// a symlink on Debian).
@@ -76,8 +118,8 @@ pub fn read_nofollow(dir: &Dir, name: &std::ffi::OsStr) -> io::Result<Vec<u8>> {
 }
 
 /// Replaces `name` in `dir` whole: a new file (mode `mode`, never an
-/// existing one) written and synced beside it, then renamed over it, all
-/// within the directory the handle holds.
+/// existing one) written and synced beside it, then renamed over it and the
+/// directory synced, all within the directory the handle holds.
 pub fn replace(dir: &Dir, name: &std::ffi::OsStr, bytes: &[u8], mode: u32) -> io::Result<()> {
     use cap_std::fs::OpenOptionsExt;
     use std::io::Write;
@@ -90,7 +132,10 @@ pub fn replace(dir: &Dir, name: &std::ffi::OsStr, bytes: &[u8], mode: u32) -> io
         let mut out = dir.open_with(&tmp, &options)?;
         out.write_all(bytes)?;
         out.sync_all()?;
-        dir.rename(&tmp, dir, name)
+        dir.rename(&tmp, dir, name)?;
+        // The rename is in the directory's own data: synced too, or a
+        // power cut could bring the old file back.
+        std::fs::File::open(self_path(dir))?.sync_all()
     })();
     if written.is_err() {
         let _ = dir.remove_file(&tmp);
