@@ -21,6 +21,8 @@ dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
 command -v openssl >/dev/null || need_apt+=(openssl)
 # The sandbox image's node comes from the npm registry (images/).
 command -v curl >/dev/null || need_apt+=(curl ca-certificates)
+# The shared-state tests start their own redis-server (Debian's) on loopback.
+command -v redis-server >/dev/null || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} from Debian"
   export DEBIAN_FRONTEND=noninteractive

@@ -17,6 +17,7 @@ use serde_json::Value;
 
 #[path = "hostile_plugin.rs"]
 pub mod hostile_plugin;
+pub mod redis_server;
 
 pub const REQUEST_ID: &str = "0123456789abcdef0123456789abcdef";
 
@@ -271,6 +272,8 @@ pub struct Daemon {
     child: Child,
     pub addr: String,
     log: Arc<Mutex<Vec<String>>>,
+    /// Removed after the daemon has stopped (fields drop after `drop`).
+    _state: StateDir,
 }
 
 impl Daemon {
@@ -283,7 +286,7 @@ impl Daemon {
             cmd.env("PATH", path);
         }
         cmd.env("PLIMSOLL_ADDR", "127.0.0.1:0");
-        test_env(&mut cmd, env);
+        let state = test_env(&mut cmd, env);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -312,7 +315,12 @@ impl Daemon {
             if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
                 let v: Value = serde_json::from_str(&line).expect("listening line is JSON");
                 let addr = v["addr"].as_str().expect("addr field").to_string();
-                return Daemon { child, addr, log };
+                return Daemon {
+                    child,
+                    addr,
+                    log,
+                    _state: state,
+                };
             }
             if let Ok(Some(status)) = child.try_wait() {
                 panic!(
@@ -374,6 +382,13 @@ impl Daemon {
         self.audit_runs()
     }
 
+    /// Kills the daemon outright (SIGKILL), as a crash would: it gives
+    /// nothing back on the way out.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
@@ -383,6 +398,9 @@ impl Drop for Daemon {
     /// SIGTERM first, as an operator stops it, so the daemon removes what it
     /// holds (warm containers); SIGKILL if it has not exited in 20 s.
     fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -398,11 +416,40 @@ impl Drop for Daemon {
     }
 }
 
+/// The embedded state store's directory a test daemon was given, removed
+/// when the test is done with it.
+pub struct StateDir(Option<PathBuf>);
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
 /// A test's environment over the defaults every test daemon gets: metrics
-/// on a free port (tests run many daemons at once), and open development
-/// mode unless the test configures authentication or hardened mode itself.
-fn test_env(cmd: &mut Command, env: &[(&str, &str)]) {
+/// on a free port (tests run many daemons at once), open development mode
+/// unless the test configures authentication or hardened mode itself, and
+/// an embedded state store of its own (the default directory would carry
+/// one test's paid seconds into the next) unless the test names one.
+fn test_env(cmd: &mut Command, env: &[(&str, &str)]) -> StateDir {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     cmd.env("PLIMSOLL_METRICS_ADDR", "127.0.0.1:0");
+    let names_store = env
+        .iter()
+        .any(|(k, _)| matches!(*k, "PLIMSOLL_STATE_URL" | "PLIMSOLL_STATE_DIR"));
+    let state = if names_store {
+        StateDir(None)
+    } else {
+        let p = std::env::temp_dir().join(format!(
+            "plimsoll-test-state-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        cmd.env("PLIMSOLL_STATE_DIR", &p);
+        StateDir(Some(p))
+    };
     let configures_auth = env.iter().any(|(k, _)| {
         matches!(
             *k,
@@ -415,6 +462,7 @@ fn test_env(cmd: &mut Command, env: &[(&str, &str)]) {
     for (k, v) in env {
         cmd.env(k, v);
     }
+    state
 }
 
 /// Runs plimsolld with `args` and `env`, waiting for it to exit; returns the
@@ -424,7 +472,7 @@ pub fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String)
     cmd.env_clear().args(args);
     // The same defaults as `Daemon::start`, so a test of one start-up check
     // is not answered by another.
-    test_env(&mut cmd, env);
+    let _state = test_env(&mut cmd, env);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -20,6 +20,7 @@ use crate::plugin_host::settings::PluginSettings;
 use crate::providers::{ProviderKind, ProviderSettings};
 use crate::quota::QuotaSettings;
 use crate::sessions::SessionSettings;
+use crate::state::StateSettings;
 
 /// The daemon's own variables.
 const DAEMON: &[Var] = &[
@@ -37,6 +38,7 @@ pub const PARTS: &[(&str, &[Var])] = &[
     ("listeners", crate::api::settings::VARIABLES),
     ("callers", crate::callers::settings::VARIABLES),
     ("per-caller limits", crate::quota::VARIABLES),
+    ("shared state", crate::state::settings::VARIABLES),
     ("sessions", crate::sessions::settings::VARIABLES),
     ("grants", crate::grants::VARIABLES),
     ("providers", crate::providers::settings::VARIABLES),
@@ -68,6 +70,8 @@ pub struct Config {
     /// Grant profiles, frozen.
     pub grants: Arc<Grants>,
     pub quotas: QuotaSettings,
+    /// Where the per-caller limits are counted.
+    pub state: StateSettings,
     pub sessions: SessionSettings,
     /// The variables that were set (non-empty), for hardened mode's
     /// "explicit" checks.
@@ -118,6 +122,7 @@ impl Config {
         let grants = part(&mut errors, Grants::from_env(&env));
         let callers = part(&mut errors, CallerSettings::from_env(&env));
         let quotas = part(&mut errors, QuotaSettings::from_env(&env));
+        let state = part(&mut errors, StateSettings::from_env(&env));
         let max_concurrent = providers.as_ref().map_or(8, |p| p.max_concurrent);
         let sessions = part(&mut errors, SessionSettings::from_env(&env, max_concurrent));
         if let (Some(p), Some(s)) = (&providers, &sessions)
@@ -183,9 +188,10 @@ impl Config {
             Some(grants),
             Some(callers),
             Some(quotas),
+            Some(state),
             Some(sessions),
         ) = (
-            providers, log_format, hardened, listeners, grants, callers, quotas, sessions,
+            providers, log_format, hardened, listeners, grants, callers, quotas, state, sessions,
         )
         else {
             return Err(ConfigErrors(errors));
@@ -216,6 +222,7 @@ impl Config {
             providers,
             grants: Arc::new(grants),
             quotas,
+            state,
             sessions,
             set,
             unknown,

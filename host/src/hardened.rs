@@ -133,6 +133,12 @@ pub fn violations(cfg: &Config) -> Vec<String> {
             ));
         }
     }
+    if cfg.state.plaintext_off_host() {
+        v.push(
+            "PLIMSOLL_STATE_URL: the shared store is on another host without TLS; use rediss://"
+                .into(),
+        );
+    }
     v
 }
 

@@ -37,6 +37,7 @@ pub mod quota;
 pub mod record;
 pub mod refusal;
 pub mod sessions;
+pub mod state;
 pub mod store_limits;
 pub mod text;
 pub mod tier;

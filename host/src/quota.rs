@@ -1,13 +1,17 @@
 //! Per-caller limits: concurrency, a token-bucket rate, and a daily
 //! allowance of paid seconds on metered providers. Each one, when hit, is a
 //! marked `capacity` refusal: nothing ran, and the caller may retry later.
-//! The daemon-wide concurrency cap lives in `service` (one semaphore).
+//! The daemon-wide concurrency cap lives in `pipeline` (one semaphore);
+//! where the counters are kept is `state`'s concern.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
 
 use crate::env_vars::{ConfigError, Env, Var, invalid, var};
+use crate::outcome::NotReady;
+use crate::state::embedded::Embedded;
+use crate::state::paid_file::PaidFile;
+use crate::state::redis_store::RedisStore;
+use crate::state::{Ask, Booked, StateSettings};
 
 pub const VARIABLES: &[Var] = &[
     var(
@@ -108,6 +112,8 @@ pub enum Shed {
     Rate,
     PaidCaller,
     PaidDaemon,
+    /// The store the limits are counted in did not answer.
+    StoreUnavailable,
 }
 
 impl Shed {
@@ -118,6 +124,7 @@ impl Shed {
             Shed::Rate => "rate",
             Shed::PaidCaller => "paid_caller",
             Shed::PaidDaemon => "paid_daemon",
+            Shed::StoreUnavailable => "state_store",
         }
     }
 
@@ -128,157 +135,202 @@ impl Shed {
             Shed::Rate => "this caller has used its rate of runs; retry shortly",
             Shed::PaidCaller => "this caller has used its paid seconds for today",
             Shed::PaidDaemon => "this daemon has used its paid seconds for today",
-        }
-    }
-}
-
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-#[derive(Default)]
-struct State {
-    in_flight: HashMap<String, u32>,
-    buckets: HashMap<String, Bucket>,
-    /// (UTC day, seconds) per caller, and for the daemon.
-    paid: HashMap<String, (u64, u64)>,
-    daemon_paid: (u64, u64),
-}
-
-pub struct Quotas {
-    settings: QuotaSettings,
-    state: Mutex<State>,
-}
-
-/// A caller's slot; released when dropped.
-pub struct Slot {
-    quotas: Arc<Quotas>,
-    caller: String,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if let Ok(mut s) = self.quotas.state.lock()
-            && let Some(n) = s.in_flight.get_mut(&self.caller)
-        {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                s.in_flight.remove(&self.caller);
+            Shed::StoreUnavailable => {
+                "the store this daemon counts limits in did not answer; retry shortly"
             }
         }
     }
 }
 
-fn utc_day() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 86_400)
+/// The store the counters live in.
+enum Store {
+    Embedded(Arc<Embedded>),
+    Redis(Arc<RedisStore>),
+}
+
+pub struct Quotas {
+    settings: QuotaSettings,
+    store: Store,
+}
+
+/// A caller's admission: its place among the runs in flight and the paid
+/// seconds it booked. `settle` ends it; dropped unsettled (a run task that
+/// panicked), the place is given back and the booked seconds stand.
+pub struct Slot {
+    quotas: Arc<Quotas>,
+    caller: String,
+    booked: Option<Booked>,
+}
+
+impl Slot {
+    /// Ends the admission: `used` of the booked seconds stand, the rest is
+    /// refunded (a run refused before it ran uses 0).
+    pub async fn settle(mut self, used: u64) {
+        let Some(b) = self.booked.take() else { return };
+        let refund = b.reserved.saturating_sub(used);
+        match &self.quotas.store {
+            Store::Embedded(e) => {
+                e.release(&self.caller, &b, refund);
+                if refund > 0
+                    && let Err(err) = e.persist().await
+                {
+                    // The refund is lost on a restart: the caller keeps
+                    // having used more, never less.
+                    tracing::warn!(error = %err, "the paid seconds' file could not take a refund");
+                }
+            }
+            Store::Redis(r) => r.release(&self.caller, &b, refund).await,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let Some(b) = self.booked.take() else { return };
+        match &self.quotas.store {
+            Store::Embedded(e) => e.release(&self.caller, &b, 0),
+            Store::Redis(r) => {
+                // Not renewed from here on; without a runtime to tell the
+                // store, the lease expires.
+                r.forget(&b);
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let (r, caller) = (r.clone(), self.caller.clone());
+                    rt.spawn(async move { r.release(&caller, &b, 0).await });
+                }
+            }
+        }
+    }
 }
 
 impl Quotas {
+    /// Counters in this process's memory only.
     pub fn new(settings: QuotaSettings) -> Arc<Quotas> {
         Arc::new(Quotas {
             settings,
-            state: Mutex::new(State::default()),
+            store: Store::Embedded(Embedded::in_memory()),
         })
     }
 
-    /// Takes a concurrency slot and charges the rate bucket, or says which
+    /// Counters in the configured store. The embedded store keeps a file
+    /// only on a metered provider (nothing else it counts outlives a
+    /// restart); a shared store connects on first use.
+    pub fn open(settings: QuotaSettings, state: &StateSettings) -> Result<Arc<Quotas>, String> {
+        let store = match state {
+            StateSettings::Embedded { dir } if settings.metered => {
+                let file = PaidFile::open(dir)
+                    .map_err(|e| format!("PLIMSOLL_STATE_DIR {}: {e}", dir.display()))?;
+                let embedded = Embedded::with_file(file)
+                    .map_err(|e| format!("PLIMSOLL_STATE_DIR {}: {e}", dir.display()))?;
+                Store::Embedded(embedded)
+            }
+            StateSettings::Embedded { .. } => Store::Embedded(Embedded::in_memory()),
+            StateSettings::Redis { url, lease } => Store::Redis(RedisStore::connect(url, *lease)?),
+        };
+        Ok(Arc::new(Quotas { settings, store }))
+    }
+
+    /// Whether any limit is configured: with none, a shared store is not
+    /// asked at all.
+    fn counts_anything(&self) -> bool {
+        let s = &self.settings;
+        s.per_caller_concurrency > 0 || s.rate_per_min > 0 || s.metered
+    }
+
+    /// Takes a concurrency place and charges the rate bucket, or says which
     /// limit refused. On a metered provider, `reserve` paid seconds (the
     /// run's whole budget) are booked now, so concurrent runs cannot
     /// together overshoot an allowance by more than one budget; `settle`
     /// refunds what the run did not use.
-    pub fn admit(
+    ///
+    /// The admission runs to its end in a task of its own: a caller that
+    /// stops waiting (a client gone mid-request) cannot leave a booking
+    /// made and never given back; the slot it would have had is dropped,
+    /// which gives the place back.
+    pub async fn admit(
         self: &Arc<Self>,
         caller: &str,
         paid_allowance: Option<u64>,
         reserve: u64,
     ) -> Result<Slot, Shed> {
-        let Ok(mut s) = self.state.lock() else {
-            return Err(Shed::AtCapacity);
+        let (me, caller) = (self.clone(), caller.to_string());
+        tokio::spawn(async move { me.admit_to_end(caller, paid_allowance, reserve).await })
+            .await
+            .unwrap_or(Err(Shed::StoreUnavailable))
+    }
+
+    async fn admit_to_end(
+        self: Arc<Self>,
+        caller: String,
+        paid_allowance: Option<u64>,
+        reserve: u64,
+    ) -> Result<Slot, Shed> {
+        let ask = Ask {
+            caller: &caller,
+            paid_allowance,
+            reserve,
         };
-        let day = utc_day();
-        if self.settings.metered {
-            if let Some(allow) = paid_allowance {
-                let used = s
-                    .paid
-                    .get(caller)
-                    .filter(|(d, _)| *d == day)
-                    .map_or(0, |(_, u)| *u);
-                if used >= allow {
-                    return Err(Shed::PaidCaller);
-                }
-            }
-            let cap = self.settings.daemon_paid_seconds_per_day;
-            if cap > 0 && s.daemon_paid.0 == day && s.daemon_paid.1 >= cap {
-                return Err(Shed::PaidDaemon);
-            }
-        }
-        let per_key = self.settings.per_caller_concurrency;
-        if per_key > 0 && s.in_flight.get(caller).copied().unwrap_or(0) >= per_key {
-            return Err(Shed::PerKey);
-        }
-        self.take_token(&mut s, caller)?;
-        *s.in_flight.entry(caller.to_string()).or_insert(0) += 1;
-        if self.settings.metered {
-            let e = s.paid.entry(caller.to_string()).or_insert((day, 0));
-            if e.0 != day {
-                *e = (day, 0);
-            }
-            e.1 += reserve;
-            if s.daemon_paid.0 != day {
-                s.daemon_paid = (day, 0);
-            }
-            s.daemon_paid.1 += reserve;
-        }
-        Ok(Slot {
+        let booked = match &self.store {
+            Store::Embedded(e) => e.admit(&self.settings, &ask)?,
+            Store::Redis(_) if !self.counts_anything() => Booked {
+                id: None,
+                leased: false,
+                day: 0,
+                reserved: 0,
+            },
+            Store::Redis(r) => r.admit(&self.settings, &ask).await?,
+        };
+        let slot = Slot {
             quotas: self.clone(),
-            caller: caller.to_string(),
-        })
+            caller: caller.clone(),
+            booked: Some(booked),
+        };
+        // The embedded store's booking is on disk before the run is
+        // dispatched; if it cannot be, the run is refused and refunded.
+        if let Store::Embedded(e) = &self.store
+            && slot.booked.as_ref().is_some_and(|b| b.reserved > 0)
+            && let Err(err) = e.persist().await
+        {
+            tracing::error!(error = %err, "the paid seconds' file could not be written; the run is refused");
+            slot.settle(0).await;
+            return Err(Shed::StoreUnavailable);
+        }
+        Ok(slot)
     }
 
     /// Charges one run to the caller's rate, and nothing else: a session
     /// call, whose session already holds the caller's concurrency slot and
     /// its paid seconds.
-    pub fn charge(&self, caller: &str) -> Result<(), Shed> {
-        let Ok(mut s) = self.state.lock() else {
-            return Err(Shed::AtCapacity);
-        };
-        self.take_token(&mut s, caller)
+    pub async fn charge(&self, caller: &str) -> Result<(), Shed> {
+        match &self.store {
+            Store::Embedded(e) => e.charge(&self.settings, caller),
+            Store::Redis(r) => r.charge(&self.settings, caller).await,
+        }
     }
 
-    fn take_token(&self, s: &mut State, caller: &str) -> Result<(), Shed> {
-        if self.settings.rate_per_min > 0 {
-            let rate = f64::from(self.settings.rate_per_min) / 60.0;
-            let burst = f64::from(self.settings.burst.max(1));
-            let now = Instant::now();
-            let b = s.buckets.entry(caller.to_string()).or_insert(Bucket {
-                tokens: burst,
-                at: now,
-            });
-            b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * rate).min(burst);
-            b.at = now;
-            if b.tokens < 1.0 {
-                return Err(Shed::Rate);
-            }
-            b.tokens -= 1.0;
+    /// Whether runs can be counted: a shared store must answer.
+    pub async fn check_ready(&self) -> Result<(), NotReady> {
+        match &self.store {
+            Store::Embedded(_) => Ok(()),
+            Store::Redis(r) => r
+                .ping()
+                .await
+                .map_err(|e| NotReady::new("state_store_unreachable", e)),
         }
-        Ok(())
     }
 
-    /// Settles a metered run: `used` of the `reserved` seconds stand, the
-    /// rest is refunded (a run refused before it ran uses 0).
-    pub fn settle(&self, caller: &str, reserved: u64, used: u64) {
-        if !self.settings.metered || used >= reserved {
-            return;
+    /// Which store counts, for the start-up log line.
+    pub fn store_label(&self) -> &'static str {
+        match &self.store {
+            Store::Embedded(_) => "embedded",
+            Store::Redis(_) => "redis",
         }
-        let refund = reserved - used;
-        if let Ok(mut s) = self.state.lock() {
-            if let Some(e) = s.paid.get_mut(caller) {
-                e.1 = e.1.saturating_sub(refund);
-            }
-            s.daemon_paid.1 = s.daemon_paid.1.saturating_sub(refund);
+    }
+
+    /// Paid seconds counted today in the embedded store, (caller, daemon).
+    pub fn embedded_paid_today(&self, caller: &str) -> Option<(u64, u64)> {
+        match &self.store {
+            Store::Embedded(e) => Some(e.paid_today(caller)),
+            Store::Redis(_) => None,
         }
     }
 }
@@ -287,39 +339,39 @@ impl Quotas {
 mod tests {
     use super::*;
 
-    #[test]
-    fn per_caller_concurrency_is_exact_and_released() {
+    #[tokio::test]
+    async fn per_caller_concurrency_is_exact_and_released() {
         let q = Quotas::new(QuotaSettings {
             per_caller_concurrency: 2,
             ..Default::default()
         });
-        let a = q.admit("a", None, 0).expect("1");
-        let _b = q.admit("a", None, 0).expect("2");
-        assert_eq!(q.admit("a", None, 0).err(), Some(Shed::PerKey));
+        let a = q.admit("a", None, 0).await.expect("1");
+        let _b = q.admit("a", None, 0).await.expect("2");
+        assert_eq!(q.admit("a", None, 0).await.err(), Some(Shed::PerKey));
         assert!(
-            q.admit("b", None, 0).is_ok(),
+            q.admit("b", None, 0).await.is_ok(),
             "another caller is not affected"
         );
         drop(a);
-        assert!(q.admit("a", None, 0).is_ok());
+        assert!(q.admit("a", None, 0).await.is_ok());
     }
 
-    #[test]
-    fn the_bucket_allows_the_burst_then_refuses() {
+    #[tokio::test]
+    async fn the_bucket_allows_the_burst_then_refuses() {
         let q = Quotas::new(QuotaSettings {
             rate_per_min: 60,
             burst: 3,
             ..Default::default()
         });
         for _ in 0..3 {
-            drop(q.admit("a", None, 0).expect("burst"));
+            drop(q.admit("a", None, 0).await.expect("burst"));
         }
-        assert_eq!(q.admit("a", None, 0).err(), Some(Shed::Rate));
-        assert!(q.admit("b", None, 0).is_ok());
+        assert_eq!(q.admit("a", None, 0).await.err(), Some(Shed::Rate));
+        assert!(q.admit("b", None, 0).await.is_ok());
     }
 
-    #[test]
-    fn paid_seconds_are_counted_per_caller_and_daemon() {
+    #[tokio::test]
+    async fn paid_seconds_are_counted_per_caller_and_daemon() {
         let q = Quotas::new(QuotaSettings {
             metered: true,
             daemon_paid_seconds_per_day: 10,
@@ -327,19 +379,38 @@ mod tests {
         });
         // Reserved at admission: a second concurrent run sees the first's
         // whole budget as spent.
-        let first = q.admit("a", Some(5), 5).expect("fresh");
-        assert_eq!(q.admit("a", Some(5), 5).err(), Some(Shed::PaidCaller));
-        drop(first);
-        q.settle("a", 5, 1);
+        let first = q.admit("a", Some(5), 5).await.expect("fresh");
+        assert_eq!(q.admit("a", Some(5), 5).await.err(), Some(Shed::PaidCaller));
         // Refunded to 1 used: there is allowance again.
-        drop(q.admit("a", Some(5), 4).expect("refunded"));
-        q.settle("a", 4, 4);
-        assert_eq!(q.admit("a", Some(5), 1).err(), Some(Shed::PaidCaller));
-        drop(
-            q.admit("b", None, 5)
-                .expect("b has no allowance of its own"),
-        );
-        q.settle("b", 5, 5);
-        assert_eq!(q.admit("c", None, 1).err(), Some(Shed::PaidDaemon));
+        first.settle(1).await;
+        q.admit("a", Some(5), 4)
+            .await
+            .expect("refunded")
+            .settle(4)
+            .await;
+        assert_eq!(q.admit("a", Some(5), 1).await.err(), Some(Shed::PaidCaller));
+        q.admit("b", None, 5)
+            .await
+            .expect("b has no allowance of its own")
+            .settle(5)
+            .await;
+        assert_eq!(q.admit("c", None, 1).await.err(), Some(Shed::PaidDaemon));
+    }
+
+    #[tokio::test]
+    async fn a_slot_dropped_unsettled_gives_back_its_place_and_keeps_its_seconds() {
+        let q = Quotas::new(QuotaSettings {
+            per_caller_concurrency: 1,
+            metered: true,
+            ..Default::default()
+        });
+        drop(q.admit("a", Some(10), 6).await.expect("first"));
+        let second = q
+            .admit("a", Some(10), 4)
+            .await
+            .expect("the place is free again");
+        assert_eq!(q.embedded_paid_today("a"), Some((10, 10)));
+        second.settle(0).await;
+        assert_eq!(q.embedded_paid_today("a"), Some((6, 6)));
     }
 }

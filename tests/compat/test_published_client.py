@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -47,8 +49,14 @@ class Daemon:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        # Each daemon counts paid seconds in a store of its own: the
+        # default directory would carry one test's day into the next.
+        self.state_dir = None
+        if "PLIMSOLL_STATE_URL" not in env and "PLIMSOLL_STATE_DIR" not in env:
+            self.state_dir = tempfile.mkdtemp(prefix="plimsoll-state-")
         full = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": f"127.0.0.1:{port}",
-                "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1", **env}
+                "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1",
+                **({"PLIMSOLL_STATE_DIR": self.state_dir} if self.state_dir else {}), **env}
         self.proc = subprocess.Popen([plimsolld_bin()], env=full, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
@@ -91,6 +99,8 @@ class Daemon:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        if self.state_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

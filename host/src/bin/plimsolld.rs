@@ -131,12 +131,14 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         }
     }
     let metrics = Arc::new(plimsoll::metrics::Metrics::new()?);
+    let quotas = plimsoll::quota::Quotas::open(cfg.quotas.clone(), &cfg.state)
+        .map_err(anyhow::Error::msg)?;
     let daemon = Arc::new(Daemon::with(
         provider,
         plimsoll::pipeline::Options {
             limits,
             grants: cfg.grants.clone(),
-            quotas: cfg.quotas.clone(),
+            quotas: quotas.clone(),
             metrics: metrics.clone(),
             sessions: cfg.sessions.clone(),
         },
@@ -187,6 +189,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         per_caller_concurrency = cfg.quotas.per_caller_concurrency,
         rate_per_min = cfg.quotas.rate_per_min,
         rate_burst = cfg.quotas.burst,
+        limits_store = quotas.store_label(),
         auth = verifier.mode(),
         tls = tls.is_some(),
         hardened = cfg.hardened,

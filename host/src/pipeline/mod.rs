@@ -25,7 +25,7 @@ use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::outcome::{NotReady, RunFailure};
 use crate::providers::{Evidence, Job, Payload, ProjectInput, Provider};
-use crate::quota::{QuotaSettings, Quotas, Shed};
+use crate::quota::{Quotas, Shed};
 use crate::refusal::Refusal;
 use crate::sessions::{self, Registry, SessionSettings};
 use crate::wire::{
@@ -64,7 +64,8 @@ pub struct Daemon {
 pub struct Options {
     pub limits: Limits,
     pub grants: Arc<Grants>,
-    pub quotas: QuotaSettings,
+    /// The per-caller limits, counted in the configured store.
+    pub quotas: Arc<Quotas>,
     pub metrics: Arc<Metrics>,
     pub sessions: SessionSettings,
 }
@@ -94,7 +95,7 @@ impl Daemon {
             in_flight,
             grants: o.grants,
             broker_client,
-            quotas: Quotas::new(o.quotas),
+            quotas: o.quotas,
             metrics: o.metrics,
             sessions,
         }
@@ -187,7 +188,8 @@ impl Daemon {
 
     /// Whether runs can be dispatched now (for /readyz): checked afresh.
     pub async fn check_ready(&self) -> Result<(), NotReady> {
-        self.provider.check_ready().await
+        self.provider.check_ready().await?;
+        self.quotas.check_ready().await
     }
 
     pub fn describe(&self) -> DescribeResponse {
@@ -333,12 +335,12 @@ impl Daemon {
         let caller_slot = self
             .quotas
             .admit(&caller.id, caller.paid_seconds_per_day, reserved)
+            .await
             .map_err(shed)?;
 
         let daemon = self.clone();
         let task = tokio::spawn(async move {
             let _slot = slot;
-            let _caller_slot = caller_slot;
             let _inflight = InFlight::new(&daemon.metrics);
             let started = Instant::now();
             let answer = daemon.admitted(req, checked, work, &caller, live).await;
@@ -347,7 +349,7 @@ impl Daemon {
                 Err(RunError::Refused(_)) => 0,
                 _ => started.elapsed().as_millis().div_ceil(1000) as u64,
             };
-            daemon.quotas.settle(&caller.id, reserved, used);
+            caller_slot.settle(used).await;
             if matches!(answer, Err(RunError::Internal { .. })) {
                 daemon.metrics.runs_failed.inc();
             }

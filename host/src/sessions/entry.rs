@@ -15,7 +15,7 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, OwnedSemaphorePermit};
 
 use crate::metrics::Metrics;
 use crate::providers::{Ended, Evidence, ProviderSession, SessionOffer};
-use crate::quota::{Quotas, Slot};
+use crate::quota::Slot;
 use crate::tier::Tier;
 use crate::wire::{SessionEnd, SoftwareRule};
 
@@ -31,19 +31,18 @@ pub struct Chain {
 /// its sandbox is closed.
 pub struct Holds {
     pub daemon_slot: OwnedSemaphorePermit,
+    /// The caller's place, with the paid seconds booked at open (the whole
+    /// lifetime) on a metered provider, settled against the session's real
+    /// life at the end.
     pub caller_slot: Slot,
-    /// Paid seconds booked at open (the whole lifetime), on a metered
-    /// provider; settled against the session's real life at the end.
-    pub reserved_paid: u64,
-    pub quotas: Arc<Quotas>,
 }
 
 impl Holds {
     /// Gives back the paid seconds booked at open beyond `lived` (rounded
     /// up to whole seconds); the slots go back when `self` drops.
-    pub fn settle(self, caller: &str, lived: std::time::Duration) {
+    pub async fn settle(self, lived: std::time::Duration) {
         let used = lived.as_millis().div_ceil(1000) as u64;
-        self.quotas.settle(caller, self.reserved_paid, used);
+        self.caller_slot.settle(used).await;
     }
 }
 
@@ -225,7 +224,7 @@ impl Turn {
             sandbox.close().await;
         }
         if let Some(h) = self.holds.take() {
-            h.settle(&entry.caller, entry.opened.elapsed());
+            h.settle(entry.opened.elapsed()).await;
             let reason = entry.ended().map_or(SessionEnd::Closed, |e| e.reason);
             metrics.sessions_open.dec();
             metrics

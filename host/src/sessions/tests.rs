@@ -39,7 +39,7 @@ fn registry(max: u32, per_caller: u32, per_owner: u32) -> Arc<Registry> {
 }
 
 /// Opens a session in `r` for `caller` and `owner`, as the pipeline does.
-fn open(r: &Arc<Registry>, caller: &str, owner: Option<&str>) -> Result<Arc<Entry>, Full> {
+async fn open(r: &Arc<Registry>, caller: &str, owner: Option<&str>) -> Result<Arc<Entry>, Full> {
     let reservation = r.reserve(caller, owner)?;
     let id = new_id().expect("random");
     let quotas = Quotas::new(QuotaSettings::default());
@@ -47,9 +47,7 @@ fn open(r: &Arc<Registry>, caller: &str, owner: Option<&str>) -> Result<Arc<Entr
         daemon_slot: Arc::new(Semaphore::new(1))
             .try_acquire_owned()
             .expect("slot"),
-        caller_slot: quotas.admit(caller, None, 0).expect("caller slot"),
-        reserved_paid: 0,
-        quotas,
+        caller_slot: quotas.admit(caller, None, 0).await.expect("caller slot"),
     };
     let entry = Entry::new(
         Opened {
@@ -81,12 +79,12 @@ fn open(r: &Arc<Registry>, caller: &str, owner: Option<&str>) -> Result<Arc<Entr
 #[tokio::test]
 async fn the_daemon_cap_counts_opens_under_way() {
     let r = registry(2, 0, 0);
-    let _a = open(&r, "a", None).expect("first");
+    let _a = open(&r, "a", None).await.expect("first");
     let held = r.reserve("b", None).expect("second place");
     assert_eq!(r.reserve("c", None).err(), Some(Full::Daemon(2)));
     drop(held);
     assert!(
-        open(&r, "c", None).is_ok(),
+        open(&r, "c", None).await.is_ok(),
         "a dropped reservation gives its place back"
     );
 }
@@ -94,40 +92,40 @@ async fn the_daemon_cap_counts_opens_under_way() {
 #[tokio::test]
 async fn the_caller_cap_is_per_caller_and_ended_sessions_do_not_count() {
     let r = registry(8, 2, 0);
-    let a1 = open(&r, "a", None).expect("1");
-    let _a2 = open(&r, "a", None).expect("2");
-    assert_eq!(open(&r, "a", None).err(), Some(Full::Caller(2)));
-    assert!(open(&r, "b", None).is_ok());
+    let a1 = open(&r, "a", None).await.expect("1");
+    let _a2 = open(&r, "a", None).await.expect("2");
+    assert_eq!(open(&r, "a", None).await.err(), Some(Full::Caller(2)));
+    assert!(open(&r, "b", None).await.is_ok());
     a1.mark_ended(SessionEnd::Closed, "");
-    assert!(open(&r, "a", None).is_ok());
+    assert!(open(&r, "a", None).await.is_ok());
 }
 
 #[tokio::test]
 async fn at_the_owner_cap_the_least_recently_used_idle_session_is_replaced() {
     let r = registry(8, 0, 2);
-    let first = open(&r, "app", Some("user1")).expect("1");
-    let second = open(&r, "app", Some("user1")).expect("2");
+    let first = open(&r, "app", Some("user1")).await.expect("1");
+    let second = open(&r, "app", Some("user1")).await.expect("2");
     // The first was used since: the second is now the least recent.
     first.touch(r.tick());
-    let third = open(&r, "app", Some("user1")).expect("replaces one");
+    let third = open(&r, "app", Some("user1")).await.expect("replaces one");
     assert_eq!(second.ended().map(|e| e.reason), Some(SessionEnd::Replaced));
     assert!(first.ended().is_none());
     assert!(third.ended().is_none());
     // Another owner, and the same owner name for another caller, are apart.
-    assert!(open(&r, "app", Some("user2")).is_ok());
-    assert!(open(&r, "other", Some("user1")).is_ok());
+    assert!(open(&r, "app", Some("user2")).await.is_ok());
+    assert!(open(&r, "other", Some("user1")).await.is_ok());
     assert!(first.ended().is_none());
 }
 
 #[tokio::test]
 async fn a_session_with_a_call_in_progress_is_never_replaced() {
     let r = registry(8, 0, 1);
-    let busy = open(&r, "app", Some("u")).expect("1");
+    let busy = open(&r, "app", Some("u")).await.expect("1");
     let turn = busy.try_turn().expect("a call holds the turn");
-    assert_eq!(open(&r, "app", Some("u")).err(), Some(Full::Owner(1)));
+    assert_eq!(open(&r, "app", Some("u")).await.err(), Some(Full::Owner(1)));
     assert!(busy.ended().is_none());
     drop(turn);
-    assert!(open(&r, "app", Some("u")).is_ok());
+    assert!(open(&r, "app", Some("u")).await.is_ok());
     assert_eq!(busy.ended().map(|e| e.reason), Some(SessionEnd::Replaced));
 }
 
@@ -140,7 +138,7 @@ async fn lookups_hash_the_id_and_belong_to_the_caller() {
     assert_eq!(id.len(), 32);
     assert_ne!(new_id().expect("random"), id);
     assert_eq!(fingerprint("abc").len(), 64);
-    let e = open(&r, "a", None).expect("open");
+    let e = open(&r, "a", None).await.expect("open");
     assert!(r.get("not an id", "a").is_none());
     // Only the fingerprint is kept: the registry finds a session by it,
     // and another caller's lookup of a real ID finds nothing.
@@ -154,7 +152,7 @@ async fn lookups_hash_the_id_and_belong_to_the_caller() {
 #[tokio::test]
 async fn one_call_waits_for_the_turn_and_a_second_is_refused() {
     let r = registry(4, 0, 0);
-    let e = open(&r, "a", None).expect("open");
+    let e = open(&r, "a", None).await.expect("open");
     let running = e.try_turn().expect("free");
     let waiter = {
         let e = e.clone();
@@ -176,7 +174,7 @@ async fn one_call_waits_for_the_turn_and_a_second_is_refused() {
 async fn the_reaper_ends_expired_and_idle_sessions_and_drops_old_tombstones() {
     let r = registry(4, 0, 0);
     let metrics = Arc::new(crate::metrics::Metrics::new().expect("metrics"));
-    let e = open(&r, "a", None).expect("open");
+    let e = open(&r, "a", None).await.expect("open");
     metrics.sessions_open.inc();
     reaper::sweep(&r, &metrics, std::time::Instant::now());
     assert!(e.ended().is_none(), "neither expired nor idle");

@@ -92,7 +92,7 @@ impl Daemon {
                 return Err(ended_refusal(ended, Reason::Environment));
             }
             floor::check(checked.floor, req.software_rule.as_ref(), &entry.evidence)?;
-            if let Err(why) = daemon.quotas.charge(&caller.id) {
+            if let Err(why) = daemon.quotas.charge(&caller.id).await {
                 daemon.metrics.shed.with_label_values(&[why.label()]).inc();
                 return Err(Refusal::capacity(why.text()).into());
             }

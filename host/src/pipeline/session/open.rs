@@ -143,12 +143,11 @@ impl Daemon {
         let caller_slot = self
             .quotas
             .admit(&caller.id, caller.paid_seconds_per_day, reserved_paid)
+            .await
             .map_err(shed)?;
         let holds = Holds {
             daemon_slot,
             caller_slot,
-            reserved_paid,
-            quotas: self.quotas.clone(),
         };
 
         // 5. The sandbox, in a task that outlives a caller who left.
@@ -179,7 +178,7 @@ impl Daemon {
                     // The reservation and the slots go back as they drop;
                     // the paid seconds reserved for the lifetime are settled
                     // to the time the attempt took.
-                    holds.settle(&caller.id, started.elapsed());
+                    holds.settle(started.elapsed()).await;
                     let _ = tx.send(Err(e));
                     return;
                 }
@@ -188,7 +187,7 @@ impl Daemon {
                 Ok(id) => id,
                 Err(_) => {
                     sandbox.close().await;
-                    holds.settle(&caller.id, started.elapsed());
+                    holds.settle(started.elapsed()).await;
                     let _ = tx.send(Err(Refusal::environment(
                         "no session ID could be drawn from the OS random source",
                     )

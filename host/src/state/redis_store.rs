@@ -1,0 +1,330 @@
+//! The shared store: Redis, for several replicas behind one address.
+//!
+//! Every check-and-book is one Lua script run on the server (`lua/`), so no
+//! replica reads, decides and writes while another does the same; a run
+//! costs two round trips (admit, settle), a session call one (its rate).
+//! A run's concurrency place is a lease with an expiry in the server's
+//! clock, renewed by the replica that holds it while the run lasts: a
+//! replica that dies stops renewing, and its places free themselves.
+//!
+//! When the store cannot be reached, nothing is admitted uncounted: the
+//! run is refused (`capacity`, marked: nothing ran) and readiness fails.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use redis::Script;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::{Ask, Booked};
+use crate::quota::{QuotaSettings, Shed};
+
+/// How long one call to the store may take before the run is refused.
+const TIMEOUT: Duration = Duration::from_secs(1);
+/// Between attempts to give back a run's lease the store did not take.
+const RETRY: Duration = Duration::from_millis(250);
+
+/// The fleet's paid seconds; `*` is never a caller's ID.
+const FLEET_PAID: &str = "plimsoll:paid:*";
+
+pub struct RedisStore {
+    conn: ConnectionManager,
+    lease: Duration,
+    /// This replica's prefix for its lease IDs, random per start.
+    replica: String,
+    next: AtomicU64,
+    /// Leases this replica holds (lease ID, caller), renewed until given
+    /// back.
+    live: Mutex<HashMap<String, String>>,
+    /// Held across a renewal, and waited for by a release: a renewal that
+    /// read a lease before its release must reach the store first, or it
+    /// would put back a lease the release had just given back.
+    renewing: tokio::sync::Mutex<()>,
+    admit: Script,
+    charge: Script,
+    settle: Script,
+    renew: Script,
+}
+
+fn leases(caller: &str) -> String {
+    format!("plimsoll:lease:{caller}")
+}
+fn bucket(caller: &str) -> String {
+    format!("plimsoll:rate:{caller}")
+}
+fn paid(caller: &str) -> String {
+    format!("plimsoll:paid:{caller}")
+}
+fn booking(id: &str) -> String {
+    format!("plimsoll:booking:{id}")
+}
+
+/// A script with the helpers it shares with the others in front of it
+/// (Redis runs each script alone: there is no module to import).
+fn with_prelude(body: &str) -> Script {
+    Script::new(&format!("{}{body}", include_str!("lua/bucket.lua")))
+}
+
+fn unreachable(e: &redis::RedisError) -> Shed {
+    tracing::warn!(error = %e, "the state store did not answer; the run is refused");
+    Shed::StoreUnavailable
+}
+
+impl RedisStore {
+    /// A store over `url`, connected on first use (a replica starts, and
+    /// says it is not ready, while the store is down), with the renewal of
+    /// its leases running in the current runtime.
+    pub fn connect(url: &str, lease: Duration) -> Result<Arc<RedisStore>, String> {
+        // The URL is not echoed in errors: it may carry the password.
+        // Every exchange is one small request and its answer: Nagle's
+        // algorithm would only hold requests back.
+        let info = redis::IntoConnectionInfo::into_connection_info(url)
+            .map_err(|_| "PLIMSOLL_STATE_URL is not usable".to_string())?
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let client = redis::Client::open(info)
+            .map_err(|_| "PLIMSOLL_STATE_URL is not usable".to_string())?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(TIMEOUT))
+            .set_response_timeout(Some(TIMEOUT))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let conn = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| format!("the state store's client: {e}"))?;
+        let mut id = [0u8; 8];
+        getrandom::fill(&mut id).map_err(|e| format!("no randomness: {e}"))?;
+        let store = Arc::new(RedisStore {
+            conn,
+            lease,
+            replica: hex::encode(id),
+            next: AtomicU64::new(0),
+            live: Mutex::new(HashMap::new()),
+            renewing: tokio::sync::Mutex::new(()),
+            admit: with_prelude(include_str!("lua/admit.lua")),
+            charge: with_prelude(include_str!("lua/charge.lua")),
+            settle: Script::new(include_str!("lua/settle.lua")),
+            renew: with_prelude(include_str!("lua/renew.lua")),
+        });
+        tokio::spawn(renew_while_alive(Arc::downgrade(&store)));
+        Ok(store)
+    }
+
+    pub async fn admit(
+        self: &Arc<Self>,
+        settings: &QuotaSettings,
+        ask: &Ask<'_>,
+    ) -> Result<Booked, Shed> {
+        let reserve = if settings.metered { ask.reserve } else { 0 };
+        let leased = settings.per_caller_concurrency > 0;
+        let id = format!(
+            "{}-{}",
+            self.replica,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        );
+        let allowance = ask
+            .paid_allowance
+            .map_or(-1i64, |a| i64::try_from(a).unwrap_or(i64::MAX));
+        let mut conn = self.conn.clone();
+        let answer: Result<(String, u64), _> = self
+            .admit
+            .key(leases(ask.caller))
+            .key(bucket(ask.caller))
+            .key(paid(ask.caller))
+            .key(FLEET_PAID)
+            .key(booking(&id))
+            .arg(&id)
+            .arg(self.lease.as_millis() as u64)
+            .arg(settings.per_caller_concurrency)
+            .arg(settings.rate_per_min)
+            .arg(settings.burst.max(1))
+            .arg(u8::from(settings.metered))
+            .arg(allowance)
+            .arg(settings.daemon_paid_seconds_per_day)
+            .arg(reserve)
+            .invoke_async(&mut conn)
+            .await;
+        let (verdict, day) = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                // The script may have run and only its answer been lost:
+                // undo whatever it booked (settling a booking that does not
+                // exist does nothing), so nothing stays held for a run
+                // that was refused.
+                let undo = Booked {
+                    id: Some(id),
+                    leased,
+                    day: 0,
+                    reserved: reserve,
+                };
+                self.settle_in_background(ask.caller.to_string(), undo, reserve);
+                return Err(unreachable(&e));
+            }
+        };
+        match verdict.as_str() {
+            "ok" => {}
+            "per_key" => return Err(Shed::PerKey),
+            "rate" => return Err(Shed::Rate),
+            "paid_caller" => return Err(Shed::PaidCaller),
+            "paid_daemon" => return Err(Shed::PaidDaemon),
+            other => {
+                tracing::error!(
+                    verdict = other,
+                    "the state store answered an unknown verdict"
+                );
+                return Err(Shed::StoreUnavailable);
+            }
+        }
+        if leased && let Ok(mut live) = self.live.lock() {
+            live.insert(id.clone(), ask.caller.to_string());
+        }
+        Ok(Booked {
+            id: Some(id),
+            leased,
+            day,
+            reserved: reserve,
+        })
+    }
+
+    pub async fn charge(&self, settings: &QuotaSettings, caller: &str) -> Result<(), Shed> {
+        if settings.rate_per_min == 0 {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        let verdict: String = self
+            .charge
+            .key(bucket(caller))
+            .arg(settings.rate_per_min)
+            .arg(settings.burst.max(1))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        match verdict.as_str() {
+            "ok" => Ok(()),
+            _ => Err(Shed::Rate),
+        }
+    }
+
+    /// Stops renewing a booking's lease: from here it expires unless a
+    /// release reaches the store first. Synchronous, so a slot dropped
+    /// anywhere stops holding its place.
+    pub fn forget(&self, booked: &Booked) {
+        if let Some(id) = &booked.id
+            && let Ok(mut live) = self.live.lock()
+        {
+            live.remove(id);
+        }
+    }
+
+    /// Gives back the lease and refunds `refund` seconds (at most what was
+    /// booked, and at most once: see `lua/settle.lua`). A first attempt
+    /// that fails (the store restarting, a connection broken under it) is
+    /// retried in the background until the lease would have expired
+    /// anyway, so the run's answer does not wait for it.
+    pub async fn release(self: &Arc<Self>, caller: &str, booked: &Booked, refund: u64) {
+        self.forget(booked);
+        if !booked.leased && booked.reserved == 0 {
+            return;
+        }
+        // A renewal that read this lease before it was forgotten reaches
+        // the store before this release does.
+        drop(self.renewing.lock().await);
+        if self.settle_once(caller, booked, refund).await.is_ok() {
+            return;
+        }
+        self.settle_in_background(caller.to_string(), booked.clone(), refund);
+    }
+
+    fn settle_in_background(self: &Arc<Self>, caller: String, booked: Booked, refund: u64) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let give_up = tokio::time::Instant::now() + me.lease;
+            loop {
+                tokio::time::sleep(RETRY).await;
+                match me.settle_once(&caller, &booked, refund).await {
+                    Ok(()) => return,
+                    Err(e) if tokio::time::Instant::now() >= give_up => {
+                        // The lease expires on its own; the refund is lost,
+                        // which errs towards the caller having used more,
+                        // never less.
+                        tracing::warn!(error = %e, "the state store did not take a run's release; its lease expires");
+                        return;
+                    }
+                    Err(_) => {}
+                }
+            }
+        });
+    }
+
+    async fn settle_once(
+        &self,
+        caller: &str,
+        booked: &Booked,
+        refund: u64,
+    ) -> Result<(), redis::RedisError> {
+        let id = booked.id.as_deref().unwrap_or("");
+        let mut conn = self.conn.clone();
+        self.settle
+            .key(leases(caller))
+            .key(paid(caller))
+            .key(FLEET_PAID)
+            .key(booking(id))
+            .arg(id)
+            .arg(booked.day)
+            .arg(refund)
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map(|_| ())
+    }
+
+    /// Whether the store answers.
+    pub async fn ping(&self) -> Result<(), String> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    async fn renew(&self) {
+        let _renewing = self.renewing.lock().await;
+        let held: Vec<(String, String)> = match self.live.lock() {
+            Ok(live) => live.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            Err(_) => return,
+        };
+        if held.is_empty() {
+            return;
+        }
+        let mut call = self.renew.prepare_invoke();
+        call.arg(self.lease.as_millis() as u64);
+        for (id, caller) in &held {
+            call.key(leases(caller));
+            call.arg(id);
+        }
+        let mut conn = self.conn.clone();
+        match call.invoke_async::<usize>(&mut conn).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                held = held.len(),
+                restored = n,
+                "leases had expired while the state store was out of reach; put back for runs still going"
+            ),
+            Err(e) => tracing::warn!(error = %e, "the state store did not take a lease renewal"),
+        }
+    }
+}
+
+/// Renews the live leases three times per lease period, until the store is
+/// dropped.
+async fn renew_while_alive(store: Weak<RedisStore>) {
+    let period = match store.upgrade() {
+        Some(s) => s.lease / 3,
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(s) = store.upgrade() else { return };
+        s.renew().await;
+    }
+}
