@@ -493,3 +493,251 @@ async fn a_session_holds_its_callers_place_in_the_fleet_and_its_calls_spend_the_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A free loopback port, for a replica whose address its peers must know
+/// before it starts.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// What a cell printed, from a SessionRun answer.
+fn cell_stdout(a: &Answer) -> String {
+    use base64::Engine;
+    let out = a
+        .body
+        .pointer("/run/cell/stdout")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(out)
+            .expect("base64"),
+    )
+    .expect("utf-8")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others() {
+    let redis = RedisServer::start("forward");
+    let dir = Scratch::new("shared-forward");
+    let file = dir.path("clients.json");
+    let tokens = clients(&file, &[("alice", None), ("bob", None)]);
+    let secret = dir.path("replica-secret");
+    let secret_text = plimsoll::callers::new_token().expect("secret");
+    std::fs::write(&secret, &secret_text).expect("secret");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let base = [
+        ("SANDBOX_PROVIDER", "wasm".to_string()),
+        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
+        ("PLIMSOLL_STATE_URL", redis.url()),
+        ("PLIMSOLL_REPLICA_SECRET_FILE", secret.display().to_string()),
+        ("SANDBOX_MAX_SESSIONS", "4".into()),
+    ];
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let mut ds: Vec<Daemon> = addrs
+        .iter()
+        .map(|addr| {
+            let mut env: Vec<(String, String)> = base
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect();
+            env.push(("PLIMSOLL_ADDR".into(), addr.to_string()));
+            env.push(("PLIMSOLL_REPLICA_URL".into(), format!("http://{addr}")));
+            Daemon::start(&borrowed(&env))
+        })
+        .collect();
+    let cell = |sid: &str, code: &str| json!({"protocol": 4, "sessionId": sid, "cell": {"language": "javascript", "code": code}});
+
+    // Opened on replica 0, used through 1 and 2: one interpreter, one
+    // state, whichever replica the call reached.
+    let opened = post(&ds[0], &tokens[0], "OpenSession", json!({"protocol": 4})).await;
+    assert_eq!(opened.status, 200, "{:?}", opened.body);
+    let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+    let audited = ds[0].audit_runs();
+    let a = post(
+        &ds[1],
+        &tokens[0],
+        "SessionRun",
+        cell(&sid, "globalThis.x = 41; 0"),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    let a = post(&ds[2], &tokens[0], "SessionRun", cell(&sid, "x + 1")).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(cell_stdout(&a), "42\n", "{:?}", a.body);
+    assert_eq!(
+        a.body["run"]["record"]["sequence"], "2",
+        "{:?}",
+        a.body["run"]
+    );
+    // Another caller presenting the ID gets what an unknown ID gets.
+    let unknown = "0".repeat(32);
+    let b = post(&ds[1], &tokens[1], "SessionRun", cell(&sid, "x")).await;
+    let u = post(&ds[1], &tokens[1], "SessionRun", cell(&unknown, "x")).await;
+    assert_eq!(
+        (b.status, b.mark.clone()),
+        (u.status, u.mark.clone()),
+        "{:?}",
+        b.body
+    );
+    assert_eq!(b.body["code"], u.body["code"]);
+    assert!(!b.body.to_string().contains("41"));
+
+    // Forwarded calls without the secret's signature are refused before a
+    // byte of the body is read (a request that never sends its body is
+    // answered at once) and before anything runs.
+    let forge = |tag: String, at: u64| {
+        let body = serde_json::to_vec(&cell(&sid, "x")).expect("json");
+        let digest = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(&body))
+        };
+        plimsoll_tests::client()
+            .post(ds[0].url("/plimsoll.v1.SandboxService/SessionRun"))
+            .header("content-type", "application/json")
+            .header("plimsoll-forwarded-for", "alice")
+            .header("plimsoll-forwarded-at", at.to_string())
+            .header("plimsoll-forwarded-body-sha256", digest)
+            .header("plimsoll-forwarded-tag", tag)
+            .body(body)
+            .send()
+    };
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64
+    };
+    let forged = forge("00".repeat(32), now()).await.expect("sent");
+    assert_eq!(forged.status().as_u16(), 401);
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut sock = tokio::net::TcpStream::connect(&ds[0].addr)
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST /plimsoll.v1.SandboxService/SessionRun HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\nplimsoll-forwarded-for: alice\r\nplimsoll-forwarded-at: {}\r\nplimsoll-forwarded-body-sha256: {}\r\nplimsoll-forwarded-tag: {}\r\n\r\n",
+            now(),
+            "0".repeat(64),
+            "0".repeat(64)
+        );
+        sock.write_all(head.as_bytes()).await.expect("write");
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(3), sock.read(&mut buf))
+            .await
+            .expect("answered without waiting for the body")
+            .expect("read");
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 401"));
+    }
+    // A peer's genuine signature is taken once; the same call again, or
+    // the same tag spelt in capitals, is refused.
+    let signer = plimsoll::replicas::Secret::new(&secret_text).expect("secret");
+    let body = serde_json::to_vec(&cell(&sid, "x")).expect("json");
+    let digest = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&body))
+    };
+    let at = now();
+    let tag = signer.sign_call(
+        &format!("http://{}", addrs[0]),
+        "SessionRun",
+        "alice",
+        at,
+        &digest,
+    );
+    let genuine = forge(tag.clone(), at).await.expect("sent");
+    assert_eq!(genuine.status().as_u16(), 200);
+    assert_eq!(
+        forge(tag.clone(), at)
+            .await
+            .expect("sent")
+            .status()
+            .as_u16(),
+        401,
+        "a replay"
+    );
+    assert_eq!(
+        forge(tag.to_ascii_uppercase(), at)
+            .await
+            .expect("sent")
+            .status()
+            .as_u16(),
+        401,
+        "a replay spelt differently"
+    );
+
+    // Closed through replica 2; the holder has ended it.
+    let closed = post(
+        &ds[2],
+        &tokens[0],
+        "CloseSession",
+        json!({"protocol": 4, "sessionId": sid}),
+    )
+    .await;
+    assert_eq!(closed.status, 200, "{:?}", closed.body);
+    let after = post(&ds[1], &tokens[0], "SessionRun", cell(&sid, "x")).await;
+    assert!(
+        after.body.to_string().contains("plimsoll.v1.SessionEnded"),
+        "{:?}",
+        after.body
+    );
+    // Log lines arrive on their own stream: wait for the four, then make
+    // sure no fifth follows.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ds[0].audit_runs() < audited + 4 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        ds[0].audit_runs(),
+        audited + 4,
+        "the holder logged the two calls, the genuine forward and the close, and nothing for the forgeries"
+    );
+
+    // The store holds the session's fingerprint, never its ID.
+    let keys = redis.command(&["KEYS", "*"]).expect("keys");
+    let record = format!("plimsoll:session:{}", plimsoll::sessions::fingerprint(&sid));
+    assert!(keys.lines().any(|k| k == record), "{keys}");
+    for key in keys.lines() {
+        assert!(!key.contains(&sid), "{key}");
+        if key.starts_with("plimsoll:session:") {
+            let v = redis.command(&["GET", key]).unwrap_or_default();
+            assert!(!v.contains(&sid), "{v}");
+        }
+    }
+
+    // The holder dies with a session open: a call through another replica
+    // is told the session ended, marked (nothing ran).
+    let opened = post(&ds[0], &tokens[0], "OpenSession", json!({"protocol": 4})).await;
+    let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+    ds[0].kill();
+    let a = post(&ds[1], &tokens[0], "SessionRun", cell(&sid, "1")).await;
+    assert_eq!(a.mark.as_deref(), Some("environment"), "{:?}", a.body);
+    let text = a.body.to_string();
+    assert!(
+        text.contains("plimsoll.v1.SessionEnded") && text.contains("ended"),
+        "{text}"
+    );
+    // And forgotten: the next call does not try the dead replica again.
+    let again = post(&ds[2], &tokens[0], "SessionRun", cell(&sid, "1")).await;
+    let unknown = post(&ds[2], &tokens[0], "SessionRun", cell(&"0".repeat(32), "1")).await;
+    assert_eq!(
+        (again.status, again.body["code"].clone()),
+        (unknown.status, unknown.body["code"].clone())
+    );
+    assert_eq!(
+        redis
+            .command(&[
+                "EXISTS",
+                &format!("plimsoll:session:{}", plimsoll::sessions::fingerprint(&sid))
+            ])
+            .as_deref(),
+        Some("0")
+    );
+}

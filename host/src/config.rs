@@ -39,6 +39,7 @@ pub const PARTS: &[(&str, &[Var])] = &[
     ("callers", crate::callers::settings::VARIABLES),
     ("per-caller limits", crate::quota::VARIABLES),
     ("shared state", crate::state::settings::VARIABLES),
+    ("replicas", crate::replicas::settings::VARIABLES),
     ("sessions", crate::sessions::settings::VARIABLES),
     ("grants", crate::grants::VARIABLES),
     ("providers", crate::providers::settings::VARIABLES),
@@ -72,6 +73,8 @@ pub struct Config {
     pub quotas: QuotaSettings,
     /// Where the per-caller limits are counted.
     pub state: StateSettings,
+    /// How replicas forward session calls to one another, if they do.
+    pub replicas: Option<crate::replicas::ReplicaSettings>,
     pub sessions: SessionSettings,
     /// The variables that were set (non-empty), for hardened mode's
     /// "explicit" checks.
@@ -123,6 +126,10 @@ impl Config {
         let callers = part(&mut errors, CallerSettings::from_env(&env));
         let quotas = part(&mut errors, QuotaSettings::from_env(&env));
         let state = part(&mut errors, StateSettings::from_env(&env));
+        let replicas = part(
+            &mut errors,
+            crate::replicas::ReplicaSettings::from_env(&env),
+        );
         let max_concurrent = providers.as_ref().map_or(8, |p| p.max_concurrent);
         let sessions = part(&mut errors, SessionSettings::from_env(&env, max_concurrent));
         if let (Some(p), Some(s)) = (&providers, &sessions)
@@ -189,9 +196,11 @@ impl Config {
             Some(callers),
             Some(quotas),
             Some(state),
+            Some(replicas),
             Some(sessions),
         ) = (
-            providers, log_format, hardened, listeners, grants, callers, quotas, state, sessions,
+            providers, log_format, hardened, listeners, grants, callers, quotas, state, replicas,
+            sessions,
         )
         else {
             return Err(ConfigErrors(errors));
@@ -223,6 +232,7 @@ impl Config {
             grants: Arc::new(grants),
             quotas,
             state,
+            replicas,
             sessions,
             set,
             unknown,

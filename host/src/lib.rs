@@ -36,6 +36,7 @@ pub mod providers;
 pub mod quota;
 pub mod record;
 pub mod refusal;
+pub mod replicas;
 pub mod sessions;
 pub mod state;
 pub mod store_limits;

@@ -318,6 +318,14 @@ impl Quotas {
         }
     }
 
+    /// The shared store, when there is one (session holders live there).
+    pub fn shared_store(&self) -> Option<Arc<RedisStore>> {
+        match &self.store {
+            Store::Redis(r) => Some(r.clone()),
+            Store::Embedded(_) => None,
+        }
+    }
+
     /// Which store counts, for the start-up log line.
     pub fn store_label(&self) -> &'static str {
         match &self.store {

@@ -32,6 +32,7 @@ pub mod connections;
 mod mcp;
 #[cfg(test)]
 mod mutation_tests;
+mod replica;
 pub mod serve;
 mod session;
 pub mod settings;
@@ -185,9 +186,26 @@ async fn procedure(
             .insert(header::ALLOW, HeaderValue::from_static("POST"));
         return r;
     }
-    let caller = match authenticate(&api, &req) {
-        Ok(c) => c,
-        Err(r) => return *r,
+    // A session call another replica forwarded carries that replica's
+    // signature instead of the caller's token; it is checked once the body
+    // (which the signature covers) is read.
+    let forwarded = replica::forwarded(req.headers());
+    let caller = match &forwarded {
+        Some(f) => match replica::caller(&api.daemon, &api.verifier, &name, f) {
+            Some(c) => {
+                // A peer's signed call: its connection is trusted as an
+                // authenticated one is.
+                if let Some(conn) = req.extensions().get::<Arc<serve::Connection>>() {
+                    conn.trust();
+                }
+                c
+            }
+            None => return unauthenticated(&api),
+        },
+        None => match authenticate(&api, &req) {
+            Ok(c) => c,
+            Err(r) => return *r,
+        },
     };
     let content_type = if name == "RunStream" {
         stream::CONTENT_TYPE
@@ -205,6 +223,11 @@ async fn procedure(
         Ok(b) => b,
         Err(r) => return *r,
     };
+    if let Some(f) = &forwarded
+        && !replica::body_matches(f, &body)
+    {
+        return unauthenticated(&api);
+    }
     match name.as_str() {
         "Describe" => describe(&api.daemon, &body),
         "Run" => {
@@ -232,10 +255,15 @@ async fn procedure(
                 Ok(r) => r,
                 Err(refusal) => return refusal_from(&refusal),
             };
-            drop(body);
+            // Kept to be relayed if the session is held elsewhere, with the
+            // caller's body slots held until the relay ends (they bound
+            // how many forwards a caller has in flight); a call that was
+            // forwarded here is never forwarded again.
+            let relay = (forwarded.is_none() && api.daemon.replicas().is_some()).then_some(body);
+            let answer = session::call(&api.daemon, req, caller, relay).await;
             drop(body_slot);
             drop(caller_body);
-            session::call(&api.daemon, req, caller).await
+            answer
         }
     }
 }
@@ -249,16 +277,7 @@ fn authenticate(api: &Api, req: &Request) -> Result<Arc<Caller>, Box<Response>> 
         .get(header::AUTHORIZATION)
         .map(HeaderValue::as_bytes);
     let Ok(caller) = api.verifier.verify(authorization) else {
-        api.refused.note();
-        let mut r = connect_error(
-            Code::Unauthenticated,
-            "a valid bearer token is required",
-            None,
-        );
-        *r.status_mut() = StatusCode::UNAUTHORIZED;
-        r.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return Err(Box::new(r));
+        return Err(Box::new(unauthenticated(api)));
     };
     // The connection carried an authenticated request: it is no longer
     // among the first closed to make room.
@@ -272,6 +291,20 @@ fn authenticate(api: &Api, req: &Request) -> Result<Arc<Caller>, Box<Response>> 
         )));
     }
     Ok(caller)
+}
+
+/// 401, counted (never logged with what was presented).
+fn unauthenticated(api: &Api) -> Response {
+    api.refused.note();
+    let mut r = connect_error(
+        Code::Unauthenticated,
+        "a valid bearer token is required",
+        None,
+    );
+    *r.status_mut() = StatusCode::UNAUTHORIZED;
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
 }
 
 /// A slot to read a body in, now, for this caller and for the daemon; no

@@ -32,11 +32,33 @@ pub fn parse_session(procedure: &str, body: &[u8]) -> Result<Parsed, Refusal> {
     }
 }
 
-pub async fn call(daemon: &Arc<Daemon>, req: Parsed, caller: Arc<Caller>) -> Response {
+/// Answers a session procedure here, or, for a session another replica
+/// holds, through that replica (`relay` is the body to forward, when this
+/// replica forwards at all).
+pub async fn call(
+    daemon: &Arc<Daemon>,
+    req: Parsed,
+    caller: Arc<Caller>,
+    relay: Option<bytes::Bytes>,
+) -> Response {
     match req {
         Parsed::Open(r) => answer(daemon.open_session(r, caller).await),
-        Parsed::Run(r) => answer(daemon.session_run(r, caller).await),
-        Parsed::Close(r) => answer(daemon.close_session(r, caller).await),
+        Parsed::Run(r) => {
+            match super::replica::elsewhere(daemon, "SessionRun", &r.session_id, &caller, relay)
+                .await
+            {
+                Some(resp) => resp,
+                None => answer(daemon.session_run(r, caller).await),
+            }
+        }
+        Parsed::Close(r) => {
+            match super::replica::elsewhere(daemon, "CloseSession", &r.session_id, &caller, relay)
+                .await
+            {
+                Some(resp) => resp,
+                None => answer(daemon.close_session(r, caller).await),
+            }
+        }
     }
 }
 

@@ -133,6 +133,15 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let metrics = Arc::new(plimsoll::metrics::Metrics::new()?);
     let quotas = plimsoll::quota::Quotas::open(cfg.quotas.clone(), &cfg.state)
         .map_err(anyhow::Error::msg)?;
+    let replicas = match (&cfg.replicas, quotas.shared_store()) {
+        (Some(s), Some(store)) => {
+            Some(plimsoll::replicas::Replicas::open(s, store).map_err(anyhow::Error::msg)?)
+        }
+        (Some(_), None) => anyhow::bail!(
+            "PLIMSOLL_REPLICA_URL needs the shared store (PLIMSOLL_STATE_URL) to find sessions in"
+        ),
+        (None, _) => None,
+    };
     let daemon = Arc::new(Daemon::with(
         provider,
         plimsoll::pipeline::Options {
@@ -141,6 +150,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             quotas: quotas.clone(),
             metrics: metrics.clone(),
             sessions: cfg.sessions.clone(),
+            replicas,
         },
     ));
     let ev = daemon.evidence();

@@ -206,6 +206,19 @@ impl Verifier {
         }))
     }
 
+    /// The caller with this ID: for a call another replica forwards, whose
+    /// token that replica checked (the same clients file on every
+    /// replica).
+    pub fn caller(&self, id: &str) -> Option<Arc<Caller>> {
+        match self {
+            Verifier::Clients(list) => list
+                .iter()
+                .find(|(c, _)| c.id == id)
+                .map(|(c, _)| c.clone()),
+            Verifier::Shared(c, _) | Verifier::Open(c) => (c.id == id).then(|| c.clone()),
+        }
+    }
+
     pub fn is_open(&self) -> bool {
         matches!(self, Verifier::Open(_))
     }

@@ -27,6 +27,7 @@ use crate::outcome::{NotReady, RunFailure};
 use crate::providers::{Evidence, Job, Payload, ProjectInput, Provider};
 use crate::quota::{Quotas, Shed};
 use crate::refusal::Refusal;
+use crate::replicas::Replicas;
 use crate::sessions::{self, Registry, SessionSettings};
 use crate::wire::{
     DescribeResponse, PROTOCOL, PayloadEnvironment, RunRequest, RunResources, RunResponse,
@@ -58,6 +59,8 @@ pub struct Daemon {
     quotas: Arc<Quotas>,
     metrics: Arc<Metrics>,
     sessions: Arc<Registry>,
+    /// Forwarding of session calls to the replica holding the session.
+    replicas: Option<Arc<Replicas>>,
 }
 
 /// Everything a daemon is built from besides its provider.
@@ -68,6 +71,7 @@ pub struct Options {
     pub quotas: Arc<Quotas>,
     pub metrics: Arc<Metrics>,
     pub sessions: SessionSettings,
+    pub replicas: Option<Arc<Replicas>>,
 }
 
 impl Daemon {
@@ -98,11 +102,22 @@ impl Daemon {
             quotas: o.quotas,
             metrics: o.metrics,
             sessions,
+            replicas: o.replicas,
         }
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// Session forwarding between replicas, when configured.
+    pub fn replicas(&self) -> Option<&Arc<Replicas>> {
+        self.replicas.as_ref()
+    }
+
+    /// Whether this replica holds an open session `id` of `caller`.
+    pub fn holds_session(&self, id: &str, caller: &str) -> bool {
+        self.sessions.get(id, caller).is_some()
     }
 
     /// The profile a request names, if this caller may use it and this

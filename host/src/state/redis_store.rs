@@ -277,6 +277,37 @@ impl RedisStore {
             .map(|_| ())
     }
 
+    /// Sets `key` to `value` for `ms` milliseconds (a session's holder).
+    pub async fn set_for(&self, key: &str, value: &str, ms: u64) -> Result<(), String> {
+        let mut conn = self.conn.clone();
+        redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("PX")
+            .arg(ms)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    pub async fn get(&self, key: &str) -> Result<Option<String>, String> {
+        let mut conn = self.conn.clone();
+        redis::cmd("GET")
+            .arg(key)
+            .query_async::<Option<String>>(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    pub async fn del(&self, key: &str) -> Result<(), String> {
+        let mut conn = self.conn.clone();
+        redis::cmd("DEL")
+            .arg(key)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     /// Whether the store answers.
     pub async fn ping(&self) -> Result<(), String> {
         let mut conn = self.conn.clone();

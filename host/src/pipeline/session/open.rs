@@ -218,6 +218,11 @@ impl Daemon {
                 daemon.sessions.tick(),
             );
             daemon.sessions.commit(reservation, entry.clone());
+            // Recorded before the caller has the ID, so a call through any
+            // replica finds it.
+            if let Some(r) = &daemon.replicas {
+                r.hold(&fingerprint, lifetime).await;
+            }
             daemon.metrics.sessions_open.inc();
             daemon.metrics.sessions_opened.inc();
             tracing::info!(

@@ -1,0 +1,159 @@
+//! The API's side of sessions across replicas (`crate::replicas`): taking
+//! a call another replica forwarded, and forwarding a call for a session
+//! this replica does not hold.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+
+use super::session::error_response;
+use crate::callers::{Caller, Verifier};
+use crate::pipeline::Daemon;
+use crate::pipeline::session::{SessionError, ended_refusal};
+use crate::providers::Ended;
+use crate::refusal::Reason;
+use crate::refusal::Refusal;
+use crate::replicas::{FORWARDED_AT, FORWARDED_BODY, FORWARDED_FOR, FORWARDED_TAG, Forwarded};
+use crate::wire::SessionEnd;
+
+/// The procedures a replica forwards: calls on an open session.
+const FORWARDABLE: [&str; 2] = ["SessionRun", "CloseSession"];
+
+/// A forwarded call's claims, unchecked.
+pub struct Forward {
+    caller: String,
+    at: String,
+    body_sha256: String,
+    tag: String,
+}
+
+/// The forwarding headers, if the request has any of them (all three are
+/// then required).
+pub fn forwarded(headers: &HeaderMap) -> Option<Forward> {
+    let get = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let any = [FORWARDED_FOR, FORWARDED_AT, FORWARDED_BODY, FORWARDED_TAG]
+        .iter()
+        .any(|n| headers.contains_key(*n));
+    any.then(|| Forward {
+        caller: get(FORWARDED_FOR).unwrap_or_default(),
+        at: get(FORWARDED_AT).unwrap_or_default(),
+        body_sha256: get(FORWARDED_BODY).unwrap_or_default(),
+        tag: get(FORWARDED_TAG).unwrap_or_default(),
+    })
+}
+
+/// The caller a forwarded call names, if this replica forwards sessions at
+/// all, the procedure is one that is forwarded, the headers carry a peer's
+/// signature for this replica (fresh, never seen), and the caller exists
+/// and may run code. All of it before a body slot is taken or a byte of the
+/// body read, so without the secret nobody can spend a caller's slots or
+/// learn which callers exist (every failure is the same 401).
+pub fn caller(
+    daemon: &Daemon,
+    verifier: &Verifier,
+    procedure: &str,
+    f: &Forward,
+) -> Option<Arc<Caller>> {
+    let replicas = daemon.replicas()?;
+    if !FORWARDABLE.contains(&procedure)
+        || !replicas.accept(procedure, &f.caller, &f.at, &f.body_sha256, &f.tag)
+    {
+        return None;
+    }
+    verifier.caller(&f.caller).filter(|c| c.may_run())
+}
+
+/// Whether the body read is the one the signature covers.
+pub fn body_matches(f: &Forward, body: &[u8]) -> bool {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(body)) == f.body_sha256
+}
+
+/// Forwards a session call to the replica holding the session, if another
+/// one does; None means answer it here.
+pub async fn elsewhere(
+    daemon: &Daemon,
+    procedure: &str,
+    session_id: &str,
+    caller: &Caller,
+    relay: Option<Bytes>,
+) -> Option<Response> {
+    let body = relay?;
+    let replicas = daemon.replicas()?;
+    if daemon.holds_session(session_id, &caller.id) {
+        return None;
+    }
+    let fingerprint = crate::sessions::fingerprint(session_id);
+    let holder = replicas.holder(&fingerprint).await?;
+    let forwarded = replicas.forward(&holder, procedure, &caller.id, body).await;
+    Some(match forwarded {
+        Forwarded::Answer { status, .. } if status == 401 || status == 403 => {
+            // The holder did not take the forward (secrets or clients files
+            // that differ, clocks more than 30 s apart): nothing ran there,
+            // and the caller's own token is not the problem.
+            tracing::error!(
+                status,
+                "the replica holding a session refused a forwarded call; check that every replica has the same secret, clients file and clock"
+            );
+            refused("the replica holding this session refused the forwarded call")
+        }
+        Forwarded::Answer {
+            status,
+            headers,
+            body,
+        } => relayed(status, headers, body),
+        Forwarded::Gone => {
+            // Nothing was sent: nothing ran. The session went with its
+            // replica; its caller's place in the store expires with the
+            // replica's leases.
+            replicas.forget(&fingerprint).await;
+            error_response(ended_refusal(
+                Ended {
+                    reason: SessionEnd::Shutdown,
+                    detail: "the replica holding this session is gone".into(),
+                },
+                Reason::Environment,
+            ))
+        }
+        Forwarded::Unreachable(detail) => {
+            // Nothing was sent; the holder may be there a moment later.
+            tracing::warn!(detail = %detail, "the replica holding a session could not be reached");
+            refused("the replica holding this session could not be reached; retry")
+        }
+        Forwarded::Lost(detail) => {
+            let id = crate::pipeline::internal_id(&detail);
+            tracing::error!(error_id = %id, detail = %detail, "a forwarded session call got no answer");
+            error_response(SessionError::Internal { id })
+        }
+    })
+}
+
+/// Nothing ran: marked `environment`, the session not ended.
+fn refused(why: &str) -> Response {
+    error_response(SessionError::Refused {
+        refusal: Refusal::environment(why),
+        ended: None,
+    })
+}
+
+/// The holder's answer, as it gave it.
+fn relayed(status: u16, headers: Vec<(String, Vec<u8>)>, body: Bytes) -> Response {
+    let mut resp = body.into_response();
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    for (name, value) in headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(&value),
+        ) {
+            resp.headers_mut().insert(n, v);
+        }
+    }
+    resp
+}

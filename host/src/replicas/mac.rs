@@ -1,0 +1,195 @@
+//! What one replica signs with the shared secret: a forwarded session call
+//! (so the replica holding the session can trust the caller it names
+//! without the caller's token ever leaving the replica that checked it),
+//! and a session's holder record in the store (so whoever can write the
+//! store cannot send a session's calls to an address of their choosing).
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The shared secret, read once at start.
+pub struct Secret(Vec<u8>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// Fields joined with a separator none of them can hold.
+fn mac(secret: &Secret, parts: &[&[u8]]) -> HmacSha256 {
+    // HMAC takes a key of any length; new_from_slice cannot fail for it.
+    let mut m = <HmacSha256 as Mac>::new_from_slice(&secret.0).unwrap_or_else(|_| unreachable!());
+    for p in parts {
+        m.update(&(p.len() as u64).to_be_bytes());
+        m.update(p);
+    }
+    m
+}
+
+/// A tag as written: 64 lowercase hex digits, decoded.
+fn canonical(tag: &str) -> Option<[u8; 32]> {
+    if tag.len() != 64
+        || !tag
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(tag, &mut out).ok()?;
+    Some(out)
+}
+
+impl Secret {
+    pub const MIN_CHARS: usize = 32;
+
+    pub fn new(text: &str) -> Result<Secret, String> {
+        let t = text.trim();
+        if t.len() < Secret::MIN_CHARS {
+            return Err(format!(
+                "the replica secret must be at least {} characters",
+                Secret::MIN_CHARS
+            ));
+        }
+        Ok(Secret(t.as_bytes().to_vec()))
+    }
+
+    /// The tag of a forwarded call: to which replica, which procedure,
+    /// for whom, when, and exactly which body (its SHA-256, hex, sent
+    /// beside the tag so the tag can be checked before the body is read).
+    pub fn sign_call(
+        &self,
+        holder: &str,
+        procedure: &str,
+        caller: &str,
+        at_ms: u64,
+        body_sha256: &str,
+    ) -> String {
+        let at = at_ms.to_string();
+        hex::encode(
+            mac(
+                self,
+                &[
+                    b"call",
+                    holder.as_bytes(),
+                    procedure.as_bytes(),
+                    caller.as_bytes(),
+                    at.as_bytes(),
+                    body_sha256.as_bytes(),
+                ],
+            )
+            .finalize()
+            .into_bytes(),
+        )
+    }
+
+    /// Checks a forwarded call's tag in constant time; the tag must be
+    /// exactly what `sign_call` writes (64 lowercase hex digits), so no
+    /// second spelling of one tag exists. Returns the tag's bytes.
+    pub fn verify_call(
+        &self,
+        holder: &str,
+        procedure: &str,
+        caller: &str,
+        at_ms: u64,
+        body_sha256: &str,
+        tag: &str,
+    ) -> Option<[u8; 32]> {
+        let tag = canonical(tag)?;
+        let at = at_ms.to_string();
+        mac(
+            self,
+            &[
+                b"call",
+                holder.as_bytes(),
+                procedure.as_bytes(),
+                caller.as_bytes(),
+                at.as_bytes(),
+                body_sha256.as_bytes(),
+            ],
+        )
+        .verify_slice(&tag)
+        .ok()
+        .map(|()| tag)
+    }
+
+    /// A holder record: the session's fingerprint and the replica's URL,
+    /// stored as `url` and this tag.
+    pub fn sign_holder(&self, fingerprint: &str, url: &str) -> String {
+        hex::encode(
+            mac(self, &[b"holder", fingerprint.as_bytes(), url.as_bytes()])
+                .finalize()
+                .into_bytes(),
+        )
+    }
+
+    pub fn verify_holder(&self, fingerprint: &str, url: &str, tag: &str) -> bool {
+        let Some(tag) = canonical(tag) else {
+            return false;
+        };
+        mac(self, &[b"holder", fingerprint.as_bytes(), url.as_bytes()])
+            .verify_slice(&tag)
+            .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tag_binds_every_field_and_the_secret() {
+        let s = Secret::new(&"s".repeat(40)).expect("secret");
+        let other = Secret::new(&"t".repeat(40)).expect("secret");
+        let h = "http://127.0.0.1:1";
+        let tag = s.sign_call(h, "SessionRun", "alice", 5, "d1");
+        assert!(
+            s.verify_call(h, "SessionRun", "alice", 5, "d1", &tag)
+                .is_some()
+        );
+        assert!(
+            other
+                .verify_call(h, "SessionRun", "alice", 5, "d1", &tag)
+                .is_none()
+        );
+        assert!(
+            s.verify_call("http://127.0.0.1:2", "SessionRun", "alice", 5, "d1", &tag)
+                .is_none()
+        );
+        assert!(
+            s.verify_call(h, "CloseSession", "alice", 5, "d1", &tag)
+                .is_none()
+        );
+        assert!(
+            s.verify_call(h, "SessionRun", "bob", 5, "d1", &tag)
+                .is_none()
+        );
+        assert!(
+            s.verify_call(h, "SessionRun", "alice", 6, "d1", &tag)
+                .is_none()
+        );
+        assert!(
+            s.verify_call(h, "SessionRun", "alice", 5, "d2", &tag)
+                .is_none()
+        );
+        // One tag, one spelling.
+        let upper = tag.to_ascii_uppercase();
+        assert!(
+            s.verify_call(h, "SessionRun", "alice", 5, "d1", &upper)
+                .is_none()
+        );
+        assert!(
+            s.verify_call(h, "SessionRun", "alice", 5, "d1", "zz")
+                .is_none()
+        );
+        let r = s.sign_holder("fp", h);
+        assert!(s.verify_holder("fp", h, &r));
+        assert!(!s.verify_holder("fp", "http://127.0.0.1:2", &r));
+        assert!(!other.verify_holder("fp", h, &r));
+        assert!(Secret::new("short").is_err());
+        assert!(!format!("{s:?}").contains("sss"));
+    }
+}
