@@ -1,0 +1,183 @@
+"""The published client, unmodified, against two replicas behind a
+round-robin balancer that sends each request to the next replica: the
+replicas share a real redis-server (PLIMSOLL_STATE_URL) and a secret
+(PLIMSOLL_REPLICA_SECRET_FILE), so a session opened through one is used
+through both (docs/scaling.md).
+
+The balancer here is a few lines of Python that forward each HTTP request
+whole to the next replica in turn: per request, not per connection, as an
+HTTP load balancer does, so the client's one keep-alive connection still
+reaches both."""
+
+from __future__ import annotations
+
+import http.server
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from plimsoll_client import Client
+from plimsoll_client.workspace import Workspace
+
+from test_sessions import GracefulDaemon, free_port
+
+TOKEN = "r" * 40
+
+
+class RedisServer:
+    """Debian's redis-server on a free loopback port, in a scratch dir."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="plimsoll-redis-")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+             "--appendonly", "yes", "--save", ""],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while subprocess.run(["redis-cli", "-p", str(self.port), "PING"], capture_output=True,
+                             text=True).stdout.strip() != "PONG":
+            assert time.monotonic() < deadline, "redis-server did not answer"
+            time.sleep(0.05)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Balancer:
+    """Each request to the next backend, in turn; the answer relayed."""
+
+    def __init__(self, backends: list[str]) -> None:
+        turn = itertools.cycle(backends)
+        lock = threading.Lock()
+        self.seen: dict[str, list[str]] = {b: [] for b in backends}
+        seen = self.seen
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                with lock:
+                    backend = next(turn)
+                    seen[backend].append(self.path.rsplit("/", 1)[-1])
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                keep = {k: v for k, v in self.headers.items()
+                        if k.lower() in ("content-type", "authorization", "connect-protocol-version")
+                        or k.lower().startswith("plimsoll-")}
+                req = urllib.request.Request(backend + self.path, body, keep, method="POST")
+                try:
+                    with urllib.request.urlopen(req, timeout=120) as r:
+                        status, headers, out = r.status, r.headers, r.read()
+                except urllib.error.HTTPError as e:
+                    status, headers, out = e.code, e.headers, e.read()
+                self.send_response(status)
+                for k, v in headers.items():
+                    if k.lower() == "content-type" or k.lower().startswith("plimsoll-"):
+                        self.send_header(k, v)
+                self.send_header("content-length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+def replicas(extra: dict[str, str]):
+    redis = RedisServer()
+    secret_dir = tempfile.mkdtemp(prefix="plimsoll-secret-")
+    secret = os.path.join(secret_dir, "replica-secret")
+    with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write("s" * 48)
+    daemons = []
+    for _ in range(2):
+        port = free_port()
+        d = GracefulDaemon({**extra, "PLIMSOLL_TOKEN": TOKEN, "PLIMSOLL_INSECURE": "",
+                            # (empty is unset: the token is required)
+                            "PLIMSOLL_ADDR": f"127.0.0.1:{port}",
+                            "PLIMSOLL_REPLICA_URL": f"http://127.0.0.1:{port}",
+                            "PLIMSOLL_REPLICA_SECRET_FILE": secret,
+                            "PLIMSOLL_STATE_URL": redis.url, "PLIMSOLL_LOG_FORMAT": "json"})
+        d.url = f"http://127.0.0.1:{port}"
+        daemons.append(d)
+    lb = Balancer([d.url for d in daemons])
+    return redis, secret_dir, daemons, lb
+
+
+def stop(redis, secret_dir, daemons, lb) -> None:
+    lb.stop()
+    for d in daemons:
+        d.stop()
+    redis.stop()
+    shutil.rmtree(secret_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def wasm_fleet():
+    fleet = replicas({"SANDBOX_PROVIDER": "wasm", "SANDBOX_MAX_SESSIONS": "4"})
+    yield fleet
+    stop(*fleet)
+
+
+def test_a_session_through_a_round_robin_balancer_keeps_one_interpreter(wasm_fleet):
+    _, _, daemons, lb = wasm_fleet
+    c = Client(lb.url, TOKEN)
+    with c.open_session(minimum_isolation="process") as s:
+        assert s.run_cell("let x = 40; x", language="javascript").stdout_text == "40\n"
+        for i in range(6):
+            r = s.run_cell(f"x + {i}", language="javascript")
+            assert r.stdout_text == f"{40 + i}\n" and r.exit_code == 0, r
+        assert s.calls == 7
+    summary = s.close()
+    assert summary.calls == 7 and summary.end == "closed"
+    # Both replicas took session calls, and one of them ran them all.
+    runs = [lb.seen[d.url].count("SessionRun") for d in daemons]
+    assert all(n >= 3 for n in runs), runs
+    logged = [sum(bool(re.search(r'"session_call":\s*\d', l)) for l in d.lines) for d in daemons]
+    assert sorted(logged)[0] == 0 and sorted(logged)[1] >= 7, logged
+
+
+@pytest.fixture(scope="module")
+def docker_fleet():
+    fleet = replicas({"SANDBOX_PROVIDER": "docker", "SANDBOX_DOCKER_RUNTIME": "runc",
+                      "SANDBOX_MAX_SESSIONS": "2", "SANDBOX_DOCKER_POOL": "0",
+                      "SANDBOX_SESSION_POOL": "0"})
+    yield fleet
+    stop(*fleet)
+
+
+def test_the_workspace_works_through_a_round_robin_balancer(docker_fleet):
+    _, _, daemons, lb = docker_fleet
+    c = Client(lb.url, TOKEN)
+    with c.open_session(minimum_isolation="container", languages=["python"]) as s:
+        ws = Workspace(s, timeout=30)
+        ws.write("src/app.py", "print('hi')\n")
+        assert ws.read("src/app.py") == b"print('hi')\n"
+        assert ws.edit("src/app.py", "hi", "there") == 1
+        assert ws.glob("**/*.py") == ["src/app.py"]
+        out = ws.exec("cd src && python3 app.py")
+        assert out.exit_code == 0 and out.stdout_text == "there\n"
+        r = s.run_cell("x = 40\nx + 2", language="python")
+        assert r.stdout_text == "42\n", r
+        assert s.run_cell("x + 1", language="python").stdout_text == "41\n"
+    assert s.close().end == "closed"
+    runs = [lb.seen[d.url].count("SessionRun") for d in daemons]
+    assert all(n >= 2 for n in runs), runs
