@@ -741,3 +741,87 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
         Some("0")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_callers_session_cap_holds_across_replicas_and_a_dead_replicas_sessions_stop_counting() {
+    let redis = RedisServer::start("session-cap");
+    let dir = Scratch::new("shared-session-cap");
+    let file = dir.path("clients.json");
+    let tokens = clients(&file, &[("alice", None), ("bob", None)]);
+    let (f, url) = (file.display().to_string(), redis.url());
+    let env = [
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
+        ("PLIMSOLL_STATE_URL", url.as_str()),
+        ("PLIMSOLL_STATE_LEASE_SECONDS", "3"),
+        ("SANDBOX_MAX_SESSIONS", "4"),
+        ("SANDBOX_MAX_SESSIONS_PER_CALLER", "1"),
+    ];
+    let mut ds = replicas(2, &env);
+    let open = |d: &Daemon, token: &str| {
+        let (url, token) = (
+            d.url("/plimsoll.v1.SandboxService/OpenSession"),
+            token.to_string(),
+        );
+        async move {
+            let r = plimsoll_tests::client()
+                .post(url)
+                .header("authorization", format!("Bearer {token}"))
+                .json(&json!({"protocol": 4}))
+                .send()
+                .await
+                .expect("sent");
+            let status = r.status().as_u16();
+            let mark = r
+                .headers()
+                .get("plimsoll-not-dispatched")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            Answer { status, mark, body }
+        }
+    };
+    // One session for alice in the whole fleet.
+    let first = open(&ds[0], &tokens[0]).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    let second = open(&ds[1], &tokens[0]).await;
+    assert_eq!(
+        (second.status, second.mark.as_deref()),
+        (429, Some("capacity"))
+    );
+    assert!(
+        second.body.to_string().contains("open sessions"),
+        "{:?}",
+        second.body
+    );
+    assert_eq!(
+        open(&ds[1], &tokens[1]).await.status,
+        200,
+        "bob has his own"
+    );
+    // Closed on one replica, the place is free on the other.
+    let sid = first.body["sessionId"].as_str().expect("id").to_string();
+    let closed = post(
+        &ds[0],
+        &tokens[0],
+        "CloseSession",
+        json!({"protocol": 4, "sessionId": sid}),
+    )
+    .await;
+    assert_eq!(closed.status, 200, "{:?}", closed.body);
+    let again = open(&ds[1], &tokens[0]).await;
+    assert_eq!(again.status, 200, "{:?}", again.body);
+    // The replica holding it dies: its session stops counting within the
+    // lease (3 s), and alice may open one elsewhere.
+    ds[1].kill();
+    let killed = Instant::now();
+    assert_eq!(open(&ds[0], &tokens[0]).await.status, 429);
+    loop {
+        let a = open(&ds[0], &tokens[0]).await;
+        if a.status == 200 {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(8), "{:?}", a.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

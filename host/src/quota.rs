@@ -202,6 +202,31 @@ impl Drop for Slot {
     }
 }
 
+/// One of a caller's session places across the fleet (a shared store
+/// only), given back when the session ends; dropped without that, it stops
+/// being renewed and expires.
+pub struct SessionPlace {
+    store: Arc<RedisStore>,
+    caller: String,
+    id: Option<String>,
+}
+
+impl SessionPlace {
+    pub async fn give_back(mut self) {
+        if let Some(id) = self.id.take() {
+            self.store.give_back_place(&self.caller, &id).await;
+        }
+    }
+}
+
+impl Drop for SessionPlace {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.store.forget_place(&id);
+        }
+    }
+}
+
 impl Quotas {
     /// Counters in this process's memory only.
     pub fn new(settings: QuotaSettings) -> Arc<Quotas> {
@@ -323,6 +348,32 @@ impl Quotas {
         match &self.store {
             Store::Redis(r) => Some(r.clone()),
             Store::Embedded(_) => None,
+        }
+    }
+
+    /// With a shared store, one of the caller's `cap` session places across
+    /// every replica (each replica's own registry still applies its caps
+    /// locally). `Ok(None)`: no shared store or no cap; `Err(None)`: the
+    /// caller is at the cap; `Err(Some(shed))`: the store did not answer.
+    pub async fn take_session_place(
+        &self,
+        caller: &str,
+        cap: u32,
+    ) -> Result<Option<SessionPlace>, Option<Shed>> {
+        let Store::Redis(r) = &self.store else {
+            return Ok(None);
+        };
+        if cap == 0 {
+            return Ok(None);
+        }
+        match r.take_session_place(caller, cap).await {
+            Ok(Some(id)) => Ok(Some(SessionPlace {
+                store: r.clone(),
+                caller: caller.to_string(),
+                id: Some(id),
+            })),
+            Ok(None) => Err(None),
+            Err(shed) => Err(Some(shed)),
         }
     }
 

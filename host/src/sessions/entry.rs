@@ -15,7 +15,7 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, OwnedSemaphorePermit};
 
 use crate::metrics::Metrics;
 use crate::providers::{Ended, Evidence, ProviderSession, SessionOffer};
-use crate::quota::Slot;
+use crate::quota::{SessionPlace, Slot};
 use crate::tier::Tier;
 use crate::wire::{SessionEnd, SoftwareRule};
 
@@ -35,6 +35,8 @@ pub struct Holds {
     /// lifetime) on a metered provider, settled against the session's real
     /// life at the end.
     pub caller_slot: Slot,
+    /// The caller's session place across the fleet, with a shared store.
+    pub fleet_place: Option<SessionPlace>,
 }
 
 impl Holds {
@@ -43,6 +45,9 @@ impl Holds {
     pub async fn settle(self, lived: std::time::Duration) {
         let used = lived.as_millis().div_ceil(1000) as u64;
         self.caller_slot.settle(used).await;
+        if let Some(p) = self.fleet_place {
+            p.give_back().await;
+        }
     }
 }
 

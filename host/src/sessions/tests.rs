@@ -48,6 +48,7 @@ async fn open(r: &Arc<Registry>, caller: &str, owner: Option<&str>) -> Result<Ar
             .try_acquire_owned()
             .expect("slot"),
         caller_slot: quotas.admit(caller, None, 0).await.expect("caller slot"),
+        fleet_place: None,
     };
     let entry = Entry::new(
         Opened {

@@ -35,8 +35,8 @@ pub struct RedisStore {
     /// This replica's prefix for its lease IDs, random per start.
     replica: String,
     next: AtomicU64,
-    /// Leases this replica holds (lease ID, caller), renewed until given
-    /// back.
+    /// Leases this replica holds (lease ID, the sorted set it is in: a
+    /// caller's runs, or a caller's sessions), renewed until given back.
     live: Mutex<HashMap<String, String>>,
     /// Held across a renewal, and waited for by a release: a renewal that
     /// read a lease before its release must reach the store first, or it
@@ -46,6 +46,7 @@ pub struct RedisStore {
     charge: Script,
     settle: Script,
     renew: Script,
+    place: Script,
 }
 
 fn leases(caller: &str) -> String {
@@ -56,6 +57,9 @@ fn bucket(caller: &str) -> String {
 }
 fn paid(caller: &str) -> String {
     format!("plimsoll:paid:{caller}")
+}
+fn sessions(caller: &str) -> String {
+    format!("plimsoll:sessions:{caller}")
 }
 fn booking(id: &str) -> String {
     format!("plimsoll:booking:{id}")
@@ -105,6 +109,7 @@ impl RedisStore {
             charge: with_prelude(include_str!("lua/charge.lua")),
             settle: Script::new(include_str!("lua/settle.lua")),
             renew: with_prelude(include_str!("lua/renew.lua")),
+            place: with_prelude(include_str!("lua/place.lua")),
         });
         tokio::spawn(renew_while_alive(Arc::downgrade(&store)));
         Ok(store)
@@ -176,7 +181,7 @@ impl RedisStore {
             }
         }
         if leased && let Ok(mut live) = self.live.lock() {
-            live.insert(id.clone(), ask.caller.to_string());
+            live.insert(id.clone(), leases(ask.caller));
         }
         Ok(Booked {
             id: Some(id),
@@ -277,6 +282,88 @@ impl RedisStore {
             .map(|_| ())
     }
 
+    /// Takes one of a caller's `cap` session places across the fleet: a
+    /// lease like a run's, renewed while the session is open, so a dead
+    /// replica's sessions stop counting within one lease period. Returns
+    /// the place's ID, or None at the cap.
+    pub async fn take_session_place(
+        self: &Arc<Self>,
+        caller: &str,
+        cap: u32,
+    ) -> Result<Option<String>, Shed> {
+        let id = format!(
+            "{}-s{}",
+            self.replica,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut conn = self.conn.clone();
+        let taken: Result<i64, _> = self
+            .place
+            .key(sessions(caller))
+            .arg(&id)
+            .arg(self.lease.as_millis() as u64)
+            .arg(cap)
+            .invoke_async(&mut conn)
+            .await;
+        match taken {
+            Ok(1) => {
+                if let Ok(mut live) = self.live.lock() {
+                    live.insert(id.clone(), sessions(caller));
+                }
+                Ok(Some(id))
+            }
+            Ok(_) => Ok(None),
+            Err(e) => {
+                // It may have been taken: give it back in the background.
+                self.give_back_place_later(caller.to_string(), id);
+                Err(unreachable(&e))
+            }
+        }
+    }
+
+    /// Gives a session place back (the session ended).
+    pub async fn give_back_place(self: &Arc<Self>, caller: &str, id: &str) {
+        if let Ok(mut live) = self.live.lock() {
+            live.remove(id);
+        }
+        drop(self.renewing.lock().await);
+        let mut conn = self.conn.clone();
+        let done = redis::cmd("ZREM")
+            .arg(sessions(caller))
+            .arg(id)
+            .query_async::<i64>(&mut conn)
+            .await;
+        if done.is_err() {
+            self.give_back_place_later(caller.to_string(), id.to_string());
+        }
+    }
+
+    /// Stops renewing a session place; it expires unless given back first.
+    pub fn forget_place(&self, id: &str) {
+        if let Ok(mut live) = self.live.lock() {
+            live.remove(id);
+        }
+    }
+
+    fn give_back_place_later(self: &Arc<Self>, caller: String, id: String) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let give_up = tokio::time::Instant::now() + me.lease;
+            while tokio::time::Instant::now() < give_up {
+                tokio::time::sleep(RETRY).await;
+                let mut conn = me.conn.clone();
+                let done = redis::cmd("ZREM")
+                    .arg(sessions(&caller))
+                    .arg(&id)
+                    .query_async::<i64>(&mut conn)
+                    .await;
+                if done.is_ok() {
+                    return;
+                }
+            }
+        });
+    }
+
     /// Sets `key` to `value` for `ms` milliseconds (a session's holder).
     pub async fn set_for(&self, key: &str, value: &str, ms: u64) -> Result<(), String> {
         let mut conn = self.conn.clone();
@@ -329,8 +416,8 @@ impl RedisStore {
         }
         let mut call = self.renew.prepare_invoke();
         call.arg(self.lease.as_millis() as u64);
-        for (id, caller) in &held {
-            call.key(leases(caller));
+        for (id, set) in &held {
+            call.key(set);
             call.arg(id);
         }
         let mut conn = self.conn.clone();

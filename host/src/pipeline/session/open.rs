@@ -145,9 +145,32 @@ impl Daemon {
             .admit(&caller.id, caller.paid_seconds_per_day, reserved_paid)
             .await
             .map_err(shed)?;
+        // With replicas sharing a store, the caller's session cap holds
+        // across all of them, not per replica.
+        let fleet_place = match self
+            .quotas
+            .take_session_place(&caller.id, settings.max_per_caller)
+            .await
+        {
+            Ok(p) => p,
+            Err(why) => {
+                // Nothing was opened: the paid seconds booked above go back.
+                caller_slot.settle(0).await;
+                return Err(match why {
+                    Some(s) => shed(s),
+                    None => {
+                        let full = sessions::Full::Caller(settings.max_per_caller);
+                        self.metrics.shed.with_label_values(&[full.label()]).inc();
+                        Refusal::capacity(full.text())
+                    }
+                }
+                .into());
+            }
+        };
         let holds = Holds {
             daemon_slot,
             caller_slot,
+            fleet_place,
         };
 
         // 5. The sandbox, in a task that outlives a caller who left.
