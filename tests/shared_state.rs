@@ -53,6 +53,11 @@ async fn run_at(url: String, token: &str, code: &str) -> Answer {
         .send()
         .await
         .expect("sent");
+    answer_of(r).await
+}
+
+/// The status, the not-dispatched mark and the body of an answer.
+async fn answer_of(r: reqwest::Response) -> Answer {
     let status = r.status().as_u16();
     let mark = r
         .headers()
@@ -415,21 +420,19 @@ async fn without_a_shared_store_each_replica_counts_alone() {
 
 /// POSTs `body` to `procedure` on `d` as the holder of `token`.
 async fn post(d: &Daemon, token: &str, procedure: &str, body: Value) -> Answer {
+    let url = d.url(&format!("/plimsoll.v1.SandboxService/{procedure}"));
+    post_at(url, token, body).await
+}
+
+async fn post_at(url: String, token: &str, body: Value) -> Answer {
     let r = plimsoll_tests::client()
-        .post(d.url(&format!("/plimsoll.v1.SandboxService/{procedure}")))
+        .post(url)
         .header("authorization", format!("Bearer {token}"))
         .json(&body)
         .send()
         .await
         .expect("sent");
-    let status = r.status().as_u16();
-    let mark = r
-        .headers()
-        .get("plimsoll-not-dispatched")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let body = r.json().await.unwrap_or(Value::Null);
-    Answer { status, mark, body }
+    answer_of(r).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -763,23 +766,7 @@ async fn a_callers_session_cap_holds_across_replicas_and_a_dead_replicas_session
             d.url("/plimsoll.v1.SandboxService/OpenSession"),
             token.to_string(),
         );
-        async move {
-            let r = plimsoll_tests::client()
-                .post(url)
-                .header("authorization", format!("Bearer {token}"))
-                .json(&json!({"protocol": 4}))
-                .send()
-                .await
-                .expect("sent");
-            let status = r.status().as_u16();
-            let mark = r
-                .headers()
-                .get("plimsoll-not-dispatched")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let body: Value = r.json().await.unwrap_or(Value::Null);
-            Answer { status, mark, body }
-        }
+        async move { post_at(url, &token, json!({"protocol": 4})).await }
     };
     // One session for alice in the whole fleet.
     let first = open(&ds[0], &tokens[0]).await;
