@@ -786,6 +786,18 @@ async fn a_callers_session_cap_holds_across_replicas_and_a_dead_replicas_session
         200,
         "bob has his own"
     );
+    // Held while the session is open: renewed past twice its lease.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let still = open(&ds[1], &tokens[0]).await;
+    assert_eq!(
+        (still.status, still.mark.as_deref()),
+        (429, Some("capacity"))
+    );
+    assert!(
+        still.body.to_string().contains("open sessions"),
+        "{:?}",
+        still.body
+    );
     // Closed on one replica, the place is free on the other.
     let sid = first.body["sessionId"].as_str().expect("id").to_string();
     let closed = post(
@@ -802,7 +814,11 @@ async fn a_callers_session_cap_holds_across_replicas_and_a_dead_replicas_session
     // lease (3 s), and alice may open one elsewhere.
     ds[1].kill();
     let killed = Instant::now();
-    assert_eq!(open(&ds[0], &tokens[0]).await.status, 429);
+    let refused = open(&ds[0], &tokens[0]).await;
+    assert_eq!(
+        (refused.status, refused.mark.as_deref()),
+        (429, Some("capacity"))
+    );
     loop {
         let a = open(&ds[0], &tokens[0]).await;
         if a.status == 200 {

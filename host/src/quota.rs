@@ -220,9 +220,15 @@ impl SessionPlace {
 }
 
 impl Drop for SessionPlace {
+    /// Not renewed from here on; given back in the background where there
+    /// is a runtime, else it expires within one lease period.
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
             self.store.forget_place(&id);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let (store, caller) = (self.store.clone(), self.caller.clone());
+                rt.spawn(async move { store.give_back_place(&caller, &id).await });
+            }
         }
     }
 }
@@ -366,7 +372,14 @@ impl Quotas {
         if cap == 0 {
             return Ok(None);
         }
-        match r.take_session_place(caller, cap).await {
+        // To its end in a task of its own, as an admission: an opener who
+        // leaves cannot strand a place the store gave (the result is
+        // dropped, which gives it back).
+        let (r2, who) = (r.clone(), caller.to_string());
+        let taken = tokio::spawn(async move { r2.take_session_place(&who, cap).await })
+            .await
+            .unwrap_or(Err(Shed::StoreUnavailable));
+        match taken {
             Ok(Some(id)) => Ok(Some(SessionPlace {
                 store: r.clone(),
                 caller: caller.to_string(),

@@ -222,6 +222,13 @@ impl Entry {
 }
 
 impl Turn {
+    /// The caller's fleet-wide session place, taken out of what the
+    /// session holds: an open that replaces this session inherits it, so
+    /// no other open can take it in between.
+    pub fn take_fleet_place(&mut self) -> Option<SessionPlace> {
+        self.holds.as_mut().and_then(|h| h.fleet_place.take())
+    }
+
     /// Closes the sandbox and gives back what the session held, once. The
     /// caller holds the turn, so no call is running in the sandbox.
     pub async fn finish(&mut self, entry: &Entry, metrics: &Metrics) {

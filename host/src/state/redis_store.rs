@@ -35,9 +35,9 @@ pub struct RedisStore {
     /// This replica's prefix for its lease IDs, random per start.
     replica: String,
     next: AtomicU64,
-    /// Leases this replica holds (lease ID, the sorted set it is in: a
-    /// caller's runs, or a caller's sessions), renewed until given back.
-    live: Mutex<HashMap<String, String>>,
+    /// Leases this replica holds (lease ID -> the sorted set it is in),
+    /// renewed until given back: a caller's runs, and a caller's sessions.
+    live: Mutex<HashMap<String, Held>>,
     /// Held across a renewal, and waited for by a release: a renewal that
     /// read a lease before its release must reach the store first, or it
     /// would put back a lease the release had just given back.
@@ -47,6 +47,21 @@ pub struct RedisStore {
     settle: Script,
     renew: Script,
     place: Script,
+}
+
+/// A lease this replica renews, and the sorted set it is in.
+#[derive(Clone)]
+enum Held {
+    Run(String),
+    Session(String),
+}
+
+impl Held {
+    fn set(&self) -> &str {
+        match self {
+            Held::Run(s) | Held::Session(s) => s,
+        }
+    }
 }
 
 fn leases(caller: &str) -> String {
@@ -181,7 +196,7 @@ impl RedisStore {
             }
         }
         if leased && let Ok(mut live) = self.live.lock() {
-            live.insert(id.clone(), leases(ask.caller));
+            live.insert(id.clone(), Held::Run(leases(ask.caller)));
         }
         Ok(Booked {
             id: Some(id),
@@ -308,7 +323,7 @@ impl RedisStore {
         match taken {
             Ok(1) => {
                 if let Ok(mut live) = self.live.lock() {
-                    live.insert(id.clone(), sessions(caller));
+                    live.insert(id.clone(), Held::Session(sessions(caller)));
                 }
                 Ok(Some(id))
             }
@@ -407,28 +422,42 @@ impl RedisStore {
 
     async fn renew(&self) {
         let _renewing = self.renewing.lock().await;
-        let held: Vec<(String, String)> = match self.live.lock() {
+        let held: Vec<(String, Held)> = match self.live.lock() {
             Ok(live) => live.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             Err(_) => return,
         };
-        if held.is_empty() {
-            return;
-        }
-        let mut call = self.renew.prepare_invoke();
-        call.arg(self.lease.as_millis() as u64);
-        for (id, set) in &held {
-            call.key(set);
-            call.arg(id);
-        }
-        let mut conn = self.conn.clone();
-        match call.invoke_async::<usize>(&mut conn).await {
-            Ok(0) => {}
-            Ok(n) => tracing::warn!(
-                held = held.len(),
-                restored = n,
-                "leases had expired while the state store was out of reach; put back for runs still going"
-            ),
-            Err(e) => tracing::warn!(error = %e, "the state store did not take a lease renewal"),
+        // A run's lease that expired is put back (the run is still going:
+        // counting it is the point); a session place that expired is not
+        // (another open may have taken it, and putting it back would hold
+        // the caller over its cap for the session's life).
+        for put_back in [true, false] {
+            let group: Vec<&(String, Held)> = held
+                .iter()
+                .filter(|(_, h)| matches!(h, Held::Run(_)) == put_back)
+                .collect();
+            if group.is_empty() {
+                continue;
+            }
+            let mut call = self.renew.prepare_invoke();
+            call.arg(self.lease.as_millis() as u64);
+            call.arg(if put_back { "put-back" } else { "existing" });
+            for (id, h) in &group {
+                call.key(h.set());
+                call.arg(id);
+            }
+            let mut conn = self.conn.clone();
+            match call.invoke_async::<usize>(&mut conn).await {
+                Ok(n) if n == group.len() => {}
+                Ok(n) => tracing::warn!(
+                    held = group.len(),
+                    renewed = n,
+                    put_back,
+                    "leases had expired while the state store was out of reach"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the state store did not take a lease renewal")
+                }
+            }
         }
     }
 }

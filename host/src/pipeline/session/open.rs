@@ -119,15 +119,23 @@ impl Daemon {
         // own: they are already marked replaced (the reaper and shutdown
         // pass them by), so a caller who leaves mid-open must not cancel
         // the only thing that frees them.
+        // The first replaced session's place in the fleet's count passes
+        // to this open, so no open elsewhere can take it in between.
         let replaced: Vec<_> = reservation.replaced.drain(..).collect();
+        let mut inherited = None;
         if !replaced.is_empty() {
             let metrics = self.metrics.clone();
             let closing = tokio::spawn(async move {
+                let mut kept = None;
                 for (victim, mut turn) in replaced {
+                    if kept.is_none() {
+                        kept = turn.take_fleet_place();
+                    }
                     turn.finish(&victim, &metrics).await;
                 }
+                kept
             });
-            let _ = closing.await;
+            inherited = closing.await.ok().flatten();
         }
         let lifetime = shorter(settings.lifetime, req.lifetime_ms);
         let idle = match shorter(settings.idle, req.idle_timeout_ms) {
@@ -147,15 +155,21 @@ impl Daemon {
             .map_err(shed)?;
         // With replicas sharing a store, the caller's session cap holds
         // across all of them, not per replica.
-        let fleet_place = match self
-            .quotas
-            .take_session_place(&caller.id, settings.max_per_caller)
-            .await
-        {
+        let taken = match inherited {
+            Some(place) => Ok(Some(place)),
+            None => {
+                self.quotas
+                    .take_session_place(&caller.id, settings.max_per_caller)
+                    .await
+            }
+        };
+        let fleet_place = match taken {
             Ok(p) => p,
             Err(why) => {
-                // Nothing was opened: the paid seconds booked above go back.
-                caller_slot.settle(0).await;
+                // Nothing was opened: the paid seconds booked above go
+                // back, in a task of its own so an opener who leaves now
+                // does not cancel the refund.
+                let _ = tokio::spawn(caller_slot.settle(0)).await;
                 return Err(match why {
                     Some(s) => shed(s),
                     None => {
