@@ -57,6 +57,29 @@ impl Secret {
         Ok(Secret(t.as_bytes().to_vec()))
     }
 
+    /// The MAC over a forwarded call's fields, as signed and as checked.
+    fn call_mac(
+        &self,
+        holder: &str,
+        procedure: &str,
+        caller: &str,
+        at_ms: u64,
+        body_sha256: &str,
+    ) -> HmacSha256 {
+        let at = at_ms.to_string();
+        mac(
+            self,
+            &[
+                b"call",
+                holder.as_bytes(),
+                procedure.as_bytes(),
+                caller.as_bytes(),
+                at.as_bytes(),
+                body_sha256.as_bytes(),
+            ],
+        )
+    }
+
     /// The tag of a forwarded call: to which replica, which procedure,
     /// for whom, when, and exactly which body (its SHA-256, hex, sent
     /// beside the tag so the tag can be checked before the body is read).
@@ -68,21 +91,10 @@ impl Secret {
         at_ms: u64,
         body_sha256: &str,
     ) -> String {
-        let at = at_ms.to_string();
         hex::encode(
-            mac(
-                self,
-                &[
-                    b"call",
-                    holder.as_bytes(),
-                    procedure.as_bytes(),
-                    caller.as_bytes(),
-                    at.as_bytes(),
-                    body_sha256.as_bytes(),
-                ],
-            )
-            .finalize()
-            .into_bytes(),
+            self.call_mac(holder, procedure, caller, at_ms, body_sha256)
+                .finalize()
+                .into_bytes(),
         )
     }
 
@@ -99,21 +111,10 @@ impl Secret {
         tag: &str,
     ) -> Option<[u8; 32]> {
         let tag = canonical(tag)?;
-        let at = at_ms.to_string();
-        mac(
-            self,
-            &[
-                b"call",
-                holder.as_bytes(),
-                procedure.as_bytes(),
-                caller.as_bytes(),
-                at.as_bytes(),
-                body_sha256.as_bytes(),
-            ],
-        )
-        .verify_slice(&tag)
-        .ok()
-        .map(|()| tag)
+        self.call_mac(holder, procedure, caller, at_ms, body_sha256)
+            .verify_slice(&tag)
+            .ok()
+            .map(|()| tag)
     }
 
     /// A holder record: the session's fingerprint and the replica's URL,

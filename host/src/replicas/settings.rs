@@ -87,12 +87,7 @@ pub fn dialable(url: &str) -> bool {
         return false;
     };
     let path_ok = matches!(u.path(), "" | "/") && u.query().is_none() && u.fragment().is_none();
-    let loopback = match u.host() {
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(url::Host::Domain(d)) => d == "localhost",
-        None => false,
-    };
+    let loopback = crate::state::settings::loopback_host(&u);
     let userinfo = !u.username().is_empty() || u.password().is_some();
     path_ok
         && !userinfo

@@ -63,6 +63,23 @@ impl Default for StateSettings {
     }
 }
 
+/// Whether a URL names this machine: a loopback address, or `localhost`.
+/// Shared by the store's and the replicas' clear-text rules.
+pub fn loopback_host(u: &url::Url) -> bool {
+    match u.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        // A non-special scheme's host (redis://) is opaque to the URL
+        // parser: an IPv4 address arrives as a name.
+        Some(url::Host::Domain(d)) => {
+            d == "localhost"
+                || d.parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        None => false,
+    }
+}
+
 impl StateSettings {
     pub fn from_env(env: &Env) -> Result<StateSettings, ConfigError> {
         let lease = env
@@ -121,19 +138,7 @@ impl StateSettings {
         let Ok(u) = url::Url::parse(url) else {
             return true;
         };
-        let loopback = match u.host() {
-            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-            // A non-special scheme's host is opaque to the URL parser: an
-            // IPv4 address arrives as a name.
-            Some(url::Host::Domain(d)) => {
-                d == "localhost"
-                    || d.parse::<std::net::IpAddr>()
-                        .is_ok_and(|ip| ip.is_loopback())
-            }
-            None => false,
-        };
-        u.scheme() != "rediss" && !loopback
+        u.scheme() != "rediss" && !loopback_host(&u)
     }
 
     /// Whether the store is shared with other replicas.
