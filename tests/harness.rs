@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::Value;
 
+pub mod fleet;
 #[path = "hostile_plugin.rs"]
 pub mod hostile_plugin;
 pub mod redis_server;

@@ -202,19 +202,28 @@ impl Drop for Slot {
     }
 }
 
-/// One of a caller's session places across the fleet (a shared store
-/// only), given back when the session ends; dropped without that, it stops
-/// being renewed and expires.
+/// A session's place in a count the fleet shares (a shared store only):
+/// among its caller's sessions, or its owner's. Given back when the
+/// session ends; dropped without that, it stops being renewed and expires.
 pub struct SessionPlace {
     store: Arc<RedisStore>,
-    caller: String,
+    /// The sorted set the place is in.
+    set: String,
     id: Option<String>,
 }
 
 impl SessionPlace {
+    pub fn new(store: Arc<RedisStore>, set: String, id: String) -> SessionPlace {
+        SessionPlace {
+            store,
+            set,
+            id: Some(id),
+        }
+    }
+
     pub async fn give_back(mut self) {
         if let Some(id) = self.id.take() {
-            self.store.give_back_place(&self.caller, &id).await;
+            self.store.give_back_place(&self.set, &id).await;
         }
     }
 }
@@ -226,8 +235,8 @@ impl Drop for SessionPlace {
         if let Some(id) = self.id.take() {
             self.store.forget_place(&id);
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let (store, caller) = (self.store.clone(), self.caller.clone());
-                rt.spawn(async move { store.give_back_place(&caller, &id).await });
+                let (store, set) = (self.store.clone(), self.set.clone());
+                rt.spawn(async move { store.give_back_place(&set, &id).await });
             }
         }
     }
@@ -380,11 +389,7 @@ impl Quotas {
             .await
             .unwrap_or(Err(Shed::StoreUnavailable));
         match taken {
-            Ok(Some(id)) => Ok(Some(SessionPlace {
-                store: r.clone(),
-                caller: caller.to_string(),
-                id: Some(id),
-            })),
+            Ok(Some((set, id))) => Ok(Some(SessionPlace::new(r.clone(), set, id))),
             Ok(None) => Err(None),
             Err(shed) => Err(Some(shed)),
         }

@@ -1,6 +1,7 @@
 //! The API's side of sessions across replicas (`crate::replicas`): taking
-//! a call another replica forwarded, and forwarding a call for a session
-//! this replica does not hold.
+//! a call another replica forwarded, forwarding a call for a session this
+//! replica does not hold, and forwarding an open for an owner whose
+//! sessions another replica holds.
 
 use std::sync::Arc;
 
@@ -13,13 +14,16 @@ use crate::callers::{Caller, Verifier};
 use crate::pipeline::Daemon;
 use crate::pipeline::session::{SessionError, ended_refusal};
 use crate::providers::Ended;
+use crate::quota::{SessionPlace, Shed};
 use crate::refusal::Reason;
 use crate::refusal::Refusal;
+use crate::replicas::owners::Home;
 use crate::replicas::{FORWARDED_AT, FORWARDED_BODY, FORWARDED_FOR, FORWARDED_TAG, Forwarded};
 use crate::wire::SessionEnd;
 
-/// The procedures a replica forwards: calls on an open session.
-const FORWARDABLE: [&str; 2] = ["SessionRun", "CloseSession"];
+/// The procedures a replica forwards: calls on an open session, and an
+/// open for an owner whose sessions another replica holds.
+const FORWARDABLE: [&str; 3] = ["SessionRun", "CloseSession", "OpenSession"];
 
 /// A forwarded call's claims, unchecked.
 pub struct Forward {
@@ -94,21 +98,6 @@ pub async fn elsewhere(
     let holder = replicas.holder(&fingerprint).await?;
     let forwarded = replicas.forward(&holder, procedure, &caller.id, body).await;
     Some(match forwarded {
-        Forwarded::Answer { status, .. } if status == 401 || status == 403 => {
-            // The holder did not take the forward (secrets or clients files
-            // that differ, clocks more than 30 s apart): nothing ran there,
-            // and the caller's own token is not the problem.
-            tracing::error!(
-                status,
-                "the replica holding a session refused a forwarded call; check that every replica has the same secret, clients file and clock"
-            );
-            refused("the replica holding this session refused the forwarded call")
-        }
-        Forwarded::Answer {
-            status,
-            headers,
-            body,
-        } => relayed(status, headers, body),
         Forwarded::Gone => {
             // Nothing was sent: nothing ran. The session went with its
             // replica; its caller's place in the store expires with the
@@ -122,17 +111,146 @@ pub async fn elsewhere(
                 Reason::Environment,
             ))
         }
+        other => answer_of(other, "this session"),
+    })
+}
+
+/// Where an open for an owner goes, with a shared store and a per-owner
+/// cap: here (`Ok`, with the new session's place among the owner's), or
+/// to the replica holding the owner's other sessions, whose answer is
+/// returned (`Err`). An open forwarded here (`relay` None) is never
+/// forwarded again.
+pub async fn owner_home(
+    daemon: &Daemon,
+    owner: &str,
+    caller: &Caller,
+    relay: Option<Bytes>,
+) -> Result<Option<SessionPlace>, Response> {
+    // A holder found gone is dropped, and the claim tried once more.
+    for _ in 0..2 {
+        let (url, holder) = match claim(daemon, owner, caller).await {
+            Ok(Claimed::Here(place)) => return Ok(place),
+            Ok(Claimed::Elsewhere { url, holder }) => (url, holder),
+            Err(r) => return Err(error_response(r.into())),
+        };
+        let Some(body) = relay.clone() else {
+            return Err(refused(
+                "this owner's sessions moved to another replica while the open was forwarded; retry",
+            ));
+        };
+        let Some(replicas) = daemon.replicas() else {
+            break;
+        };
+        match replicas
+            .forward(&url, "OpenSession", &caller.id, body)
+            .await
+        {
+            Forwarded::Gone => {
+                replicas
+                    .forget_owner_holder(&caller.id, owner, &holder)
+                    .await
+            }
+            other => return Err(answer_of(other, "this owner's sessions")),
+        }
+    }
+    Err(refused(
+        "the replica holding this owner's sessions is gone and another took its place; retry",
+    ))
+}
+
+/// For an open that is not forwarded (MCP's): here, or refused when
+/// another replica holds the owner's sessions.
+pub async fn owner_home_here(
+    daemon: &Daemon,
+    owner: &str,
+    caller: &Caller,
+) -> Result<Option<SessionPlace>, Refusal> {
+    match claim(daemon, owner, caller).await? {
+        Claimed::Here(place) => Ok(place),
+        Claimed::Elsewhere { .. } => Err(Refusal::environment(
+            "another replica holds this owner's sessions; open this one over the HTTP API, which forwards it there",
+        )),
+    }
+}
+
+enum Claimed {
+    /// Here, with the new session's place among the owner's if the fleet
+    /// counts them (replicas, a per-owner cap and a valid owner).
+    Here(Option<SessionPlace>),
+    Elsewhere {
+        url: String,
+        holder: String,
+    },
+}
+
+async fn claim(daemon: &Daemon, owner: &str, caller: &Caller) -> Result<Claimed, Refusal> {
+    let Some(replicas) = daemon.replicas() else {
+        return Ok(Claimed::Here(None));
+    };
+    let s = daemon.session_settings();
+    // An invalid owner is refused by the open itself, with its reason.
+    if !s.enabled() || s.max_per_owner == 0 || !crate::sessions::valid_owner(owner) {
+        return Ok(Claimed::Here(None));
+    }
+    match replicas.owner_home(&caller.id, owner).await {
+        Home::Here(place) => Ok(Claimed::Here(Some(place))),
+        Home::Elsewhere { url, holder } => Ok(Claimed::Elsewhere { url, holder }),
+        Home::Unavailable => {
+            let shed = Shed::StoreUnavailable;
+            daemon
+                .metrics()
+                .shed
+                .with_label_values(&[shed.label()])
+                .inc();
+            Err(Refusal::capacity(shed.text()))
+        }
+        Home::Unsigned => {
+            tracing::warn!(
+                "the store names a holder of an owner's sessions that the replicas did not sign"
+            );
+            Err(Refusal::environment(
+                "the store's record of where this owner's sessions are is not one the replicas signed",
+            ))
+        }
+    }
+}
+
+/// A forwarded call's fate, other than its holder being gone: the
+/// holder's answer relayed, or why there is none (`what` names the
+/// holder's charge in messages).
+fn answer_of(forwarded: Forwarded, what: &str) -> Response {
+    match forwarded {
+        Forwarded::Answer { status, .. } if status == 401 || status == 403 => {
+            // The holder did not take the forward (secrets or clients files
+            // that differ, clocks more than 30 s apart): nothing ran there,
+            // and the caller's own token is not the problem.
+            tracing::error!(
+                status,
+                "the replica holding a session refused a forwarded call; check that every replica has the same secret, clients file and clock"
+            );
+            refused(&format!(
+                "the replica holding {what} refused the forwarded call"
+            ))
+        }
+        Forwarded::Answer {
+            status,
+            headers,
+            body,
+        } => relayed(status, headers, body),
+        Forwarded::Gone => refused(&format!("the replica holding {what} is gone; retry")),
         Forwarded::Unreachable(detail) => {
             // Nothing was sent; the holder may be there a moment later.
             tracing::warn!(detail = %detail, "the replica holding a session could not be reached");
-            refused("the replica holding this session could not be reached; retry")
+            refused(&format!(
+                "the replica holding {what} could not be reached; retry"
+            ))
         }
         Forwarded::Lost(detail) => {
             let id = crate::pipeline::internal_id(&detail);
             tracing::error!(error_id = %id, detail = %detail, "a forwarded session call got no answer");
             error_response(SessionError::Internal { id })
         }
-    })
+    }
 }
 
 /// Nothing ran: marked `environment`, the session not ended.

@@ -32,9 +32,9 @@ pub fn parse_session(procedure: &str, body: &[u8]) -> Result<Parsed, Refusal> {
     }
 }
 
-/// Answers a session procedure here, or, for a session another replica
-/// holds, through that replica (`relay` is the body to forward, when this
-/// replica forwards at all).
+/// Answers a session procedure here, or, for a session (or an owner's
+/// sessions) another replica holds, through that replica (`relay` is the
+/// body to forward, when this replica forwards at all).
 pub async fn call(
     daemon: &Arc<Daemon>,
     req: Parsed,
@@ -42,7 +42,12 @@ pub async fn call(
     relay: Option<bytes::Bytes>,
 ) -> Response {
     match req {
-        Parsed::Open(r) => answer(daemon.open_session(r, caller).await),
+        Parsed::Open(r) => {
+            match super::replica::owner_home(daemon, &r.owner, &caller, relay).await {
+                Ok(place) => answer(daemon.open_session(r, caller, place).await),
+                Err(resp) => resp,
+            }
+        }
         Parsed::Run(r) => {
             match super::replica::elsewhere(daemon, "SessionRun", &r.session_id, &caller, relay)
                 .await

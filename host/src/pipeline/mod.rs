@@ -115,6 +115,10 @@ impl Daemon {
         self.replicas.as_ref()
     }
 
+    pub fn session_settings(&self) -> &SessionSettings {
+        &self.sessions.settings
+    }
+
     /// Whether this replica holds an open session `id` of `caller`.
     pub fn holds_session(&self, id: &str, caller: &str) -> bool {
         self.sessions.get(id, caller).is_some()

@@ -135,6 +135,27 @@ impl Secret {
             .verify_slice(&tag)
             .is_ok()
     }
+
+    /// A replica's place among the holders of a caller's owner's sessions:
+    /// the caller, the owner and the replica's URL, stored as `url` and
+    /// this tag.
+    pub fn sign_owner_holder(&self, caller: &str, owner: &str, url: &str) -> String {
+        hex::encode(self.owner_mac(caller, owner, url).finalize().into_bytes())
+    }
+
+    pub fn verify_owner_holder(&self, caller: &str, owner: &str, url: &str, tag: &str) -> bool {
+        canonical(tag).is_some_and(|t| self.owner_mac(caller, owner, url).verify_slice(&t).is_ok())
+    }
+
+    fn owner_mac(&self, caller: &str, owner: &str, url: &str) -> HmacSha256 {
+        let parts: [&[u8]; 4] = [
+            b"owner",
+            caller.as_bytes(),
+            owner.as_bytes(),
+            url.as_bytes(),
+        ];
+        mac(self, &parts)
+    }
 }
 
 #[cfg(test)]
@@ -190,6 +211,14 @@ mod tests {
         assert!(s.verify_holder("fp", h, &r));
         assert!(!s.verify_holder("fp", "http://127.0.0.1:2", &r));
         assert!(!other.verify_holder("fp", h, &r));
+        // An owner's holder binds the caller and the owner apart: the same
+        // characters split differently are another record.
+        let o = s.sign_owner_holder("a:b", "c", h);
+        assert!(s.verify_owner_holder("a:b", "c", h, &o));
+        assert!(!s.verify_owner_holder("a", "b:c", h, &o));
+        assert!(!s.verify_owner_holder("a:b", "c", "http://127.0.0.1:2", &o));
+        assert!(!other.verify_owner_holder("a:b", "c", h, &o));
+        assert!(!s.verify_holder("a:b", h, &o), "not a session's record");
         assert!(Secret::new("short").is_err());
         assert!(!format!("{s:?}").contains("sss"));
     }

@@ -10,8 +10,14 @@
 //! holder accepts a forwarded call only with a valid tag, at most 30 s
 //! old, seen once. A holder record in the store is signed too, so writing
 //! the store is not enough to send a session's calls elsewhere.
+//!
+//! An owner's sessions (OpenSession's `owner`) are all held by one replica
+//! (`owners`): an open for an owner whose sessions another replica holds
+//! is forwarded there, so the per-owner cap, and which idle session it
+//! replaces, is one replica's decision for the whole fleet.
 
 pub mod mac;
+pub mod owners;
 pub mod settings;
 
 use std::collections::HashMap;

@@ -37,6 +37,9 @@ pub struct Holds {
     pub caller_slot: Slot,
     /// The caller's session place across the fleet, with a shared store.
     pub fleet_place: Option<SessionPlace>,
+    /// The session's place among its owner's, with replicas: it keeps the
+    /// owner's sessions on this replica while it lives.
+    pub owner_place: Option<SessionPlace>,
 }
 
 impl Holds {
@@ -46,6 +49,9 @@ impl Holds {
         let used = lived.as_millis().div_ceil(1000) as u64;
         self.caller_slot.settle(used).await;
         if let Some(p) = self.fleet_place {
+            p.give_back().await;
+        }
+        if let Some(p) = self.owner_place {
             p.give_back().await;
         }
     }

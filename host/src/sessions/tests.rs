@@ -49,6 +49,7 @@ async fn open(r: &Arc<Registry>, caller: &str, owner: Option<&str>) -> Result<Ar
             .expect("slot"),
         caller_slot: quotas.admit(caller, None, 0).await.expect("caller slot"),
         fleet_place: None,
+        owner_place: None,
     };
     let entry = Entry::new(
         Opened {

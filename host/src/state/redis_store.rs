@@ -47,6 +47,7 @@ pub struct RedisStore {
     settle: Script,
     renew: Script,
     place: Script,
+    owner: Script,
 }
 
 /// A lease this replica renews, and the sorted set it is in.
@@ -75,6 +76,13 @@ fn paid(caller: &str) -> String {
 }
 fn sessions(caller: &str) -> String {
     format!("plimsoll:sessions:{caller}")
+}
+/// An owner's sessions across the fleet. The owner is named by the caller
+/// and may be a user's name: the key holds its digest only.
+fn owner_sessions(caller: &str, owner: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(owner.as_bytes());
+    format!("plimsoll:owner:{caller}:{}", hex::encode(&digest[..16]))
 }
 fn booking(id: &str) -> String {
     format!("plimsoll:booking:{id}")
@@ -125,6 +133,7 @@ impl RedisStore {
             settle: Script::new(include_str!("lua/settle.lua")),
             renew: with_prelude(include_str!("lua/renew.lua")),
             place: with_prelude(include_str!("lua/place.lua")),
+            owner: with_prelude(include_str!("lua/owner.lua")),
         });
         tokio::spawn(renew_while_alive(Arc::downgrade(&store)));
         Ok(store)
@@ -305,16 +314,17 @@ impl RedisStore {
         self: &Arc<Self>,
         caller: &str,
         cap: u32,
-    ) -> Result<Option<String>, Shed> {
+    ) -> Result<Option<(String, String)>, Shed> {
         let id = format!(
             "{}-s{}",
             self.replica,
             self.next.fetch_add(1, Ordering::Relaxed)
         );
+        let set = sessions(caller);
         let mut conn = self.conn.clone();
         let taken: Result<i64, _> = self
             .place
-            .key(sessions(caller))
+            .key(&set)
             .arg(&id)
             .arg(self.lease.as_millis() as u64)
             .arg(cap)
@@ -323,33 +333,104 @@ impl RedisStore {
         match taken {
             Ok(1) => {
                 if let Ok(mut live) = self.live.lock() {
-                    live.insert(id.clone(), Held::Session(sessions(caller)));
+                    live.insert(id.clone(), Held::Session(set.clone()));
                 }
-                Ok(Some(id))
+                Ok(Some((set, id)))
             }
             Ok(_) => Ok(None),
             Err(e) => {
                 // It may have been taken: give it back in the background.
-                self.give_back_place_later(caller.to_string(), id);
+                self.give_back_place_later(set, id);
                 Err(unreachable(&e))
             }
         }
     }
 
     /// Gives a session place back (the session ended).
-    pub async fn give_back_place(self: &Arc<Self>, caller: &str, id: &str) {
+    /// Joins this replica (`holder`, its signed address) to the replicas
+    /// holding `owner`'s sessions, if no other one holds any: an owner's
+    /// sessions live on one replica, so its per-owner cap (and the choice
+    /// of which idle session to replace) is that replica's alone.
+    /// `Ok((set, place))`: joined, with a place renewed like a session's;
+    /// `Err(Some(other))`: another holder has them.
+    pub async fn join_owner(
+        self: &Arc<Self>,
+        caller: &str,
+        owner: &str,
+        holder: &str,
+    ) -> Result<(String, String), Option<String>> {
+        let set = owner_sessions(caller, owner);
+        let id = format!(
+            "{}-o{} {holder}",
+            self.replica,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut conn = self.conn.clone();
+        let joined: Result<String, _> = self
+            .owner
+            .key(&set)
+            .arg(&id)
+            .arg(self.lease.as_millis() as u64)
+            .arg(holder)
+            .invoke_async(&mut conn)
+            .await;
+        match joined {
+            Ok(other) if other.is_empty() => {
+                if let Ok(mut live) = self.live.lock() {
+                    live.insert(id.clone(), Held::Session(set.clone()));
+                }
+                Ok((set, id))
+            }
+            Ok(other) => Err(Some(other)),
+            Err(e) => {
+                self.give_back_place_later(set, id);
+                let _ = unreachable(&e);
+                Err(None)
+            }
+        }
+    }
+
+    /// Drops the places of an owner's sessions held by `holder`, a replica
+    /// found gone (its address refuses connections): its sessions went
+    /// with it, and the owner's next open need not wait for the leases.
+    pub async fn drop_owner_holder(&self, caller: &str, owner: &str, holder: &str) {
+        let set = owner_sessions(caller, owner);
+        let mut conn = self.conn.clone();
+        let Ok(members) = redis::cmd("ZRANGE")
+            .arg(&set)
+            .arg(0)
+            .arg(-1)
+            .query_async::<Vec<String>>(&mut conn)
+            .await
+        else {
+            return;
+        };
+        let gone: Vec<&String> = members
+            .iter()
+            .filter(|m| m.split_once(' ').is_some_and(|(_, h)| h == holder))
+            .collect();
+        if !gone.is_empty() {
+            let _ = redis::cmd("ZREM")
+                .arg(&set)
+                .arg(gone)
+                .query_async::<i64>(&mut conn)
+                .await;
+        }
+    }
+
+    pub async fn give_back_place(self: &Arc<Self>, set: &str, id: &str) {
         if let Ok(mut live) = self.live.lock() {
             live.remove(id);
         }
         drop(self.renewing.lock().await);
         let mut conn = self.conn.clone();
         let done = redis::cmd("ZREM")
-            .arg(sessions(caller))
+            .arg(set)
             .arg(id)
             .query_async::<i64>(&mut conn)
             .await;
         if done.is_err() {
-            self.give_back_place_later(caller.to_string(), id.to_string());
+            self.give_back_place_later(set.to_string(), id.to_string());
         }
     }
 
@@ -360,7 +441,7 @@ impl RedisStore {
         }
     }
 
-    fn give_back_place_later(self: &Arc<Self>, caller: String, id: String) {
+    fn give_back_place_later(self: &Arc<Self>, set: String, id: String) {
         let me = self.clone();
         tokio::spawn(async move {
             let give_up = tokio::time::Instant::now() + me.lease;
@@ -368,7 +449,7 @@ impl RedisStore {
                 tokio::time::sleep(RETRY).await;
                 let mut conn = me.conn.clone();
                 let done = redis::cmd("ZREM")
-                    .arg(sessions(&caller))
+                    .arg(&set)
                     .arg(&id)
                     .query_async::<i64>(&mut conn)
                     .await;

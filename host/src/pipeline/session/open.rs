@@ -15,7 +15,7 @@ use crate::admission::{CELL_LANGUAGES, valid_trace_id};
 use crate::callers::Caller;
 use crate::pipeline::{Daemon, floor, internal_id};
 use crate::providers::{Evidence, SessionOptions};
-use crate::quota::Shed;
+use crate::quota::{SessionPlace, Shed};
 use crate::refusal::Refusal;
 use crate::sessions::{self, Entry, Holds, Opened, reaper, settings::MIN_IDLE};
 use crate::tier::Tier;
@@ -37,10 +37,13 @@ fn shorter(configured: Duration, requested_ms: u32) -> Duration {
 }
 
 impl Daemon {
+    /// `owner_place`: the new session's place among its owner's sessions
+    /// across the fleet, when the replicas count them (`api::replica`).
     pub async fn open_session(
         self: &Arc<Self>,
         req: OpenSessionRequest,
         caller: Arc<Caller>,
+        owner_place: Option<SessionPlace>,
     ) -> Result<OpenSessionResponse, SessionError> {
         // 1. The request on its own.
         let floor = Tier::parse_floor(&req.minimum_isolation)
@@ -185,6 +188,7 @@ impl Daemon {
             daemon_slot,
             caller_slot,
             fleet_place,
+            owner_place,
         };
 
         // 5. The sandbox, in a task that outlives a caller who left.

@@ -1,0 +1,142 @@
+//! Helpers for tests of several replicas (shared state, sessions across
+//! replicas): a clients file, calls to one replica by URL, and a fleet of
+//! replicas that forward session calls to each other.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::{Daemon, Scratch};
+
+/// A clients file with these callers (ID, paid seconds per day); returns
+/// each caller's token, in order.
+pub fn clients(file: &Path, callers: &[(&str, Option<u64>)]) -> Vec<String> {
+    let mut entries = Vec::new();
+    let mut tokens = Vec::new();
+    for (id, paid) in callers {
+        let token = plimsoll::callers::new_token().expect("token");
+        let mut e = json!({
+            "id": id,
+            "token_sha256": plimsoll::callers::fingerprint(&token),
+            "scopes": ["code:run"],
+        });
+        if let Some(p) = paid {
+            e["paid_seconds_per_day"] = json!(p);
+        }
+        entries.push(e);
+        tokens.push(token);
+    }
+    std::fs::write(file, json!({ "clients": entries }).to_string()).expect("clients file");
+    tokens
+}
+
+pub struct Answer {
+    pub status: u16,
+    /// The not-dispatched mark, if the answer carries it.
+    pub mark: Option<String>,
+    pub body: Value,
+}
+
+pub async fn run(d: &Daemon, token: &str, code: &str) -> Answer {
+    run_at(d.url("/plimsoll.v1.SandboxService/Run"), token, code).await
+}
+
+pub async fn run_at(url: String, token: &str, code: &str) -> Answer {
+    let r = crate::client()
+        .post(url)
+        .header("authorization", format!("Bearer {token}"))
+        .json(&json!({"protocol": 4, "javascript": {"code": code}, "timeoutMs": 20000}))
+        .send()
+        .await
+        .expect("sent");
+    answer_of(r).await
+}
+
+/// The status, the not-dispatched mark and the body of an answer.
+pub async fn answer_of(r: reqwest::Response) -> Answer {
+    let status = r.status().as_u16();
+    let mark = r
+        .headers()
+        .get("plimsoll-not-dispatched")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = r.json().await.unwrap_or(Value::Null);
+    Answer { status, mark, body }
+}
+
+/// POSTs `body` to `procedure` on `d` as the holder of `token`.
+pub async fn post(d: &Daemon, token: &str, procedure: &str, body: Value) -> Answer {
+    let url = d.url(&format!("/plimsoll.v1.SandboxService/{procedure}"));
+    post_at(url, token, body).await
+}
+
+pub async fn post_at(url: String, token: &str, body: Value) -> Answer {
+    let r = crate::client()
+        .post(url)
+        .header("authorization", format!("Bearer {token}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("sent");
+    answer_of(r).await
+}
+
+/// A free loopback port, for a replica whose address its peers must know
+/// before it starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// What a cell printed, from a SessionRun answer.
+pub fn cell_stdout(a: &Answer) -> String {
+    use base64::Engine;
+    let out = a
+        .body
+        .pointer("/run/cell/stdout")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(out)
+            .expect("base64"),
+    )
+    .expect("utf-8")
+}
+
+/// `n` replicas on loopback that forward session calls to each other:
+/// each knows its own URL and the shared secret (written in `dir`).
+/// Returns the replicas and the secret's text.
+pub fn forwarding(n: usize, dir: &Scratch, env: &[(&str, String)]) -> (Vec<Daemon>, String) {
+    let secret = dir.path("replica-secret");
+    let secret_text = plimsoll::callers::new_token().expect("secret");
+    std::fs::write(&secret, &secret_text).expect("secret");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let ds = (0..n)
+        .map(|_| {
+            let addr = format!("127.0.0.1:{}", free_port());
+            let mut all: Vec<(String, String)> = env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect();
+            all.push((
+                "PLIMSOLL_REPLICA_SECRET_FILE".into(),
+                secret.display().to_string(),
+            ));
+            all.push(("PLIMSOLL_ADDR".into(), addr.clone()));
+            all.push(("PLIMSOLL_REPLICA_URL".into(), format!("http://{addr}")));
+            let borrowed: Vec<(&str, &str)> =
+                all.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            Daemon::start(&borrowed)
+        })
+        .collect();
+    (ds, secret_text)
+}
+
+/// `env` as the pairs `Daemon::start` takes.
+pub fn borrowed(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}

@@ -1,0 +1,487 @@
+//! Sessions across replicas sharing a real `redis-server`: a session holds
+//! its caller's place in the fleet, is used and closed through any replica
+//! (forwarded to the one holding it), a caller's session cap holds across
+//! them, and an owner's sessions live on one replica, so the per-owner cap
+//! and its replacement of the least recently used idle session hold for
+//! the whole fleet.
+
+use std::time::{Duration, Instant};
+
+use plimsoll_tests::fleet::{
+    Answer, borrowed, cell_stdout, clients, forwarding, free_port, post, post_at, run,
+};
+use plimsoll_tests::redis_server::RedisServer;
+use plimsoll_tests::{Daemon, Scratch};
+use serde_json::json;
+
+fn replicas(n: usize, env: &[(&str, &str)]) -> Vec<Daemon> {
+    (0..n).map(|_| Daemon::start(env)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_holds_its_callers_place_in_the_fleet_and_its_calls_spend_the_shared_rate() {
+    let redis = RedisServer::start("sessions");
+    let dir = Scratch::new("shared-sessions");
+    let file = dir.path("clients.json");
+    let tokens = clients(&file, &[("alice", None)]);
+    let (f, url) = (file.display().to_string(), redis.url());
+    let ds = replicas(
+        2,
+        &[
+            ("SANDBOX_PROVIDER", "wasm"),
+            ("PLIMSOLL_CLIENTS_FILE", &f),
+            ("PLIMSOLL_STATE_URL", &url),
+            ("SANDBOX_MAX_SESSIONS", "2"),
+            ("SANDBOX_PER_KEY_CONCURRENT", "1"),
+            ("SANDBOX_RATE_PER_MIN", "1"),
+            ("SANDBOX_RATE_BURST", "4"),
+        ],
+    );
+    // The open takes alice's one place and one token of four.
+    let opened = post(&ds[0], &tokens[0], "OpenSession", json!({"protocol": 4})).await;
+    assert_eq!(opened.status, 200, "{:?}", opened.body);
+    let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+    // The session holds the place while it is open: no run on the other
+    // replica.
+    let a = run(&ds[1], &tokens[0], "1").await;
+    assert_eq!((a.status, a.mark.as_deref()), (429, Some("capacity")));
+    assert!(a.body.to_string().contains("at once"), "{:?}", a.body);
+    // Each call spends a token from the same bucket: three are left.
+    let call = |code: &str| json!({"protocol": 4, "sessionId": sid, "cell": {"language": "javascript", "code": code}});
+    for code in ["1", "2", "3"] {
+        let a = post(&ds[0], &tokens[0], "SessionRun", call(code)).await;
+        assert_eq!(a.status, 200, "{:?}", a.body);
+    }
+    let a = post(&ds[0], &tokens[0], "SessionRun", call("4")).await;
+    assert_eq!((a.status, a.mark.as_deref()), (429, Some("capacity")));
+    assert!(a.body.to_string().contains("rate"), "{:?}", a.body);
+    // Closed, the session gives its place back to the fleet.
+    let closed = post(
+        &ds[0],
+        &tokens[0],
+        "CloseSession",
+        json!({"protocol": 4, "sessionId": sid}),
+    )
+    .await;
+    assert_eq!(closed.status, 200, "{:?}", closed.body);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let a = run(&ds[1], &tokens[0], "1").await;
+        // The place is back once the close has settled; the rate is spent.
+        if a.body.to_string().contains("rate") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the place never came back: {:?}",
+            a.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others() {
+    let redis = RedisServer::start("forward");
+    let dir = Scratch::new("shared-forward");
+    let file = dir.path("clients.json");
+    let tokens = clients(&file, &[("alice", None), ("bob", None)]);
+    let secret = dir.path("replica-secret");
+    let secret_text = plimsoll::callers::new_token().expect("secret");
+    std::fs::write(&secret, &secret_text).expect("secret");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let base = [
+        ("SANDBOX_PROVIDER", "wasm".to_string()),
+        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
+        ("PLIMSOLL_STATE_URL", redis.url()),
+        ("PLIMSOLL_REPLICA_SECRET_FILE", secret.display().to_string()),
+        ("SANDBOX_MAX_SESSIONS", "4".into()),
+    ];
+    let addrs: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let mut ds: Vec<Daemon> = addrs
+        .iter()
+        .map(|addr| {
+            let mut env: Vec<(String, String)> = base
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect();
+            env.push(("PLIMSOLL_ADDR".into(), addr.to_string()));
+            env.push(("PLIMSOLL_REPLICA_URL".into(), format!("http://{addr}")));
+            Daemon::start(&borrowed(&env))
+        })
+        .collect();
+    let cell = |sid: &str, code: &str| json!({"protocol": 4, "sessionId": sid, "cell": {"language": "javascript", "code": code}});
+
+    // Opened on replica 0, used through 1 and 2: one interpreter, one
+    // state, whichever replica the call reached.
+    let opened = post(&ds[0], &tokens[0], "OpenSession", json!({"protocol": 4})).await;
+    assert_eq!(opened.status, 200, "{:?}", opened.body);
+    let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+    let audited = ds[0].audit_runs();
+    let a = post(
+        &ds[1],
+        &tokens[0],
+        "SessionRun",
+        cell(&sid, "globalThis.x = 41; 0"),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    let a = post(&ds[2], &tokens[0], "SessionRun", cell(&sid, "x + 1")).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(cell_stdout(&a), "42\n", "{:?}", a.body);
+    assert_eq!(
+        a.body["run"]["record"]["sequence"], "2",
+        "{:?}",
+        a.body["run"]
+    );
+    // Another caller presenting the ID gets what an unknown ID gets.
+    let unknown = "0".repeat(32);
+    let b = post(&ds[1], &tokens[1], "SessionRun", cell(&sid, "x")).await;
+    let u = post(&ds[1], &tokens[1], "SessionRun", cell(&unknown, "x")).await;
+    assert_eq!(
+        (b.status, b.mark.clone()),
+        (u.status, u.mark.clone()),
+        "{:?}",
+        b.body
+    );
+    assert_eq!(b.body["code"], u.body["code"]);
+    assert!(!b.body.to_string().contains("41"));
+
+    // Forwarded calls without the secret's signature are refused before a
+    // byte of the body is read (a request that never sends its body is
+    // answered at once) and before anything runs.
+    let forge = |tag: String, at: u64| {
+        let body = serde_json::to_vec(&cell(&sid, "x")).expect("json");
+        let digest = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(&body))
+        };
+        plimsoll_tests::client()
+            .post(ds[0].url("/plimsoll.v1.SandboxService/SessionRun"))
+            .header("content-type", "application/json")
+            .header("plimsoll-forwarded-for", "alice")
+            .header("plimsoll-forwarded-at", at.to_string())
+            .header("plimsoll-forwarded-body-sha256", digest)
+            .header("plimsoll-forwarded-tag", tag)
+            .body(body)
+            .send()
+    };
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64
+    };
+    let forged = forge("00".repeat(32), now()).await.expect("sent");
+    assert_eq!(forged.status().as_u16(), 401);
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut sock = tokio::net::TcpStream::connect(&ds[0].addr)
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST /plimsoll.v1.SandboxService/SessionRun HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\nplimsoll-forwarded-for: alice\r\nplimsoll-forwarded-at: {}\r\nplimsoll-forwarded-body-sha256: {}\r\nplimsoll-forwarded-tag: {}\r\n\r\n",
+            now(),
+            "0".repeat(64),
+            "0".repeat(64)
+        );
+        sock.write_all(head.as_bytes()).await.expect("write");
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(3), sock.read(&mut buf))
+            .await
+            .expect("answered without waiting for the body")
+            .expect("read");
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 401"));
+    }
+    // A peer's genuine signature is taken once; the same call again, or
+    // the same tag spelt in capitals, is refused.
+    let signer = plimsoll::replicas::Secret::new(&secret_text).expect("secret");
+    let body = serde_json::to_vec(&cell(&sid, "x")).expect("json");
+    let digest = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&body))
+    };
+    let at = now();
+    let tag = signer.sign_call(
+        &format!("http://{}", addrs[0]),
+        "SessionRun",
+        "alice",
+        at,
+        &digest,
+    );
+    let genuine = forge(tag.clone(), at).await.expect("sent");
+    assert_eq!(genuine.status().as_u16(), 200);
+    assert_eq!(
+        forge(tag.clone(), at)
+            .await
+            .expect("sent")
+            .status()
+            .as_u16(),
+        401,
+        "a replay"
+    );
+    assert_eq!(
+        forge(tag.to_ascii_uppercase(), at)
+            .await
+            .expect("sent")
+            .status()
+            .as_u16(),
+        401,
+        "a replay spelt differently"
+    );
+
+    // Closed through replica 2; the holder has ended it.
+    let closed = post(
+        &ds[2],
+        &tokens[0],
+        "CloseSession",
+        json!({"protocol": 4, "sessionId": sid}),
+    )
+    .await;
+    assert_eq!(closed.status, 200, "{:?}", closed.body);
+    let after = post(&ds[1], &tokens[0], "SessionRun", cell(&sid, "x")).await;
+    assert!(
+        after.body.to_string().contains("plimsoll.v1.SessionEnded"),
+        "{:?}",
+        after.body
+    );
+    // Log lines arrive on their own stream: wait for the four, then make
+    // sure no fifth follows.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ds[0].audit_runs() < audited + 4 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        ds[0].audit_runs(),
+        audited + 4,
+        "the holder logged the two calls, the genuine forward and the close, and nothing for the forgeries"
+    );
+
+    // The store holds the session's fingerprint, never its ID.
+    let keys = redis.command(&["KEYS", "*"]).expect("keys");
+    let record = format!("plimsoll:session:{}", plimsoll::sessions::fingerprint(&sid));
+    assert!(keys.lines().any(|k| k == record), "{keys}");
+    for key in keys.lines() {
+        assert!(!key.contains(&sid), "{key}");
+        if key.starts_with("plimsoll:session:") {
+            let v = redis.command(&["GET", key]).unwrap_or_default();
+            assert!(!v.contains(&sid), "{v}");
+        }
+    }
+
+    // The holder dies with a session open: a call through another replica
+    // is told the session ended, marked (nothing ran).
+    let opened = post(&ds[0], &tokens[0], "OpenSession", json!({"protocol": 4})).await;
+    let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+    ds[0].kill();
+    let a = post(&ds[1], &tokens[0], "SessionRun", cell(&sid, "1")).await;
+    assert_eq!(a.mark.as_deref(), Some("environment"), "{:?}", a.body);
+    let text = a.body.to_string();
+    assert!(
+        text.contains("plimsoll.v1.SessionEnded") && text.contains("ended"),
+        "{text}"
+    );
+    // And forgotten: the next call does not try the dead replica again.
+    let again = post(&ds[2], &tokens[0], "SessionRun", cell(&sid, "1")).await;
+    let unknown = post(&ds[2], &tokens[0], "SessionRun", cell(&"0".repeat(32), "1")).await;
+    assert_eq!(
+        (again.status, again.body["code"].clone()),
+        (unknown.status, unknown.body["code"].clone())
+    );
+    assert_eq!(
+        redis
+            .command(&[
+                "EXISTS",
+                &format!("plimsoll:session:{}", plimsoll::sessions::fingerprint(&sid))
+            ])
+            .as_deref(),
+        Some("0")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_callers_session_cap_holds_across_replicas_and_a_dead_replicas_sessions_stop_counting() {
+    let redis = RedisServer::start("session-cap");
+    let dir = Scratch::new("shared-session-cap");
+    let file = dir.path("clients.json");
+    let tokens = clients(&file, &[("alice", None), ("bob", None)]);
+    let (f, url) = (file.display().to_string(), redis.url());
+    let env = [
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
+        ("PLIMSOLL_STATE_URL", url.as_str()),
+        ("PLIMSOLL_STATE_LEASE_SECONDS", "3"),
+        ("SANDBOX_MAX_SESSIONS", "4"),
+        ("SANDBOX_MAX_SESSIONS_PER_CALLER", "1"),
+    ];
+    let mut ds = replicas(2, &env);
+    let open = |d: &Daemon, token: &str| {
+        let (url, token) = (
+            d.url("/plimsoll.v1.SandboxService/OpenSession"),
+            token.to_string(),
+        );
+        async move { post_at(url, &token, json!({"protocol": 4})).await }
+    };
+    // One session for alice in the whole fleet.
+    let first = open(&ds[0], &tokens[0]).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    let second = open(&ds[1], &tokens[0]).await;
+    assert_eq!(
+        (second.status, second.mark.as_deref()),
+        (429, Some("capacity"))
+    );
+    assert!(
+        second.body.to_string().contains("open sessions"),
+        "{:?}",
+        second.body
+    );
+    assert_eq!(
+        open(&ds[1], &tokens[1]).await.status,
+        200,
+        "bob has his own"
+    );
+    // Held while the session is open: renewed past twice its lease.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let still = open(&ds[1], &tokens[0]).await;
+    assert_eq!(
+        (still.status, still.mark.as_deref()),
+        (429, Some("capacity"))
+    );
+    assert!(
+        still.body.to_string().contains("open sessions"),
+        "{:?}",
+        still.body
+    );
+    // Closed on one replica, the place is free on the other.
+    let sid = first.body["sessionId"].as_str().expect("id").to_string();
+    let closed = post(
+        &ds[0],
+        &tokens[0],
+        "CloseSession",
+        json!({"protocol": 4, "sessionId": sid}),
+    )
+    .await;
+    assert_eq!(closed.status, 200, "{:?}", closed.body);
+    let again = open(&ds[1], &tokens[0]).await;
+    assert_eq!(again.status, 200, "{:?}", again.body);
+    // The replica holding it dies: its session stops counting within the
+    // lease (3 s), and alice may open one elsewhere.
+    ds[1].kill();
+    let killed = Instant::now();
+    let refused = open(&ds[0], &tokens[0]).await;
+    assert_eq!(
+        (refused.status, refused.mark.as_deref()),
+        (429, Some("capacity"))
+    );
+    loop {
+        let a = open(&ds[0], &tokens[0]).await;
+        if a.status == 200 {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(8), "{:?}", a.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Opens a session for `owner` through `d`.
+async fn open_for(d: &Daemon, token: &str, owner: &str) -> Answer {
+    post(
+        d,
+        token,
+        "OpenSession",
+        json!({"protocol": 4, "owner": owner}),
+    )
+    .await
+}
+
+/// The URL of the replica the store names as a session's holder.
+fn holder_of(redis: &RedisServer, sid: &str) -> String {
+    let key = format!("plimsoll:session:{}", plimsoll::sessions::fingerprint(sid));
+    let value = redis.command(&["GET", &key]).unwrap_or_default();
+    value.split(' ').next().unwrap_or("").to_string()
+}
+
+fn id_of(a: &Answer) -> String {
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    a.body["sessionId"].as_str().expect("id").to_string()
+}
+
+fn ended(a: &Answer) -> bool {
+    a.body.to_string().contains("plimsoll.v1.SessionEnded")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owners_sessions_live_on_one_replica_so_its_cap_replaces_across_the_fleet() {
+    let redis = RedisServer::start("owners");
+    let dir = Scratch::new("shared-owners");
+    let file = dir.path("clients.json");
+    let tokens = clients(&file, &[("alice", None)]);
+    let env = [
+        ("SANDBOX_PROVIDER", "wasm".to_string()),
+        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
+        ("PLIMSOLL_STATE_URL", redis.url()),
+        ("PLIMSOLL_STATE_LEASE_SECONDS", "3".into()),
+        ("SANDBOX_MAX_SESSIONS", "4".into()),
+        ("SANDBOX_MAX_SESSIONS_PER_OWNER", "1".into()),
+    ];
+    let (mut ds, _) = forwarding(3, &dir, &env);
+    let url = |d: &Daemon| format!("http://{}", d.addr);
+    let alice = &tokens[0];
+    let cell = |sid: &str, code: &str| json!({"protocol": 4, "sessionId": sid, "cell": {"language": "javascript", "code": code}});
+
+    // The owner's first session opens where the open arrived.
+    let first = id_of(&open_for(&ds[0], alice, "ws-1").await);
+    assert_eq!(holder_of(&redis, &first), url(&ds[0]));
+    // Its second, opened through another replica, goes to the same one,
+    // which replaces the idle first: one session for the owner in the
+    // whole fleet, as on one daemon.
+    let second = id_of(&open_for(&ds[1], alice, "ws-1").await);
+    assert_eq!(holder_of(&redis, &second), url(&ds[0]));
+    let a = post(&ds[2], alice, "SessionRun", cell(&first, "1")).await;
+    assert!(ended(&a), "{:?}", a.body);
+    let a = post(&ds[2], alice, "SessionRun", cell(&second, "6 * 7")).await;
+    assert_eq!(cell_stdout(&a), "42\n", "{:?}", a.body);
+    // Another owner's sessions are held where they opened.
+    let other = id_of(&open_for(&ds[2], alice, "ws-2").await);
+    assert_eq!(holder_of(&redis, &other), url(&ds[2]));
+
+    // The store names owners by digest only.
+    let keys = redis.command(&["KEYS", "*"]).expect("keys");
+    assert!(
+        keys.lines().any(|k| k.starts_with("plimsoll:owner:alice:")),
+        "{keys}"
+    );
+    assert!(!keys.contains("ws-1") && !keys.contains("ws-2"), "{keys}");
+
+    // A holder the replicas did not sign, written into the store, gets no
+    // open sent anywhere: refused, marked, nothing opened.
+    let forged_key = {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(b"ws-3");
+        format!("plimsoll:owner:alice:{}", hex::encode(&d[..16]))
+    };
+    let forged = format!("x-o1 {} {}", url(&ds[1]), "0".repeat(64));
+    redis
+        .command(&["ZADD", &forged_key, "99999999999999", &forged])
+        .expect("zadd");
+    let a = open_for(&ds[0], alice, "ws-3").await;
+    assert_eq!(a.mark.as_deref(), Some("environment"), "{:?}", a.body);
+    assert!(a.body.to_string().contains("signed"), "{:?}", a.body);
+
+    // The owner's holder dies: the next open finds it gone, drops it from
+    // the owner's holders at once (no wait for its leases) and opens
+    // where it arrived; the cap then holds there.
+    ds[0].kill();
+    let third = id_of(&open_for(&ds[1], alice, "ws-1").await);
+    assert_eq!(holder_of(&redis, &third), url(&ds[1]));
+    let fourth = id_of(&open_for(&ds[2], alice, "ws-1").await);
+    assert_eq!(holder_of(&redis, &fourth), url(&ds[1]));
+    let a = post(&ds[2], alice, "SessionRun", cell(&third, "1")).await;
+    assert!(ended(&a), "{:?}", a.body);
+    let a = post(&ds[2], alice, "SessionRun", cell(&fourth, "1")).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+}
