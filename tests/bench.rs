@@ -488,6 +488,12 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2000);
+    // BENCH_ONLY=admission: the shared store's admission figures alone
+    // (issue 17), without the rest of the run.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("admission") {
+        admission(n).await;
+        return;
+    }
     println!("| what | runs | p50 | p99 | min |");
     println!("|---|---|---|---|---|");
     let wasm = bare(n);

@@ -14,6 +14,9 @@ use plimsoll_tests::redis_server::RedisServer;
 use plimsoll_tests::{Daemon, Scratch};
 use serde_json::json;
 
+/// A forwarded call's nonce, as a test forging one writes it.
+const NONCE: &str = "0123456789abcdef0123456789abcdef";
+
 fn replicas(n: usize, env: &[(&str, &str)]) -> Vec<Daemon> {
     (0..n).map(|_| Daemon::start(env)).collect()
 }
@@ -164,6 +167,7 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
             .header("content-type", "application/json")
             .header("plimsoll-forwarded-for", "alice")
             .header("plimsoll-forwarded-at", at.to_string())
+            .header("plimsoll-forwarded-nonce", NONCE)
             .header("plimsoll-forwarded-body-sha256", digest)
             .header("plimsoll-forwarded-tag", tag)
             .body(body)
@@ -183,7 +187,7 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
             .await
             .expect("connect");
         let head = format!(
-            "POST /plimsoll.v1.SandboxService/SessionRun HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\nplimsoll-forwarded-for: alice\r\nplimsoll-forwarded-at: {}\r\nplimsoll-forwarded-body-sha256: {}\r\nplimsoll-forwarded-tag: {}\r\n\r\n",
+            "POST /plimsoll.v1.SandboxService/SessionRun HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\nplimsoll-forwarded-for: alice\r\nplimsoll-forwarded-at: {}\r\nplimsoll-forwarded-nonce: {NONCE}\r\nplimsoll-forwarded-body-sha256: {}\r\nplimsoll-forwarded-tag: {}\r\n\r\n",
             now(),
             "0".repeat(64),
             "0".repeat(64)
@@ -205,13 +209,15 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
         hex::encode(sha2::Sha256::digest(&body))
     };
     let at = now();
-    let tag = signer.sign_call(
-        &format!("http://{}", addrs[0]),
-        "SessionRun",
-        "alice",
-        at,
-        &digest,
-    );
+    let holder = format!("http://{}", addrs[0]);
+    let tag = signer.sign_call(&plimsoll::replicas::mac::Call {
+        holder: &holder,
+        procedure: "SessionRun",
+        caller: "alice",
+        at_ms: at,
+        nonce: NONCE,
+        body_sha256: &digest,
+    });
     let genuine = forge(tag.clone(), at).await.expect("sent");
     assert_eq!(genuine.status().as_u16(), 200);
     assert_eq!(
@@ -428,7 +434,7 @@ async fn an_owners_sessions_live_on_one_replica_so_its_cap_replaces_across_the_f
         ("SANDBOX_MAX_SESSIONS", "4".into()),
         ("SANDBOX_MAX_SESSIONS_PER_OWNER", "1".into()),
     ];
-    let (mut ds, _) = forwarding(3, &dir, &env);
+    let (mut ds, secret) = forwarding(3, &dir, &env);
     let url = |d: &Daemon| format!("http://{}", d.addr);
     let alice = &tokens[0];
     let cell = |sid: &str, code: &str| json!({"protocol": 4, "sessionId": sid, "cell": {"language": "javascript", "code": code}});
@@ -436,9 +442,11 @@ async fn an_owners_sessions_live_on_one_replica_so_its_cap_replaces_across_the_f
     // The owner's first session opens where the open arrived.
     let first = id_of(&open_for(&ds[0], alice, "ws-1").await);
     assert_eq!(holder_of(&redis, &first), url(&ds[0]));
-    // Its second, opened through another replica, goes to the same one,
-    // which replaces the idle first: one session for the owner in the
-    // whole fleet, as on one daemon.
+    // Past twice the lease, its place among the owner's is still there
+    // (renewed): the second, opened through another replica, goes to the
+    // same one, which replaces the idle first. One session for the owner
+    // in the whole fleet, as on one daemon.
+    tokio::time::sleep(Duration::from_secs(7)).await;
     let second = id_of(&open_for(&ds[1], alice, "ws-1").await);
     assert_eq!(holder_of(&redis, &second), url(&ds[0]));
     let a = post(&ds[2], alice, "SessionRun", cell(&first, "1")).await;
@@ -449,34 +457,98 @@ async fn an_owners_sessions_live_on_one_replica_so_its_cap_replaces_across_the_f
     let other = id_of(&open_for(&ds[2], alice, "ws-2").await);
     assert_eq!(holder_of(&redis, &other), url(&ds[2]));
 
-    // The store names owners by digest only.
-    let keys = redis.command(&["KEYS", "*"]).expect("keys");
+    // Opens for a new owner through all three at once: whatever order
+    // they meet in, one replica holds them all, and at most one of them
+    // is a live session.
+    let racing: Vec<Answer> = {
+        let opens = ds.iter().map(|d| {
+            let (u, t) = (
+                d.url("/plimsoll.v1.SandboxService/OpenSession"),
+                alice.clone(),
+            );
+            tokio::spawn(
+                async move { post_at(u, &t, json!({"protocol": 4, "owner": "ws-race"})).await },
+            )
+        });
+        let mut out = Vec::new();
+        for o in opens.collect::<Vec<_>>() {
+            out.push(o.await.expect("open"));
+        }
+        out
+    };
+    let opened: Vec<String> = racing
+        .iter()
+        .filter(|a| a.status == 200)
+        .map(id_of)
+        .collect();
+    for a in racing.iter().filter(|a| a.status != 200) {
+        assert_eq!(a.mark.as_deref(), Some("capacity"), "{:?}", a.body);
+    }
     assert!(
-        keys.lines().any(|k| k.starts_with("plimsoll:owner:alice:")),
-        "{keys}"
+        !opened.is_empty(),
+        "{:?}",
+        racing.iter().map(|a| &a.body).collect::<Vec<_>>()
     );
+    let holders: std::collections::HashSet<String> =
+        opened.iter().map(|sid| holder_of(&redis, sid)).collect();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    let mut live = 0;
+    for sid in &opened {
+        if post(&ds[0], alice, "SessionRun", cell(sid, "1"))
+            .await
+            .status
+            == 200
+        {
+            live += 1;
+        }
+    }
+    assert_eq!(live, 1, "the owner cap held across the fleet");
+
+    // The store names owners by a keyed digest only.
+    let keys = redis.command(&["KEYS", "*"]).expect("keys");
+    let signer = plimsoll::replicas::Secret::new(&secret).expect("secret");
+    let key = format!(
+        "plimsoll:owner:alice:{}",
+        signer.owner_digest("alice", "ws-1")
+    );
+    assert!(keys.lines().any(|k| k == key), "{keys}");
     assert!(!keys.contains("ws-1") && !keys.contains("ws-2"), "{keys}");
 
     // A holder the replicas did not sign, written into the store, gets no
-    // open sent anywhere: refused, marked, nothing opened.
-    let forged_key = {
-        use sha2::Digest;
-        let d = sha2::Sha256::digest(b"ws-3");
-        format!("plimsoll:owner:alice:{}", hex::encode(&d[..16]))
-    };
-    let forged = format!("x-o1 {} {}", url(&ds[1]), "0".repeat(64));
+    // open sent to it: refused, marked, nothing opened, no connection.
+    let trap = std::net::TcpListener::bind("127.0.0.1:0").expect("trap");
+    trap.set_nonblocking(true).expect("nonblocking");
+    let trap_url = format!("http://{}", trap.local_addr().expect("addr"));
+    let forged_key = format!(
+        "plimsoll:owner:alice:{}",
+        signer.owner_digest("alice", "ws-3")
+    );
+    let forged = format!("x-o1 {trap_url} {}", "0".repeat(64));
     redis
         .command(&["ZADD", &forged_key, "99999999999999", &forged])
         .expect("zadd");
     let a = open_for(&ds[0], alice, "ws-3").await;
     assert_eq!(a.mark.as_deref(), Some("environment"), "{:?}", a.body);
     assert!(a.body.to_string().contains("signed"), "{:?}", a.body);
+    assert!(
+        trap.accept().is_err(),
+        "an open was sent to the forged holder"
+    );
 
-    // The owner's holder dies: the next open finds it gone, drops it from
-    // the owner's holders at once (no wait for its leases) and opens
-    // where it arrived; the cap then holds there.
+    // The owner's holder dies. An open for the owner elsewhere is refused
+    // (marked: nothing ran) until the dead holder's places expire with
+    // its leases (3 s), then held where it arrived; the cap holds there.
     ds[0].kill();
-    let third = id_of(&open_for(&ds[1], alice, "ws-1").await);
+    let killed = Instant::now();
+    let third = loop {
+        let a = open_for(&ds[1], alice, "ws-1").await;
+        if a.status == 200 {
+            break id_of(&a);
+        }
+        assert_eq!(a.mark.as_deref(), Some("environment"), "{:?}", a.body);
+        assert!(killed.elapsed() < Duration::from_secs(10), "{:?}", a.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     assert_eq!(holder_of(&redis, &third), url(&ds[1]));
     let fourth = id_of(&open_for(&ds[2], alice, "ws-1").await);
     assert_eq!(holder_of(&redis, &fourth), url(&ds[1]));

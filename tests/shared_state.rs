@@ -357,3 +357,68 @@ async fn without_a_shared_store_each_replica_counts_alone() {
     let answers = at_once(&ds, 9, &tokens[0], &busy(3000)).await;
     assert_eq!(tally(&answers), (6, 3));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_over_tls_with_a_password_counts_and_one_it_cannot_trust_or_log_in_to_refuses() {
+    let certs = Scratch::new("redis-tls");
+    let (cert, key) = plimsoll_tests::certificate(&certs);
+    let ca = certs.path("ca.pem").display().to_string();
+    let password = "a-password-for-the-test-only";
+    let redis = RedisServer::start_tls("tls", &cert, &key, password);
+    let dir = Scratch::new("shared-tls");
+    let file = dir.path("clients.json");
+    let tokens = clients(&file, &[("alice", None)]);
+    let f = file.display().to_string();
+    let with = |url: String, trust: Option<&str>| {
+        let mut env = vec![
+            ("SANDBOX_PROVIDER".to_string(), "wasm".to_string()),
+            ("PLIMSOLL_CLIENTS_FILE".into(), f.clone()),
+            ("PLIMSOLL_STATE_URL".into(), url),
+            ("SANDBOX_PER_KEY_CONCURRENT".into(), "1".into()),
+        ];
+        // The store's client trusts the system's roots; a private CA is
+        // added the way it is for any rustls client here.
+        if let Some(ca) = trust {
+            env.push(("SSL_CERT_FILE".into(), ca.to_string()));
+        }
+        Daemon::start(&borrowed(&env))
+    };
+
+    // Trusted, logged in: counted in the store, over TLS.
+    let d = with(redis.tls_url(password), Some(&ca));
+    let long = {
+        let url = d.url("/plimsoll.v1.SandboxService/Run");
+        let token = tokens[0].clone();
+        tokio::spawn(async move { run_at(url, &token, &busy(3000)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let a = run(&d, &tokens[0], "1").await;
+    assert_eq!((a.status, a.mark.as_deref()), (429, Some("capacity")));
+    assert!(a.body.to_string().contains("at once"), "{:?}", a.body);
+    let leases = redis
+        .command(&["ZCARD", "plimsoll:lease:alice"])
+        .expect("zcard");
+    assert_eq!(leases, "1", "the run's lease is in the store");
+    assert_eq!(long.await.expect("long").status, 200);
+
+    // A certificate it cannot trust, or the wrong password: every run is
+    // refused, marked, nothing run, and the log holds no password.
+    for d in [
+        with(redis.tls_url(password), None),
+        with(redis.tls_url("not-the-password"), Some(&ca)),
+    ] {
+        let a = run(&d, &tokens[0], "1").await;
+        assert_eq!((a.status, a.mark.as_deref()), (429, Some("capacity")));
+        assert!(
+            a.body.to_string().contains("did not answer"),
+            "{:?}",
+            a.body
+        );
+        assert_eq!(d.audit_runs(), 0, "nothing ran");
+        assert!(
+            d.log_lines()
+                .iter()
+                .all(|l| !l.contains("password-for-the-test") && !l.contains("not-the-password"))
+        );
+    }
+}

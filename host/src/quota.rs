@@ -381,15 +381,20 @@ impl Quotas {
         if cap == 0 {
             return Ok(None);
         }
-        // To its end in a task of its own, as an admission: an opener who
-        // leaves cannot strand a place the store gave (the result is
-        // dropped, which gives it back).
+        // To its end in a task of its own, as an admission, and made a
+        // `SessionPlace` there: an opener who leaves cannot strand a place
+        // the store gave (the task's result is dropped, which gives it
+        // back).
         let (r2, who) = (r.clone(), caller.to_string());
-        let taken = tokio::spawn(async move { r2.take_session_place(&who, cap).await })
-            .await
-            .unwrap_or(Err(Shed::StoreUnavailable));
+        let taken = tokio::spawn(async move {
+            r2.take_session_place(&who, cap)
+                .await
+                .map(|p| p.map(|(set, id)| SessionPlace::new(r2.clone(), set, id)))
+        })
+        .await
+        .unwrap_or(Err(Shed::StoreUnavailable));
         match taken {
-            Ok(Some((set, id))) => Ok(Some(SessionPlace::new(r.clone(), set, id))),
+            Ok(Some(place)) => Ok(Some(place)),
             Ok(None) => Err(None),
             Err(shed) => Err(Some(shed)),
         }

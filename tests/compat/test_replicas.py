@@ -2,7 +2,9 @@
 round-robin balancer that sends each request to the next replica: the
 replicas share a real redis-server (PLIMSOLL_STATE_URL) and a secret
 (PLIMSOLL_REPLICA_SECRET_FILE), so a session opened through one is used
-through both (docs/scaling.md).
+through both (docs/scaling.md). And three replicas under load from several
+client processes at once, each with its own connection: one caller's
+concurrency cap and rate bucket hold exactly across the three.
 
 The balancer here is a few lines of Python that forward each HTTP request
 whole to the next replica in turn: per request, not per connection, as an
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import http.server
 import itertools
+import multiprocessing
 import os
 import re
 import shutil
@@ -101,14 +104,14 @@ class Balancer:
         self.server.shutdown()
 
 
-def replicas(extra: dict[str, str]):
+def replicas(extra: dict[str, str], n: int = 2):
     redis = RedisServer()
     secret_dir = tempfile.mkdtemp(prefix="plimsoll-secret-")
     secret = os.path.join(secret_dir, "replica-secret")
     with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write("s" * 48)
     daemons = []
-    for _ in range(2):
+    for _ in range(n):
         port = free_port()
         d = GracefulDaemon({**extra, "PLIMSOLL_TOKEN": TOKEN, "PLIMSOLL_INSECURE": "",
                             # (empty is unset: the token is required)
@@ -181,3 +184,78 @@ def test_the_workspace_works_through_a_round_robin_balancer(docker_fleet):
     assert s.close().end == "closed"
     runs = [lb.seen[d.url].count("SessionRun") for d in daemons]
     assert all(n >= 2 for n in runs), runs
+
+
+# A run that holds its caller's concurrency place for a while.
+BUSY = "const t = Date.now(); while (Date.now() - t < 4000) {} 1"
+
+
+def _client_process(url: str, code: str, until_rate: bool, start, results) -> None:
+    """One client process: waits for the others, then runs `code` through
+    `url` with the published client. With `until_rate`, a run refused for
+    the concurrency cap is tried again until one runs or the rate bucket
+    refuses it. Reports what happened to each attempt."""
+    from plimsoll_client import Client
+    from plimsoll_client.errors import PlimsollError
+
+    c = Client(url, TOKEN)
+    seen = []
+    start.wait(60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            c.run_javascript(code, timeout=20, minimum_isolation="process")
+            seen.append("ran")
+        except PlimsollError as e:
+            if e.not_dispatched != "capacity":
+                seen.append(f"other:{e.not_dispatched}:{e}")
+            elif "rate" in str(e):
+                seen.append("rate")
+            elif "at once" in str(e):
+                seen.append("at-once")
+            else:
+                seen.append(f"capacity:{e}")
+        if not until_rate or seen[-1] != "at-once":
+            break
+        time.sleep(0.05)
+    results.put(seen)
+
+
+def _at_once(urls: list[str], code: str, until_rate: bool) -> list[list[str]]:
+    """One process per URL, released together."""
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(len(urls))
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_client_process, args=(u, code, until_rate, start, results))
+             for u in urls]
+    for p in procs:
+        p.start()
+    out = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0, p.exitcode
+    return out
+
+
+def test_one_callers_caps_hold_exactly_across_three_replicas_under_load_from_several_processes():
+    fleet = replicas({"SANDBOX_PROVIDER": "wasm", "SANDBOX_PER_KEY_CONCURRENT": "2",
+                      "SANDBOX_RATE_PER_MIN": "1", "SANDBOX_RATE_BURST": "5"}, n=3)
+    try:
+        _, _, daemons, _ = fleet
+        urls = [daemons[i % 3].url for i in range(9)]
+        # Nine processes at once, three per replica, each run holding its
+        # place for four seconds: two run in the whole fleet; the rest are
+        # refused for the concurrency cap, marked, nothing run.
+        first = [s[0] for s in _at_once(urls, BUSY, until_rate=False)]
+        assert sorted(first) == ["at-once"] * 7 + ["ran"] * 2, first
+        # The two spent two of the bucket's five tokens. Nine processes
+        # again, each retrying the cap until it runs or the rate refuses:
+        # exactly three more run in the whole fleet, and every process ends
+        # on a run or the rate.
+        second = _at_once(urls, "1", until_rate=True)
+        ran = sum(s.count("ran") for s in second)
+        assert ran == 3, second
+        assert all(s[-1] in ("ran", "rate") for s in second), second
+        assert not [a for s in second for a in s if a not in ("ran", "rate", "at-once")], second
+    finally:
+        stop(*fleet)

@@ -18,7 +18,9 @@ use crate::quota::{SessionPlace, Shed};
 use crate::refusal::Reason;
 use crate::refusal::Refusal;
 use crate::replicas::owners::Home;
-use crate::replicas::{FORWARDED_AT, FORWARDED_BODY, FORWARDED_FOR, FORWARDED_TAG, Forwarded};
+use crate::replicas::{
+    FORWARDED_AT, FORWARDED_BODY, FORWARDED_FOR, FORWARDED_NONCE, FORWARDED_TAG, Forwarded,
+};
 use crate::wire::SessionEnd;
 
 /// The procedures a replica forwards: calls on an open session, and an
@@ -29,12 +31,13 @@ const FORWARDABLE: [&str; 3] = ["SessionRun", "CloseSession", "OpenSession"];
 pub struct Forward {
     caller: String,
     at: String,
+    nonce: String,
     body_sha256: String,
     tag: String,
 }
 
-/// The forwarding headers, if the request has any of them (all three are
-/// then required).
+/// The forwarding headers, if the request has any of them (all of them
+/// are then required).
 pub fn forwarded(headers: &HeaderMap) -> Option<Forward> {
     let get = |n: &str| {
         headers
@@ -42,12 +45,19 @@ pub fn forwarded(headers: &HeaderMap) -> Option<Forward> {
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
     };
-    let any = [FORWARDED_FOR, FORWARDED_AT, FORWARDED_BODY, FORWARDED_TAG]
-        .iter()
-        .any(|n| headers.contains_key(*n));
+    let any = [
+        FORWARDED_FOR,
+        FORWARDED_AT,
+        FORWARDED_NONCE,
+        FORWARDED_BODY,
+        FORWARDED_TAG,
+    ]
+    .iter()
+    .any(|n| headers.contains_key(*n));
     any.then(|| Forward {
         caller: get(FORWARDED_FOR).unwrap_or_default(),
         at: get(FORWARDED_AT).unwrap_or_default(),
+        nonce: get(FORWARDED_NONCE).unwrap_or_default(),
         body_sha256: get(FORWARDED_BODY).unwrap_or_default(),
         tag: get(FORWARDED_TAG).unwrap_or_default(),
     })
@@ -67,7 +77,14 @@ pub fn caller(
 ) -> Option<Arc<Caller>> {
     let replicas = daemon.replicas()?;
     if !FORWARDABLE.contains(&procedure)
-        || !replicas.accept(procedure, &f.caller, &f.at, &f.body_sha256, &f.tag)
+        || !replicas.accept(
+            procedure,
+            &f.caller,
+            &f.at,
+            &f.nonce,
+            &f.body_sha256,
+            &f.tag,
+        )
     {
         return None;
     }
@@ -115,86 +132,27 @@ pub async fn elsewhere(
     })
 }
 
-/// Where an open for an owner goes, with a shared store and a per-owner
-/// cap: here (`Ok`, with the new session's place among the owner's), or
-/// to the replica holding the owner's other sessions, whose answer is
-/// returned (`Err`). An open forwarded here (`relay` None) is never
-/// forwarded again.
+/// Where an open for an owner goes, with replicas and a per-owner cap:
+/// here (`Ok`, with the new session's place among the owner's), or to the
+/// replica holding the owner's other sessions, whose answer is returned
+/// (`Err`). An open forwarded here (`relay` None) is never forwarded again.
 pub async fn owner_home(
     daemon: &Daemon,
     owner: &str,
     caller: &Caller,
     relay: Option<Bytes>,
 ) -> Result<Option<SessionPlace>, Response> {
-    // A holder found gone is dropped, and the claim tried once more.
-    for _ in 0..2 {
-        let (url, holder) = match claim(daemon, owner, caller).await {
-            Ok(Claimed::Here(place)) => return Ok(place),
-            Ok(Claimed::Elsewhere { url, holder }) => (url, holder),
-            Err(r) => return Err(error_response(r.into())),
-        };
-        let Some(body) = relay.clone() else {
-            return Err(refused(
-                "this owner's sessions moved to another replica while the open was forwarded; retry",
-            ));
-        };
-        let Some(replicas) = daemon.replicas() else {
-            break;
-        };
-        match replicas
-            .forward(&url, "OpenSession", &caller.id, body)
-            .await
-        {
-            Forwarded::Gone => {
-                replicas
-                    .forget_owner_holder(&caller.id, owner, &holder)
-                    .await
-            }
-            other => return Err(answer_of(other, "this owner's sessions")),
-        }
-    }
-    Err(refused(
-        "the replica holding this owner's sessions is gone and another took its place; retry",
-    ))
-}
-
-/// For an open that is not forwarded (MCP's): here, or refused when
-/// another replica holds the owner's sessions.
-pub async fn owner_home_here(
-    daemon: &Daemon,
-    owner: &str,
-    caller: &Caller,
-) -> Result<Option<SessionPlace>, Refusal> {
-    match claim(daemon, owner, caller).await? {
-        Claimed::Here(place) => Ok(place),
-        Claimed::Elsewhere { .. } => Err(Refusal::environment(
-            "another replica holds this owner's sessions; open this one over the HTTP API, which forwards it there",
-        )),
-    }
-}
-
-enum Claimed {
-    /// Here, with the new session's place among the owner's if the fleet
-    /// counts them (replicas, a per-owner cap and a valid owner).
-    Here(Option<SessionPlace>),
-    Elsewhere {
-        url: String,
-        holder: String,
-    },
-}
-
-async fn claim(daemon: &Daemon, owner: &str, caller: &Caller) -> Result<Claimed, Refusal> {
     let Some(replicas) = daemon.replicas() else {
-        return Ok(Claimed::Here(None));
+        return Ok(None);
     };
     let s = daemon.session_settings();
     // An invalid owner is refused by the open itself, with its reason.
     if !s.enabled() || s.max_per_owner == 0 || !crate::sessions::valid_owner(owner) {
-        return Ok(Claimed::Here(None));
+        return Ok(None);
     }
-    match replicas.owner_home(&caller.id, owner).await {
-        Home::Here(place) => Ok(Claimed::Here(Some(place))),
-        Home::Elsewhere { url, holder } => Ok(Claimed::Elsewhere { url, holder }),
+    let url = match replicas.owner_home(&caller.id, owner).await {
+        Home::Here(place) => return Ok(Some(place)),
+        Home::Elsewhere(url) => url,
         Home::Unavailable => {
             let shed = Shed::StoreUnavailable;
             daemon
@@ -202,17 +160,36 @@ async fn claim(daemon: &Daemon, owner: &str, caller: &Caller) -> Result<Claimed,
                 .shed
                 .with_label_values(&[shed.label()])
                 .inc();
-            Err(Refusal::capacity(shed.text()))
+            return Err(error_response(Refusal::capacity(shed.text()).into()));
         }
         Home::Unsigned => {
             tracing::warn!(
                 "the store names a holder of an owner's sessions that the replicas did not sign"
             );
-            Err(Refusal::environment(
+            return Err(refused(
                 "the store's record of where this owner's sessions are is not one the replicas signed",
-            ))
+            ));
         }
-    }
+    };
+    let Some(body) = relay else {
+        return Err(refused(
+            "this owner's sessions moved to another replica while the open was forwarded; retry",
+        ));
+    };
+    Err(
+        match replicas
+            .forward(&url, "OpenSession", &caller.id, body)
+            .await
+        {
+            // Not taken as proof the holder is gone (it may be running
+            // its sessions behind an address that rejects): its places
+            // expire with its leases if it is.
+            Forwarded::Gone => refused(
+                "the replica holding this owner's sessions refused the connection; retry (a replica that is gone stops holding them within the lease period)",
+            ),
+            other => answer_of(other, "this owner's sessions"),
+        },
+    )
 }
 
 /// A forwarded call's fate, other than its holder being gone: the

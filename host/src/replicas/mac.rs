@@ -9,6 +9,20 @@ use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// What a forwarded call's tag covers: to which replica (`holder`, its
+/// URL), which procedure, for whom, when, with which nonce (two calls
+/// alike in everything else, forwarded in the same millisecond, are still
+/// two calls, not a replay), and exactly which body (its SHA-256, hex,
+/// sent beside the tag so the tag can be checked before the body is read).
+pub struct Call<'a> {
+    pub holder: &'a str,
+    pub procedure: &'a str,
+    pub caller: &'a str,
+    pub at_ms: u64,
+    pub nonce: &'a str,
+    pub body_sha256: &'a str,
+}
+
 /// The shared secret, read once at start.
 pub struct Secret(Vec<u8>);
 
@@ -58,63 +72,33 @@ impl Secret {
     }
 
     /// The MAC over a forwarded call's fields, as signed and as checked.
-    fn call_mac(
-        &self,
-        holder: &str,
-        procedure: &str,
-        caller: &str,
-        at_ms: u64,
-        body_sha256: &str,
-    ) -> HmacSha256 {
-        let at = at_ms.to_string();
+    fn call_mac(&self, c: &Call<'_>) -> HmacSha256 {
+        let at = c.at_ms.to_string();
         mac(
             self,
             &[
                 b"call",
-                holder.as_bytes(),
-                procedure.as_bytes(),
-                caller.as_bytes(),
+                c.holder.as_bytes(),
+                c.procedure.as_bytes(),
+                c.caller.as_bytes(),
                 at.as_bytes(),
-                body_sha256.as_bytes(),
+                c.nonce.as_bytes(),
+                c.body_sha256.as_bytes(),
             ],
         )
     }
 
-    /// The tag of a forwarded call: to which replica, which procedure,
-    /// for whom, when, and exactly which body (its SHA-256, hex, sent
-    /// beside the tag so the tag can be checked before the body is read).
-    pub fn sign_call(
-        &self,
-        holder: &str,
-        procedure: &str,
-        caller: &str,
-        at_ms: u64,
-        body_sha256: &str,
-    ) -> String {
-        hex::encode(
-            self.call_mac(holder, procedure, caller, at_ms, body_sha256)
-                .finalize()
-                .into_bytes(),
-        )
+    /// The tag of a forwarded call.
+    pub fn sign_call(&self, c: &Call<'_>) -> String {
+        hex::encode(self.call_mac(c).finalize().into_bytes())
     }
 
     /// Checks a forwarded call's tag in constant time; the tag must be
     /// exactly what `sign_call` writes (64 lowercase hex digits), so no
     /// second spelling of one tag exists. Returns the tag's bytes.
-    pub fn verify_call(
-        &self,
-        holder: &str,
-        procedure: &str,
-        caller: &str,
-        at_ms: u64,
-        body_sha256: &str,
-        tag: &str,
-    ) -> Option<[u8; 32]> {
+    pub fn verify_call(&self, c: &Call<'_>, tag: &str) -> Option<[u8; 32]> {
         let tag = canonical(tag)?;
-        self.call_mac(holder, procedure, caller, at_ms, body_sha256)
-            .verify_slice(&tag)
-            .ok()
-            .map(|()| tag)
+        self.call_mac(c).verify_slice(&tag).ok().map(|()| tag)
     }
 
     /// A holder record: the session's fingerprint and the replica's URL,
@@ -147,6 +131,14 @@ impl Secret {
         canonical(tag).is_some_and(|t| self.owner_mac(caller, owner, url).verify_slice(&t).is_ok())
     }
 
+    /// How the store names a caller's owner: a digest keyed with the
+    /// secret, so reading the store is not enough to confirm a guessed
+    /// owner name (16 bytes, in hex).
+    pub fn owner_digest(&self, caller: &str, owner: &str) -> String {
+        let parts: [&[u8]; 3] = [b"owner-name", caller.as_bytes(), owner.as_bytes()];
+        hex::encode(&mac(self, &parts).finalize().into_bytes()[..16])
+    }
+
     fn owner_mac(&self, caller: &str, owner: &str, url: &str) -> HmacSha256 {
         let parts: [&[u8]; 4] = [
             b"owner",
@@ -162,49 +154,74 @@ impl Secret {
 mod tests {
     use super::*;
 
+    fn call<'a>(
+        holder: &'a str,
+        procedure: &'a str,
+        caller: &'a str,
+        at_ms: u64,
+        nonce: &'a str,
+        body_sha256: &'a str,
+    ) -> Call<'a> {
+        Call {
+            holder,
+            procedure,
+            caller,
+            at_ms,
+            nonce,
+            body_sha256,
+        }
+    }
+
     #[test]
     fn a_tag_binds_every_field_and_the_secret() {
         let s = Secret::new(&"s".repeat(40)).expect("secret");
         let other = Secret::new(&"t".repeat(40)).expect("secret");
         let h = "http://127.0.0.1:1";
-        let tag = s.sign_call(h, "SessionRun", "alice", 5, "d1");
+        let tag = s.sign_call(&call(h, "SessionRun", "alice", 5, "n1", "d1"));
         assert!(
-            s.verify_call(h, "SessionRun", "alice", 5, "d1", &tag)
+            s.verify_call(&call(h, "SessionRun", "alice", 5, "n1", "d1"), &tag)
                 .is_some()
         );
         assert!(
             other
-                .verify_call(h, "SessionRun", "alice", 5, "d1", &tag)
+                .verify_call(&call(h, "SessionRun", "alice", 5, "n1", "d1"), &tag)
                 .is_none()
         );
         assert!(
-            s.verify_call("http://127.0.0.1:2", "SessionRun", "alice", 5, "d1", &tag)
+            s.verify_call(
+                &call("http://127.0.0.1:2", "SessionRun", "alice", 5, "n1", "d1"),
+                &tag
+            )
+            .is_none()
+        );
+        assert!(
+            s.verify_call(&call(h, "CloseSession", "alice", 5, "n1", "d1"), &tag)
                 .is_none()
         );
         assert!(
-            s.verify_call(h, "CloseSession", "alice", 5, "d1", &tag)
+            s.verify_call(&call(h, "SessionRun", "bob", 5, "n1", "d1"), &tag)
                 .is_none()
         );
         assert!(
-            s.verify_call(h, "SessionRun", "bob", 5, "d1", &tag)
+            s.verify_call(&call(h, "SessionRun", "alice", 6, "n1", "d1"), &tag)
                 .is_none()
         );
         assert!(
-            s.verify_call(h, "SessionRun", "alice", 6, "d1", &tag)
+            s.verify_call(&call(h, "SessionRun", "alice", 5, "n1", "d2"), &tag)
                 .is_none()
         );
         assert!(
-            s.verify_call(h, "SessionRun", "alice", 5, "d2", &tag)
+            s.verify_call(&call(h, "SessionRun", "alice", 5, "n2", "d1"), &tag)
                 .is_none()
         );
         // One tag, one spelling.
         let upper = tag.to_ascii_uppercase();
         assert!(
-            s.verify_call(h, "SessionRun", "alice", 5, "d1", &upper)
+            s.verify_call(&call(h, "SessionRun", "alice", 5, "n1", "d1"), &upper)
                 .is_none()
         );
         assert!(
-            s.verify_call(h, "SessionRun", "alice", 5, "d1", "zz")
+            s.verify_call(&call(h, "SessionRun", "alice", 5, "n1", "d1"), "zz")
                 .is_none()
         );
         let r = s.sign_holder("fp", h);
@@ -219,6 +236,10 @@ mod tests {
         assert!(!s.verify_owner_holder("a:b", "c", "http://127.0.0.1:2", &o));
         assert!(!other.verify_owner_holder("a:b", "c", h, &o));
         assert!(!s.verify_holder("a:b", h, &o), "not a session's record");
+        let named = s.owner_digest("alice", "ws-1");
+        assert_eq!(named.len(), 32);
+        assert_ne!(named, other.owner_digest("alice", "ws-1"));
+        assert_ne!(named, s.owner_digest("bob", "ws-1"));
         assert!(Secret::new("short").is_err());
         assert!(!format!("{s:?}").contains("sss"));
     }

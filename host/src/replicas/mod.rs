@@ -37,6 +37,8 @@ pub use settings::ReplicaSettings;
 pub const FORWARDED_FOR: &str = "plimsoll-forwarded-for";
 pub const FORWARDED_AT: &str = "plimsoll-forwarded-at";
 pub const FORWARDED_TAG: &str = "plimsoll-forwarded-tag";
+/// 16 random bytes in hex, new for every forwarded call.
+pub const FORWARDED_NONCE: &str = "plimsoll-forwarded-nonce";
 /// The body's SHA-256 (hex), signed, so the tag is checked before the body
 /// is read and the body against it after.
 pub const FORWARDED_BODY: &str = "plimsoll-forwarded-body-sha256";
@@ -156,16 +158,27 @@ impl Replicas {
         body: Bytes,
     ) -> Forwarded {
         let at = now_ms();
+        let mut nonce = [0u8; 16];
+        if let Err(e) = getrandom::fill(&mut nonce) {
+            return Forwarded::Unreachable(format!("no randomness for the call's nonce: {e}"));
+        }
+        let nonce = hex::encode(nonce);
         let digest = hex::encode(sha2::Sha256::digest(&body));
-        let tag = self
-            .secret
-            .sign_call(holder, procedure, caller, at, &digest);
+        let tag = self.secret.sign_call(&mac::Call {
+            holder,
+            procedure,
+            caller,
+            at_ms: at,
+            nonce: &nonce,
+            body_sha256: &digest,
+        });
         let sent = self
             .client
             .post(format!("{holder}/plimsoll.v1.SandboxService/{procedure}"))
             .header("content-type", "application/json")
             .header(FORWARDED_FOR, caller)
             .header(FORWARDED_AT, at.to_string())
+            .header(FORWARDED_NONCE, &nonce)
             .header(FORWARDED_BODY, digest)
             .header(FORWARDED_TAG, tag)
             .body(body)
@@ -214,21 +227,33 @@ impl Replicas {
         procedure: &str,
         caller: &str,
         at: &str,
+        nonce: &str,
         body_sha256: &str,
         tag: &str,
     ) -> bool {
         let Ok(at_ms) = at.parse::<u64>() else {
             return false;
         };
+        let lower_hex = |c: u8| c.is_ascii_digit() || (b'a'..=b'f').contains(&c);
+        if nonce.len() != 32 || !nonce.bytes().all(lower_hex) {
+            return false;
+        }
         let now = now_ms();
         let window = WINDOW.as_millis() as u64;
         if now.abs_diff(at_ms) > window {
             return false;
         }
-        let Some(tag) =
-            self.secret
-                .verify_call(&self.url, procedure, caller, at_ms, body_sha256, tag)
-        else {
+        let Some(tag) = self.secret.verify_call(
+            &mac::Call {
+                holder: &self.url,
+                procedure,
+                caller,
+                at_ms,
+                nonce,
+                body_sha256,
+            },
+            tag,
+        ) else {
             return false;
         };
         let Ok(mut seen) = self.seen.lock() else {

@@ -7,7 +7,13 @@
 //! the owner's set in the store, renewed while the session lives), and an
 //! open that reaches another replica is forwarded to that holder. The
 //! holder is signed into its place, so writing the store is not enough to
-//! send an owner's opens elsewhere.
+//! send an owner's opens to an address the replicas did not sign.
+//!
+//! A holder is never dropped from the set on another replica's say-so: a
+//! replica whose address refuses connections may still be running its
+//! sessions (a firewall's reject, a balancer with no ready endpoint), and
+//! dropping it would let a second replica hold the owner's sessions too.
+//! A dead holder's places expire with its leases.
 
 use crate::quota::SessionPlace;
 
@@ -17,9 +23,8 @@ use super::{Replicas, settings};
 pub enum Home {
     /// Here: the place joins the new session to the owner's set.
     Here(SessionPlace),
-    /// On the replica at `url`, which holds the owner's sessions; `holder`
-    /// is its entry in the set, to drop if it is found gone.
-    Elsewhere { url: String, holder: String },
+    /// On the replica at this URL, which holds the owner's sessions.
+    Elsewhere(String),
     /// The store did not answer.
     Unavailable,
     /// The store names a holder the replicas did not sign.
@@ -27,43 +32,36 @@ pub enum Home {
 }
 
 impl Replicas {
-    /// This replica's entry among an owner's holders: its URL and a tag.
-    fn owner_holder(&self, caller: &str, owner: &str) -> String {
-        let tag = self.secret.sign_owner_holder(caller, owner, &self.url);
-        format!("{} {tag}", self.url)
-    }
-
     /// Joins this replica to the holders of `caller`'s `owner` sessions,
     /// unless another replica holds them.
     pub async fn owner_home(&self, caller: &str, owner: &str) -> Home {
-        let me = self.owner_holder(caller, owner);
-        // To its end in a task of its own: an opener who leaves cannot
-        // strand a place the store gave (dropped, it is given back).
-        let (store, c, o) = (self.store.clone(), caller.to_string(), owner.to_string());
-        let joined = tokio::spawn(async move { store.join_owner(&c, &o, &me).await })
-            .await
-            .unwrap_or(Err(None));
+        let tag = self.secret.sign_owner_holder(caller, owner, &self.url);
+        let me = format!("{} {tag}", self.url);
+        let digest = self.secret.owner_digest(caller, owner);
+        // To its end in a task of its own, and made a `SessionPlace` there:
+        // an opener who leaves cannot strand a place the store gave (the
+        // task's result is dropped, which gives it back).
+        let (store, c) = (self.store.clone(), caller.to_string());
+        let joined = tokio::spawn(async move {
+            store
+                .join_owner(&c, &digest, &me)
+                .await
+                .map(|(set, id)| SessionPlace::new(store.clone(), set, id))
+        })
+        .await
+        .unwrap_or(Err(None));
         match joined {
-            Ok((set, id)) => Home::Here(SessionPlace::new(self.store.clone(), set, id)),
+            Ok(place) => Home::Here(place),
             Err(None) => Home::Unavailable,
             Err(Some(holder)) => match holder.split_once(' ') {
                 Some((url, tag))
                     if self.secret.verify_owner_holder(caller, owner, url, tag)
                         && settings::dialable(url) =>
                 {
-                    Home::Elsewhere {
-                        url: url.to_string(),
-                        holder,
-                    }
+                    Home::Elsewhere(url.to_string())
                 }
                 _ => Home::Unsigned,
             },
         }
-    }
-
-    /// Drops a gone replica from an owner's holders (its sessions went
-    /// with it), so the owner's next open need not wait out its leases.
-    pub async fn forget_owner_holder(&self, caller: &str, owner: &str, holder: &str) {
-        self.store.drop_owner_holder(caller, owner, holder).await;
     }
 }

@@ -77,12 +77,11 @@ fn paid(caller: &str) -> String {
 fn sessions(caller: &str) -> String {
     format!("plimsoll:sessions:{caller}")
 }
-/// An owner's sessions across the fleet. The owner is named by the caller
-/// and may be a user's name: the key holds its digest only.
-fn owner_sessions(caller: &str, owner: &str) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(owner.as_bytes());
-    format!("plimsoll:owner:{caller}:{}", hex::encode(&digest[..16]))
+/// An owner's sessions across the fleet, by the owner's keyed digest (the
+/// owner is a name the caller chose, perhaps a user's: the store never
+/// holds it, nor a digest anyone can check a guess against).
+fn owner_sessions(caller: &str, owner_digest: &str) -> String {
+    format!("plimsoll:owner:{caller}:{owner_digest}")
 }
 fn booking(id: &str) -> String {
     format!("plimsoll:booking:{id}")
@@ -356,10 +355,10 @@ impl RedisStore {
     pub async fn join_owner(
         self: &Arc<Self>,
         caller: &str,
-        owner: &str,
+        owner_digest: &str,
         holder: &str,
     ) -> Result<(String, String), Option<String>> {
-        let set = owner_sessions(caller, owner);
+        let set = owner_sessions(caller, owner_digest);
         let id = format!(
             "{}-o{} {holder}",
             self.replica,
@@ -387,34 +386,6 @@ impl RedisStore {
                 let _ = unreachable(&e);
                 Err(None)
             }
-        }
-    }
-
-    /// Drops the places of an owner's sessions held by `holder`, a replica
-    /// found gone (its address refuses connections): its sessions went
-    /// with it, and the owner's next open need not wait for the leases.
-    pub async fn drop_owner_holder(&self, caller: &str, owner: &str, holder: &str) {
-        let set = owner_sessions(caller, owner);
-        let mut conn = self.conn.clone();
-        let Ok(members) = redis::cmd("ZRANGE")
-            .arg(&set)
-            .arg(0)
-            .arg(-1)
-            .query_async::<Vec<String>>(&mut conn)
-            .await
-        else {
-            return;
-        };
-        let gone: Vec<&String> = members
-            .iter()
-            .filter(|m| m.split_once(' ').is_some_and(|(_, h)| h == holder))
-            .collect();
-        if !gone.is_empty() {
-            let _ = redis::cmd("ZREM")
-                .arg(&set)
-                .arg(gone)
-                .query_async::<i64>(&mut conn)
-                .await;
         }
     }
 

@@ -146,25 +146,16 @@ impl McpServer {
         let daemon = &self.daemon;
         let answer = match tool {
             "open_session" => match parse(Request::OpenSession, "OpenSessionRequest", &body) {
-                Ok(r) => {
-                    let r: crate::wire::OpenSessionRequest = r;
-                    // Not forwarded over MCP: an owner whose sessions
-                    // another replica holds is refused, nothing opened.
-                    let place =
-                        match crate::api::replica::owner_home_here(daemon, &r.owner, &caller).await
-                        {
-                            Ok(p) => p,
-                            Err(refusal) => return results::refused(&refusal),
-                        };
-                    daemon.open_session(r, caller, place).await.map(|o| {
-                        let v = serde_json::to_value(&o).unwrap_or(Value::Null);
-                        let summary = format!(
-                            "session {} open: provider {}, isolation {}",
-                            o.session_id, o.sandbox, o.isolation
-                        );
-                        results::value(v, summary)
-                    })
-                }
+                // MCP's open names no owner: its sessions join no owner's
+                // set, so nothing here is forwarded.
+                Ok(r) => daemon.open_session(r, caller, None).await.map(|o| {
+                    let v = serde_json::to_value(&o).unwrap_or(Value::Null);
+                    let summary = format!(
+                        "session {} open: provider {}, isolation {}",
+                        o.session_id, o.sandbox, o.isolation
+                    );
+                    results::value(v, summary)
+                }),
                 Err(r) => return results::refused(&r),
             },
             "close_session" => match parse(Request::CloseSession, "CloseSessionRequest", &body) {
