@@ -4,7 +4,8 @@ replicas share a real redis-server (PLIMSOLL_STATE_URL) and a secret
 (PLIMSOLL_REPLICA_SECRET_FILE), so a session opened through one is used
 through both (docs/scaling.md). And three replicas under load from several
 client processes at once, each with its own connection: one caller's
-concurrency cap and rate bucket hold exactly across the three.
+concurrency cap, rate bucket and the day's paid seconds hold exactly across
+the three.
 
 The balancer here is a few lines of Python that forward each HTTP request
 whole to the next replica in turn: per request, not per connection, as an
@@ -31,6 +32,7 @@ import pytest
 from plimsoll_client import Client
 from plimsoll_client.workspace import Workspace
 
+from test_published_client import Daemon
 from test_sessions import GracefulDaemon, free_port
 
 TOKEN = "r" * 40
@@ -190,7 +192,8 @@ def test_the_workspace_works_through_a_round_robin_balancer(docker_fleet):
 BUSY = "const t = Date.now(); while (Date.now() - t < 4000) {} 1"
 
 
-def _client_process(url: str, code: str, until_rate: bool, start, results) -> None:
+def _client_process(url: str, code: str, until_rate: bool, start, results,
+                    timeout: float = 20) -> None:
     """One client process: waits for the others, then runs `code` through
     `url` with the published client. With `until_rate`, a run refused for
     the concurrency cap is tried again until one runs or the rate bucket
@@ -204,7 +207,7 @@ def _client_process(url: str, code: str, until_rate: bool, start, results) -> No
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            c.run_javascript(code, timeout=20, minimum_isolation="process")
+            c.run_javascript(code, timeout=timeout, minimum_isolation="process")
             seen.append("ran")
         except PlimsollError as e:
             if e.not_dispatched != "capacity":
@@ -213,6 +216,8 @@ def _client_process(url: str, code: str, until_rate: bool, start, results) -> No
                 seen.append("rate")
             elif "at once" in str(e):
                 seen.append("at-once")
+            elif "paid seconds" in str(e):
+                seen.append("paid")
             else:
                 seen.append(f"capacity:{e}")
         if not until_rate or seen[-1] != "at-once":
@@ -221,12 +226,14 @@ def _client_process(url: str, code: str, until_rate: bool, start, results) -> No
     results.put(seen)
 
 
-def _at_once(urls: list[str], code: str, until_rate: bool) -> list[list[str]]:
+def _at_once(urls: list[str], code: str, until_rate: bool,
+             timeout: float = 20) -> list[list[str]]:
     """One process per URL, released together."""
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Barrier(len(urls))
     results = ctx.Queue()
-    procs = [ctx.Process(target=_client_process, args=(u, code, until_rate, start, results))
+    procs = [ctx.Process(target=_client_process,
+                         args=(u, code, until_rate, start, results, timeout))
              for u in urls]
     for p in procs:
         p.start()
@@ -259,3 +266,26 @@ def test_one_callers_caps_hold_exactly_across_three_replicas_under_load_from_sev
         assert not [a for s in second for a in s if a not in ("ran", "rate", "at-once")], second
     finally:
         stop(*fleet)
+
+
+def test_the_days_paid_seconds_hold_exactly_across_three_replicas_under_load_from_several_processes():
+    # A metered provider: the remote-plimsoll plugin in front of a wasm
+    # daemon. Each run books its budget (1 s) before it runs and keeps at
+    # least one whole second, so of nine sent at once by nine processes
+    # through three replicas, exactly three fit a daily allowance of three.
+    upstream = Daemon({"SANDBOX_PROVIDER": "wasm"})
+    fleet = replicas({"SANDBOX_PROVIDER": "remote-plimsoll",
+                      "SANDBOX_PLUGIN_HTTP_ORIGINS": upstream.url,
+                      "SANDBOX_PLUGIN_METERED": "1",
+                      "SANDBOX_PAID_SECONDS_PER_DAY": "3"}, n=3)
+    try:
+        redis, _, daemons, _ = fleet
+        urls = [daemons[i % 3].url for i in range(9)]
+        outcomes = [s[0] for s in _at_once(urls, "1", until_rate=False, timeout=1)]
+        assert sorted(outcomes) == ["paid"] * 6 + ["ran"] * 3, outcomes
+        used = subprocess.run(["redis-cli", "-p", str(redis.port), "HGET", "plimsoll:paid:*",
+                               "used"], capture_output=True, text=True).stdout.strip()
+        assert used == "3", used
+    finally:
+        stop(*fleet)
+        upstream.stop()
