@@ -156,19 +156,21 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
     // Forwarded calls without the secret's signature are refused before a
     // byte of the body is read (a request that never sends its body is
     // answered at once) and before anything runs.
-    let forge = |tag: String, at: u64| {
+    let forge = |tag: String, at: u64, nonce: Option<&str>| {
         let body = serde_json::to_vec(&cell(&sid, "x")).expect("json");
         let digest = {
             use sha2::Digest;
             hex::encode(sha2::Sha256::digest(&body))
         };
-        plimsoll_tests::client()
+        let mut req = plimsoll_tests::client()
             .post(ds[0].url("/plimsoll.v1.SandboxService/SessionRun"))
             .header("content-type", "application/json")
             .header("plimsoll-forwarded-for", "alice")
-            .header("plimsoll-forwarded-at", at.to_string())
-            .header("plimsoll-forwarded-nonce", NONCE)
-            .header("plimsoll-forwarded-body-sha256", digest)
+            .header("plimsoll-forwarded-at", at.to_string());
+        if let Some(n) = nonce {
+            req = req.header("plimsoll-forwarded-nonce", n.to_string());
+        }
+        req.header("plimsoll-forwarded-body-sha256", digest)
             .header("plimsoll-forwarded-tag", tag)
             .body(body)
             .send()
@@ -179,7 +181,9 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
             .expect("clock")
             .as_millis() as u64
     };
-    let forged = forge("00".repeat(32), now()).await.expect("sent");
+    let forged = forge("00".repeat(32), now(), Some(NONCE))
+        .await
+        .expect("sent");
     assert_eq!(forged.status().as_u16(), 401);
     {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -218,10 +222,10 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
         nonce: NONCE,
         body_sha256: &digest,
     });
-    let genuine = forge(tag.clone(), at).await.expect("sent");
+    let genuine = forge(tag.clone(), at, Some(NONCE)).await.expect("sent");
     assert_eq!(genuine.status().as_u16(), 200);
     assert_eq!(
-        forge(tag.clone(), at)
+        forge(tag.clone(), at, Some(NONCE))
             .await
             .expect("sent")
             .status()
@@ -230,7 +234,7 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
         "a replay"
     );
     assert_eq!(
-        forge(tag.to_ascii_uppercase(), at)
+        forge(tag.to_ascii_uppercase(), at, Some(NONCE))
             .await
             .expect("sent")
             .status()
@@ -238,6 +242,31 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
         401,
         "a replay spelt differently"
     );
+    // The same call again under a fresh nonce is another call (two
+    // replicas may forward the same body in the same millisecond): taken.
+    // A nonce that is missing, or not as a replica writes it, is refused.
+    let signed_with = |nonce: &str| {
+        signer.sign_call(&plimsoll::replicas::mac::Call {
+            holder: &holder,
+            procedure: "SessionRun",
+            caller: "alice",
+            at_ms: at,
+            nonce,
+            body_sha256: &digest,
+        })
+    };
+    let fresh = "fedcba9876543210fedcba9876543210";
+    let status = |r: reqwest::Result<reqwest::Response>| r.expect("sent").status().as_u16();
+    assert_eq!(
+        status(forge(signed_with(fresh), at, Some(fresh)).await),
+        200
+    );
+    let shouted = fresh.to_ascii_uppercase();
+    assert_eq!(
+        status(forge(signed_with(&shouted), at, Some(&shouted)).await),
+        401
+    );
+    assert_eq!(status(forge(signed_with(""), at, None).await), 401);
 
     // Closed through replica 2; the holder has ended it.
     let closed = post(
@@ -254,17 +283,17 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
         "{:?}",
         after.body
     );
-    // Log lines arrive on their own stream: wait for the four, then make
-    // sure no fifth follows.
+    // Log lines arrive on their own stream: wait for the five, then make
+    // sure no sixth follows.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while ds[0].audit_runs() < audited + 4 && Instant::now() < deadline {
+    while ds[0].audit_runs() < audited + 5 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         ds[0].audit_runs(),
-        audited + 4,
-        "the holder logged the two calls, the genuine forward and the close, and nothing for the forgeries"
+        audited + 5,
+        "the holder logged the two calls, the two genuine forwards and the close, and nothing for the forgeries"
     );
 
     // The store holds the session's fingerprint, never its ID.
@@ -540,15 +569,27 @@ async fn an_owners_sessions_live_on_one_replica_so_its_cap_replaces_across_the_f
     // its leases (3 s), then held where it arrived; the cap holds there.
     ds[0].kill();
     let killed = Instant::now();
+    let mut marked = 0;
     let third = loop {
         let a = open_for(&ds[1], alice, "ws-1").await;
         if a.status == 200 {
             break id_of(&a);
         }
-        assert_eq!(a.mark.as_deref(), Some("environment"), "{:?}", a.body);
+        // Marked: nothing was sent. (One unmarked internal error is
+        // possible if a kept-alive connection to the dead replica was
+        // reused at the moment of its death: the open may have been sent.)
+        match a.mark.as_deref() {
+            Some("environment") => marked += 1,
+            None => assert_eq!(a.body["code"], "internal", "{:?}", a.body),
+            other => panic!("{other:?}: {:?}", a.body),
+        }
         assert!(killed.elapsed() < Duration::from_secs(10), "{:?}", a.body);
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    assert!(
+        marked > 0,
+        "refused until the dead holder's entries expired"
+    );
     assert_eq!(holder_of(&redis, &third), url(&ds[1]));
     let fourth = id_of(&open_for(&ds[2], alice, "ws-1").await);
     assert_eq!(holder_of(&redis, &fourth), url(&ds[1]));

@@ -384,14 +384,21 @@ async fn a_store_over_tls_with_a_password_counts_and_one_it_cannot_trust_or_log_
         Daemon::start(&borrowed(&env))
     };
 
-    // Trusted, logged in: counted in the store, over TLS.
+    // Trusted, logged in: counted in the store, over TLS. A first run
+    // makes the connection (TLS, login, scripts), so the long one below
+    // is admitted at once.
     let d = with(redis.tls_url(password), Some(&ca));
+    assert_eq!(run(&d, &tokens[0], "1").await.status, 200);
     let long = {
         let url = d.url("/plimsoll.v1.SandboxService/Run");
         let token = tokens[0].clone();
         tokio::spawn(async move { run_at(url, &token, &busy(3000)).await })
     };
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while redis.command(&["ZCARD", "plimsoll:lease:alice"]).as_deref() != Some("1") {
+        assert!(Instant::now() < deadline, "the long run's lease never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let a = run(&d, &tokens[0], "1").await;
     assert_eq!((a.status, a.mark.as_deref()), (429, Some("capacity")));
     assert!(a.body.to_string().contains("at once"), "{:?}", a.body);
