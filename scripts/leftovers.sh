@@ -13,7 +13,11 @@ set -euo pipefail
 count() {
   local containers run_dirs cgroups
   containers=$(docker ps -aq --filter label=io.plimsoll.run | wc -l)
-  run_dirs=$(find /run/plimsoll-runs -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+  # A machine that never ran a granted run has no such directory: none left.
+  run_dirs=0
+  if [ -d /run/plimsoll-runs ]; then
+    run_dirs=$(find /run/plimsoll-runs -mindepth 1 -maxdepth 1 | wc -l)
+  fi
   cgroups=0
   for root in /sys/fs/cgroup/pids/docker /sys/fs/cgroup/docker; do
     [ -d "$root" ] && cgroups=$((cgroups + $(find "$root" -mindepth 1 -maxdepth 1 -type d | wc -l)))
