@@ -81,13 +81,16 @@ pub async fn post_at(url: String, token: &str, body: Value) -> Answer {
     answer_of(r).await
 }
 
-/// A free loopback port, for a replica whose address its peers must know
-/// before it starts.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+/// `n` different free loopback ports, for replicas whose addresses their
+/// peers must know before they start: all held at once while they are
+/// chosen, so no two are the same.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect()
 }
 
 /// What a cell printed, from a SessionRun answer.
@@ -115,9 +118,10 @@ pub fn forwarding(n: usize, dir: &Scratch, env: &[(&str, String)]) -> (Vec<Daemo
     std::fs::write(&secret, &secret_text).expect("secret");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let ds = (0..n)
-        .map(|_| {
-            let addr = format!("127.0.0.1:{}", free_port());
+    let ds = free_ports(n)
+        .into_iter()
+        .map(|port| {
+            let addr = format!("127.0.0.1:{port}");
             let mut all: Vec<(String, String)> = env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))

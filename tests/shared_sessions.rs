@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use plimsoll_tests::fleet::{
-    Answer, borrowed, cell_stdout, clients, forwarding, free_port, post, post_at, run,
+    Answer, borrowed, cell_stdout, clients, forwarding, free_ports, post, post_at, run,
 };
 use plimsoll_tests::redis_server::RedisServer;
 use plimsoll_tests::{Daemon, Scratch};
@@ -101,8 +101,9 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
         ("PLIMSOLL_REPLICA_SECRET_FILE", secret.display().to_string()),
         ("SANDBOX_MAX_SESSIONS", "4".into()),
     ];
-    let addrs: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
+    let addrs: Vec<String> = free_ports(3)
+        .into_iter()
+        .map(|port| format!("127.0.0.1:{port}"))
         .collect();
     let mut ds: Vec<Daemon> = addrs
         .iter()
@@ -123,6 +124,16 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
     let opened = post(&ds[0], &tokens[0], "OpenSession", json!({"protocol": 4})).await;
     assert_eq!(opened.status, 200, "{:?}", opened.body);
     let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+    // The open's own audit line is read before the count starts (lines
+    // arrive on their own stream, after the answer).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !ds[0].log_lines().iter().any(|l| l.contains("session_open")) {
+        assert!(
+            Instant::now() < deadline,
+            "the open's audit line never came"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let audited = ds[0].audit_runs();
     let a = post(
         &ds[1],
@@ -267,6 +278,14 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
         401
     );
     assert_eq!(status(forge(signed_with(""), at, None).await), 401);
+
+    // MCP's session tools travel between replicas under internal
+    // procedures that exist only for a forwarded call: a caller with a
+    // token gets what an unknown procedure gets.
+    let direct = post(&ds[0], &tokens[0], "McpSessionRun", cell(&sid, "x")).await;
+    let unknown = post(&ds[0], &tokens[0], "NoSuchProcedure", cell(&sid, "x")).await;
+    assert_eq!(direct.status, 404, "{:?}", direct.body);
+    assert_eq!(direct.body, unknown.body);
 
     // Closed through replica 2; the holder has ended it.
     let closed = post(

@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -112,9 +113,15 @@ def replicas(extra: dict[str, str], n: int = 2):
     secret = os.path.join(secret_dir, "replica-secret")
     with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write("s" * 48)
+    # All ports chosen while all are held, so no two replicas get one port.
+    held = [socket.socket() for _ in range(n)]
+    for h in held:
+        h.bind(("127.0.0.1", 0))
+    ports = [h.getsockname()[1] for h in held]
+    for h in held:
+        h.close()
     daemons = []
-    for _ in range(n):
-        port = free_port()
+    for port in ports:
         d = GracefulDaemon({**extra, "PLIMSOLL_TOKEN": TOKEN, "PLIMSOLL_INSECURE": "",
                             # (empty is unset: the token is required)
                             "PLIMSOLL_ADDR": f"127.0.0.1:{port}",
@@ -158,6 +165,43 @@ def test_a_session_through_a_round_robin_balancer_keeps_one_interpreter(wasm_fle
     assert all(n >= 3 for n in runs), runs
     logged = [sum(bool(re.search(r'"session_call":\s*\d', l)) for l in d.lines) for d in daemons]
     assert sorted(logged)[0] == 0 and sorted(logged)[1] >= 7, logged
+
+
+def test_mcp_session_tools_reach_the_replica_holding_the_session(wasm_fleet):
+    """MCP is stateless, so each tool call may reach any replica: a session
+    opened over MCP on one is used and closed over MCP through the other,
+    its calls running where the session is."""
+    from test_mcp import http, run, with_session
+
+    _, _, daemons, _ = wasm_fleet
+
+    def session_calls():
+        return [sum(bool(re.search(r'"session_call":\s*\d', l)) for l in d.lines)
+                for d in daemons]
+
+    before = session_calls()
+
+    def tool(d, name: str, args: dict):
+        async def body(s):
+            return await s.call_tool(name, args)
+        return run(with_session(http(d.url, TOKEN), body))
+
+    opened = tool(daemons[0], "open_session", {"minimum_isolation": "process"})
+    sid = opened.structured_content["sessionId"]
+    a = tool(daemons[1], "session_run", {"session_id": sid, "code": "globalThis.n = 41"})
+    assert not a.is_error and a.structured_content["provider"] == "wasm", a
+    b = tool(daemons[1], "session_run", {"session_id": sid, "code": "console.log(n + 1)"})
+    assert b.structured_content["stdout"] == "42\n", b
+    c = tool(daemons[1], "run_cell", {"session_id": sid, "language": "javascript", "code": "n + 2"})
+    assert c.structured_content["stdout"] == "43\n", c
+    closed = tool(daemons[1], "close_session", {"session_id": sid})
+    assert not closed.is_error and closed.structured_content["calls"] == "3", closed
+    for d in daemons:
+        gone = tool(d, "session_run", {"session_id": sid, "code": "1"})
+        assert gone.is_error and gone.structured_content["outcome"] == "not_dispatched", gone
+    # The calls ran on the replica holding the session, and only there.
+    logged = [n - b for n, b in zip(session_calls(), before)]
+    assert logged[1] == 0 and logged[0] >= 3, logged
 
 
 @pytest.fixture(scope="module")

@@ -170,10 +170,14 @@ async fn procedure(
     let Ok(Path(name)) = name else {
         return not_found().await;
     };
+    // MCP's session tools travel between replicas under procedures of
+    // their own, which exist only for a forwarded call.
+    let internal = mcp::relay::tool_of(&name);
+    let forwarded = replica::forwarded(req.headers());
     let known = matches!(
         name.as_str(),
         "Run" | "RunStream" | "Describe" | "OpenSession" | "SessionRun" | "CloseSession"
-    );
+    ) || (internal.is_some() && forwarded.is_some());
     if !known {
         return not_found().await;
     }
@@ -189,7 +193,6 @@ async fn procedure(
     // A session call another replica forwarded carries that replica's
     // signature instead of the caller's token; it is checked once the body
     // (which the signature covers) is read.
-    let forwarded = replica::forwarded(req.headers());
     let caller = match &forwarded {
         Some(f) => match replica::caller(&api.daemon, &api.verifier, &name, f) {
             Some(c) => {
@@ -227,6 +230,12 @@ async fn procedure(
         && !replica::body_matches(f, &body)
     {
         return unauthenticated(&api);
+    }
+    if let Some(tool) = internal {
+        let result = mcp::session_tool(&api.daemon, tool, &body, caller).await;
+        drop(body_slot);
+        drop(caller_body);
+        return json_ok(&result);
     }
     match name.as_str() {
         "Describe" => describe(&api.daemon, &body),

@@ -23,9 +23,17 @@ use crate::replicas::{
 };
 use crate::wire::SessionEnd;
 
-/// The procedures a replica forwards: calls on an open session, and an
-/// open for an owner whose sessions another replica holds.
-const FORWARDABLE: [&str; 3] = ["SessionRun", "CloseSession", "OpenSession"];
+/// The procedures a replica forwards: calls on an open session, an open
+/// for an owner whose sessions another replica holds, and MCP's session
+/// tools (internal procedures, taken only when forwarded).
+const FORWARDABLE: [&str; 6] = [
+    "SessionRun",
+    "CloseSession",
+    "OpenSession",
+    "McpSessionRun",
+    "McpRunCell",
+    "McpCloseSession",
+];
 
 /// A forwarded call's claims, unchecked.
 pub struct Forward {

@@ -143,61 +143,75 @@ impl McpServer {
             Ok(b) => b,
             Err(r) => return results::refused(&r),
         };
-        let daemon = &self.daemon;
-        let answer = match tool {
-            "open_session" => match parse(Request::OpenSession, "OpenSessionRequest", &body) {
-                // MCP's open names no owner: its sessions join no owner's
-                // set, so nothing here is forwarded.
-                Ok(r) => daemon.open_session(r, caller, None).await.map(|o| {
-                    let v = serde_json::to_value(&o).unwrap_or(Value::Null);
-                    let summary = format!(
-                        "session {} open: provider {}, isolation {}",
-                        o.session_id, o.sandbox, o.isolation
-                    );
-                    results::value(v, summary)
-                }),
-                Err(r) => return results::refused(&r),
-            },
-            "close_session" => match parse(Request::CloseSession, "CloseSessionRequest", &body) {
-                Ok(r) => daemon.close_session(r, caller).await.map(|c| {
-                    let v = serde_json::to_value(&c).unwrap_or(Value::Null);
-                    results::value(v, format!("session closed after {} calls", c.calls.0))
-                }),
-                Err(r) => return results::refused(&r),
-            },
-            _ => match parse(Request::SessionRun, "SessionRunRequest", &body) {
-                Ok(r) => daemon.session_run(r, caller).await.map(|a| {
-                    let mut result = results::answered(&a.run);
-                    if let Some(Value::Object(v)) = result.structured_content.as_mut()
-                        && !a.ended.is_open()
-                    {
-                        v.insert("sessionEnded".into(), json!(a.ended.name()));
-                    }
-                    result
-                }),
-                Err(r) => return results::refused(&r),
-            },
-        };
-        match answer {
-            Ok(r) => r,
-            Err(SessionError::Refused { refusal, ended }) => {
-                let mut r = results::refused(&refusal);
-                if let (Some(e), Some(Value::Object(v))) = (ended, r.structured_content.as_mut()) {
-                    v.insert("sessionEnded".into(), json!(e.reason.name()));
-                }
-                r
-            }
-            Err(SessionError::Unanswered { id, record, .. }) => {
-                // The call may have run: its record took its place in the
-                // session's chain, and the agent gets its digest to check it.
-                let mut r = results::failed(&format!("internal error {id}"));
-                if let Some(Value::Object(v)) = r.structured_content.as_mut() {
-                    v.insert("recordSha256".into(), json!(record.record_sha256));
-                }
-                r
-            }
-            Err(SessionError::Internal { id }) => results::failed(&format!("internal error {id}")),
+        // A session another replica holds: the tool runs there.
+        if let Some(result) = super::relay::elsewhere(&self.daemon, tool, &body, &caller).await {
+            return result;
         }
+        session_tool(&self.daemon, tool, &body, caller).await
+    }
+}
+
+/// A session tool run here, on its Connect body: for a call from an MCP
+/// client, or one another replica forwarded (`relay`).
+pub(crate) async fn session_tool(
+    daemon: &Arc<Daemon>,
+    tool: &str,
+    body: &[u8],
+    caller: Arc<Caller>,
+) -> CallToolResult {
+    let answer = match tool {
+        "open_session" => match parse(Request::OpenSession, "OpenSessionRequest", body) {
+            // MCP's open names no owner: its sessions join no owner's
+            // set, so nothing here is forwarded.
+            Ok(r) => daemon.open_session(r, caller, None).await.map(|o| {
+                let v = serde_json::to_value(&o).unwrap_or(Value::Null);
+                let summary = format!(
+                    "session {} open: provider {}, isolation {}",
+                    o.session_id, o.sandbox, o.isolation
+                );
+                results::value(v, summary)
+            }),
+            Err(r) => return results::refused(&r),
+        },
+        "close_session" => match parse(Request::CloseSession, "CloseSessionRequest", body) {
+            Ok(r) => daemon.close_session(r, caller).await.map(|c| {
+                let v = serde_json::to_value(&c).unwrap_or(Value::Null);
+                results::value(v, format!("session closed after {} calls", c.calls.0))
+            }),
+            Err(r) => return results::refused(&r),
+        },
+        _ => match parse(Request::SessionRun, "SessionRunRequest", body) {
+            Ok(r) => daemon.session_run(r, caller).await.map(|a| {
+                let mut result = results::answered(&a.run);
+                if let Some(Value::Object(v)) = result.structured_content.as_mut()
+                    && !a.ended.is_open()
+                {
+                    v.insert("sessionEnded".into(), json!(a.ended.name()));
+                }
+                result
+            }),
+            Err(r) => return results::refused(&r),
+        },
+    };
+    match answer {
+        Ok(r) => r,
+        Err(SessionError::Refused { refusal, ended }) => {
+            let mut r = results::refused(&refusal);
+            if let (Some(e), Some(Value::Object(v))) = (ended, r.structured_content.as_mut()) {
+                v.insert("sessionEnded".into(), json!(e.reason.name()));
+            }
+            r
+        }
+        Err(SessionError::Unanswered { id, record, .. }) => {
+            // The call may have run: its record took its place in the
+            // session's chain, and the agent gets its digest to check it.
+            let mut r = results::failed(&format!("internal error {id}"));
+            if let Some(Value::Object(v)) = r.structured_content.as_mut() {
+                v.insert("recordSha256".into(), json!(record.record_sha256));
+            }
+            r
+        }
+        Err(SessionError::Internal { id }) => results::failed(&format!("internal error {id}")),
     }
 }
 

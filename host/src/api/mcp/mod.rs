@@ -7,14 +7,19 @@
 //! record, audit) exactly as Connect's `Run` does.
 //!
 //! Stateless: no MCP session is kept between requests, so no MCP session
-//! ID exists to log or leak, and any replica can answer any request.
+//! ID exists to log or leak, and any replica can answer any request (a
+//! session tool's call for a session another replica holds is forwarded
+//! there: `relay`).
 //! Requests that carry a browser `Origin` are refused (a page must not
 //! drive a daemon it can reach); with no tokens configured (open mode,
 //! loopback only) the `Host` must be a loopback name as well.
 
 mod handler;
+pub mod relay;
 mod results;
 mod tools;
+
+pub(crate) use handler::session_tool;
 
 use std::sync::Arc;
 

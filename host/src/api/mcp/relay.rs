@@ -1,0 +1,128 @@
+//! MCP's session tools for a session another replica holds. MCP here is
+//! stateless, so a balancer may send a session's tool calls to any
+//! replica; the call goes to the holder as a session call does (signed
+//! with the replicas' secret, never with the caller's token), under an
+//! internal procedure the holder takes only when forwarded. The holder
+//! runs the tool on its own session and answers with the tool's result,
+//! relayed as it is.
+
+use bytes::Bytes;
+use rmcp::model::CallToolResult;
+use serde_json::{Value, json};
+
+use super::results;
+use crate::callers::Caller;
+use crate::pipeline::Daemon;
+use crate::refusal::Refusal;
+use crate::replicas::Forwarded;
+
+/// Each forwarded tool and the internal procedure it travels under.
+const PROCEDURES: [(&str, &str); 3] = [
+    ("session_run", "McpSessionRun"),
+    ("run_cell", "McpRunCell"),
+    ("close_session", "McpCloseSession"),
+];
+
+/// The tool an internal procedure stands for, if it is one.
+pub fn tool_of(procedure: &str) -> Option<&'static str> {
+    PROCEDURES
+        .iter()
+        .find(|(_, p)| *p == procedure)
+        .map(|(t, _)| *t)
+}
+
+/// The holder's result for a session tool call on a session another
+/// replica holds; None means answer it here.
+pub async fn elsewhere(
+    daemon: &Daemon,
+    tool: &str,
+    body: &[u8],
+    caller: &Caller,
+) -> Option<CallToolResult> {
+    let replicas = daemon.replicas()?;
+    let procedure = PROCEDURES.iter().find(|(t, _)| *t == tool)?.1;
+    let request: Value = serde_json::from_slice(body).ok()?;
+    let session_id = request.get("sessionId")?.as_str()?;
+    if daemon.holds_session(session_id, &caller.id) {
+        return None;
+    }
+    let fingerprint = crate::sessions::fingerprint(session_id);
+    let holder = replicas.holder(&fingerprint).await?;
+    let forwarded = replicas
+        .forward(&holder, procedure, &caller.id, Bytes::copy_from_slice(body))
+        .await;
+    Some(match forwarded {
+        Forwarded::Answer {
+            status: 200, body, ..
+        } => {
+            serde_json::from_slice::<CallToolResult>(&body).unwrap_or_else(|_| {
+                // It was taken there and may have run.
+                results::failed(
+                    "the replica holding this session gave an answer that is not a tool result",
+                )
+            })
+        }
+        Forwarded::Answer {
+            status, headers, ..
+        } => {
+            let marked = headers.iter().any(|(n, _)| n == "plimsoll-not-dispatched");
+            if status == 401 || status == 403 {
+                tracing::error!(
+                    status,
+                    "the replica holding a session refused a forwarded call; check that every replica has the same secret, clients file and clock"
+                );
+            }
+            if marked || status == 401 || status == 403 {
+                // Refused there before anything ran.
+                results::refused(&Refusal::environment(format!(
+                    "the replica holding this session refused the forwarded call ({status})"
+                )))
+            } else {
+                results::failed(&format!(
+                    "the replica holding this session answered {status}"
+                ))
+            }
+        }
+        Forwarded::Gone => {
+            // Nothing was sent. As for a session call over the API: the
+            // session went with its replica.
+            replicas.forget(&fingerprint).await;
+            let mut r = results::refused(&Refusal::environment(
+                "the replica holding this session is gone",
+            ));
+            if let Some(Value::Object(v)) = r.structured_content.as_mut() {
+                v.insert(
+                    "sessionEnded".into(),
+                    json!(crate::wire::SessionEnd::Shutdown.name()),
+                );
+            }
+            r
+        }
+        Forwarded::Unreachable(detail) => {
+            tracing::warn!(detail = %detail, "the replica holding a session could not be reached");
+            results::refused(&Refusal::environment(
+                "the replica holding this session could not be reached; retry",
+            ))
+        }
+        Forwarded::Lost(detail) => {
+            let id = crate::pipeline::internal_id(&detail);
+            tracing::error!(error_id = %id, detail = %detail, "a forwarded session call got no answer");
+            results::failed(&format!("internal error {id}"))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_internal_procedures_name_a_tool() {
+        assert_eq!(tool_of("McpSessionRun"), Some("session_run"));
+        assert_eq!(tool_of("McpRunCell"), Some("run_cell"));
+        assert_eq!(tool_of("McpCloseSession"), Some("close_session"));
+        for other in ["SessionRun", "Run", "McpOpenSession", "mcpsessionrun", ""] {
+            assert_eq!(tool_of(other), None, "{other}");
+        }
+    }
+}
