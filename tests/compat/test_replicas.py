@@ -199,9 +199,39 @@ def test_mcp_session_tools_reach_the_replica_holding_the_session(wasm_fleet):
     for d in daemons:
         gone = tool(d, "session_run", {"session_id": sid, "code": "1"})
         assert gone.is_error and gone.structured_content["outcome"] == "not_dispatched", gone
-    # The calls ran on the replica holding the session, and only there.
-    logged = [n - b for n, b in zip(session_calls(), before)]
+    # The calls ran on the replica holding the session, and only there
+    # (log lines arrive on their own stream: waited for).
+    deadline = time.monotonic() + 5
+    while True:
+        logged = [n - b for n, b in zip(session_calls(), before)]
+        if logged[0] >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert logged[1] == 0 and logged[0] >= 3, logged
+
+
+def test_an_mcp_session_call_whose_holder_is_gone_is_told_the_session_ended():
+    from test_mcp import http, run, with_session
+
+    fleet = replicas({"SANDBOX_PROVIDER": "wasm", "SANDBOX_MAX_SESSIONS": "2"})
+    try:
+        _, _, daemons, _ = fleet
+
+        def tool(d, name: str, args: dict):
+            async def body(s):
+                return await s.call_tool(name, args)
+            return run(with_session(http(d.url, TOKEN), body))
+
+        sid = tool(daemons[0], "open_session", {}).structured_content["sessionId"]
+        daemons[0].proc.kill()
+        daemons[0].proc.wait()
+        r = tool(daemons[1], "session_run", {"session_id": sid, "code": "1"})
+        sc = r.structured_content
+        assert r.is_error and sc["outcome"] == "not_dispatched", r
+        assert sc["notDispatched"] == "environment", sc
+        assert sc["sessionEnded"] == "SESSION_END_SHUTDOWN", sc
+    finally:
+        stop(*fleet)
 
 
 @pytest.fixture(scope="module")

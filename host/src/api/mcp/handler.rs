@@ -82,7 +82,12 @@ impl ServerHandler for McpServer {
             "open_session" | "session_run" | "run_cell" | "close_session"
                 if self.daemon.has_sessions() =>
             {
-                self.session(&request.name, args, caller).await
+                let slots = context
+                    .extensions
+                    .get::<http::request::Parts>()
+                    .and_then(|p| p.extensions.get::<super::relay::RelaySlots>().cloned());
+                self.session(&request.name, args, caller, slots.as_ref())
+                    .await
             }
             other => {
                 return Err(ErrorData::invalid_params(
@@ -138,13 +143,16 @@ impl McpServer {
         tool: &str,
         args: Map<String, Value>,
         caller: Arc<Caller>,
+        slots: Option<&super::relay::RelaySlots>,
     ) -> CallToolResult {
         let body = match request_body(tool, args) {
             Ok(b) => b,
             Err(r) => return results::refused(&r),
         };
         // A session another replica holds: the tool runs there.
-        if let Some(result) = super::relay::elsewhere(&self.daemon, tool, &body, &caller).await {
+        if let Some(result) =
+            super::relay::elsewhere(&self.daemon, tool, &body, &caller, slots).await
+        {
             return result;
         }
         session_tool(&self.daemon, tool, &body, caller).await

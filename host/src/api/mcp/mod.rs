@@ -79,5 +79,11 @@ pub async fn guard(State(api): State<Api>, req: Request, next: Next) -> Response
     };
     drop(slots);
     parts.extensions.insert(caller);
+    // For a session tool's call forwarded to another replica, which holds
+    // slots again while it waits (`relay`).
+    parts.extensions.insert(relay::RelaySlots {
+        caller_bodies: api.caller_bodies.clone(),
+        body_slots: api.body_slots.clone(),
+    });
     next.run(Request::from_parts(parts, Body::from(body))).await
 }

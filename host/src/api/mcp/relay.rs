@@ -6,15 +6,31 @@
 //! runs the tool on its own session and answers with the tool's result,
 //! relayed as it is.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use rmcp::model::CallToolResult;
 use serde_json::{Value, json};
+use tokio::sync::Semaphore;
 
 use super::results;
+use crate::api::body::CallerBodies;
+use crate::api::connect::parse;
 use crate::callers::Caller;
 use crate::pipeline::Daemon;
 use crate::refusal::Refusal;
 use crate::replicas::Forwarded;
+use crate::wire::{CloseSessionRequest, Request, SessionRunRequest};
+
+/// The API's body slots, handed to MCP's tools by its guard: a forwarded
+/// call holds a caller's slot and a daemon slot until its answer is in, as
+/// a forwarded API call does, so how many forwards one caller has in
+/// flight is bounded the same way.
+#[derive(Clone)]
+pub struct RelaySlots {
+    pub caller_bodies: Arc<CallerBodies>,
+    pub body_slots: Arc<Semaphore>,
+}
 
 /// Each forwarded tool and the internal procedure it travels under.
 const PROCEDURES: [(&str, &str); 3] = [
@@ -38,16 +54,42 @@ pub async fn elsewhere(
     tool: &str,
     body: &[u8],
     caller: &Caller,
+    slots: Option<&RelaySlots>,
 ) -> Option<CallToolResult> {
     let replicas = daemon.replicas()?;
     let procedure = PROCEDURES.iter().find(|(t, _)| *t == tool)?.1;
-    let request: Value = serde_json::from_slice(body).ok()?;
-    let session_id = request.get("sessionId")?.as_str()?;
-    if daemon.holds_session(session_id, &caller.id) {
+    // Checked here as the holder would, so a malformed call is refused for
+    // what it is (and never sent).
+    let session_id = match tool {
+        "close_session" => {
+            parse::<CloseSessionRequest>(Request::CloseSession, "CloseSessionRequest", body)
+                .map(|r| r.session_id)
+        }
+        _ => parse::<SessionRunRequest>(Request::SessionRun, "SessionRunRequest", body)
+            .map(|r| r.session_id),
+    };
+    let session_id = match session_id {
+        Ok(id) => id,
+        Err(r) => return Some(results::refused(&r)),
+    };
+    if daemon.holds_session(&session_id, &caller.id) {
         return None;
     }
-    let fingerprint = crate::sessions::fingerprint(session_id);
+    let fingerprint = crate::sessions::fingerprint(&session_id);
     let holder = replicas.holder(&fingerprint).await?;
+    let Some(slots) = slots else {
+        return Some(results::failed("no body slots for a forwarded call"));
+    };
+    let Some(_caller_body) = slots.caller_bodies.try_take(&caller.id) else {
+        return Some(results::refused(&Refusal::capacity(
+            "this caller is sending as many request bodies as it may at once",
+        )));
+    };
+    let Ok(_body_slot) = slots.body_slots.clone().try_acquire_owned() else {
+        return Some(results::refused(&Refusal::capacity(
+            "the daemon is reading as many request bodies as it allows",
+        )));
+    };
     let forwarded = replicas
         .forward(&holder, procedure, &caller.id, Bytes::copy_from_slice(body))
         .await;
@@ -65,18 +107,26 @@ pub async fn elsewhere(
         Forwarded::Answer {
             status, headers, ..
         } => {
-            let marked = headers.iter().any(|(n, _)| n == "plimsoll-not-dispatched");
+            let mark = headers
+                .iter()
+                .find(|(n, _)| n == "plimsoll-not-dispatched")
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
             if status == 401 || status == 403 {
                 tracing::error!(
                     status,
                     "the replica holding a session refused a forwarded call; check that every replica has the same secret, clients file and clock"
                 );
-            }
-            if marked || status == 401 || status == 403 {
-                // Refused there before anything ran.
                 results::refused(&Refusal::environment(format!(
                     "the replica holding this session refused the forwarded call ({status})"
                 )))
+            } else if let Some(mark) = mark {
+                // Refused there before anything ran, for this reason.
+                let why = format!("the replica holding this session refused the call ({status})");
+                results::refused(&match mark.as_str() {
+                    "capacity" => Refusal::capacity(why),
+                    "request" => Refusal::request(why),
+                    _ => Refusal::environment(why),
+                })
             } else {
                 results::failed(&format!(
                     "the replica holding this session answered {status}"
