@@ -322,17 +322,27 @@ fn body_slots(
     api: &Api,
     caller: &Caller,
 ) -> Result<(body::CallerBody, tokio::sync::OwnedSemaphorePermit), Box<Response>> {
-    let Some(caller_body) = api.caller_bodies.try_take(&caller.id) else {
-        return Err(Box::new(refusal_response(
-            StatusCode::TOO_MANY_REQUESTS,
-            &Refusal::capacity("this caller is sending as many request bodies as it may at once"),
-        )));
+    take_body_slots(&api.caller_bodies, &api.body_slots, &caller.id)
+        .map_err(|r| Box::new(refusal_response(StatusCode::TOO_MANY_REQUESTS, &r)))
+}
+
+/// One of the caller's body slots and one of the daemon's, or the
+/// capacity refusal saying which is full: for reading a body, and for a
+/// forwarded MCP call waiting on its answer (`mcp::relay`).
+fn take_body_slots(
+    caller_bodies: &Arc<CallerBodies>,
+    body_slots: &Arc<Semaphore>,
+    caller: &str,
+) -> Result<(body::CallerBody, tokio::sync::OwnedSemaphorePermit), Refusal> {
+    let Some(caller_body) = caller_bodies.try_take(caller) else {
+        return Err(Refusal::capacity(
+            "this caller is sending as many request bodies as it may at once",
+        ));
     };
-    let Ok(body_slot) = api.body_slots.clone().try_acquire_owned() else {
-        return Err(Box::new(refusal_response(
-            StatusCode::TOO_MANY_REQUESTS,
-            &Refusal::capacity("the daemon is reading as many request bodies as it allows"),
-        )));
+    let Ok(body_slot) = body_slots.clone().try_acquire_owned() else {
+        return Err(Refusal::capacity(
+            "the daemon is reading as many request bodies as it allows",
+        ));
     };
     Ok((caller_body, body_slot))
 }

@@ -203,8 +203,8 @@ impl RedisStore {
                 return Err(Shed::StoreUnavailable);
             }
         }
-        if leased && let Ok(mut live) = self.live.lock() {
-            live.insert(id.clone(), Held::Run(leases(ask.caller)));
+        if leased {
+            self.keep_renewing(&id, Held::Run(leases(ask.caller)));
         }
         Ok(Booked {
             id: Some(id),
@@ -331,9 +331,7 @@ impl RedisStore {
             .await;
         match taken {
             Ok(1) => {
-                if let Ok(mut live) = self.live.lock() {
-                    live.insert(id.clone(), Held::Session(set.clone()));
-                }
+                self.keep_renewing(&id, Held::Session(set.clone()));
                 Ok(Some((set, id)))
             }
             Ok(_) => Ok(None),
@@ -345,7 +343,6 @@ impl RedisStore {
         }
     }
 
-    /// Gives a session place back (the session ended).
     /// Joins this replica (`holder`, its signed address) to the replicas
     /// holding `owner`'s sessions, if no other one holds any: an owner's
     /// sessions live on one replica, so its per-owner cap (and the choice
@@ -375,9 +372,7 @@ impl RedisStore {
             .await;
         match joined {
             Ok(other) if other.is_empty() => {
-                if let Ok(mut live) = self.live.lock() {
-                    live.insert(id.clone(), Held::Session(set.clone()));
-                }
+                self.keep_renewing(&id, Held::Session(set.clone()));
                 Ok((set, id))
             }
             Ok(other) => Err(Some(other)),
@@ -389,6 +384,7 @@ impl RedisStore {
         }
     }
 
+    /// Gives a session place back (the session ended).
     pub async fn give_back_place(self: &Arc<Self>, set: &str, id: &str) {
         if let Ok(mut live) = self.live.lock() {
             live.remove(id);
@@ -402,6 +398,13 @@ impl RedisStore {
             .await;
         if done.is_err() {
             self.give_back_place_later(set.to_string(), id.to_string());
+        }
+    }
+
+    /// Renews the lease `id` in its set until it is given back.
+    fn keep_renewing(&self, id: &str, held: Held) {
+        if let Ok(mut live) = self.live.lock() {
+            live.insert(id.to_string(), held);
         }
     }
 

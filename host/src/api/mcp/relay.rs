@@ -80,16 +80,11 @@ pub async fn elsewhere(
     let Some(slots) = slots else {
         return Some(results::failed("no body slots for a forwarded call"));
     };
-    let Some(_caller_body) = slots.caller_bodies.try_take(&caller.id) else {
-        return Some(results::refused(&Refusal::capacity(
-            "this caller is sending as many request bodies as it may at once",
-        )));
-    };
-    let Ok(_body_slot) = slots.body_slots.clone().try_acquire_owned() else {
-        return Some(results::refused(&Refusal::capacity(
-            "the daemon is reading as many request bodies as it allows",
-        )));
-    };
+    let _held =
+        match crate::api::take_body_slots(&slots.caller_bodies, &slots.body_slots, &caller.id) {
+            Ok(held) => held,
+            Err(r) => return Some(results::refused(&r)),
+        };
     let forwarded = replicas
         .forward(&holder, procedure, &caller.id, Bytes::copy_from_slice(body))
         .await;
