@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::{Daemon, Scratch};
+use crate::{Answer, Daemon, Scratch};
 
 /// A clients file with these callers (ID, paid seconds per day); returns
 /// each caller's token, in order.
@@ -30,13 +30,6 @@ pub fn clients(file: &Path, callers: &[(&str, Option<u64>)]) -> Vec<String> {
     tokens
 }
 
-pub struct Answer {
-    pub status: u16,
-    /// The not-dispatched mark, if the answer carries it.
-    pub mark: Option<String>,
-    pub body: Value,
-}
-
 pub async fn run(d: &Daemon, token: &str, code: &str) -> Answer {
     run_at(d.url("/plimsoll.v1.SandboxService/Run"), token, code).await
 }
@@ -49,19 +42,7 @@ pub async fn run_at(url: String, token: &str, code: &str) -> Answer {
         .send()
         .await
         .expect("sent");
-    answer_of(r).await
-}
-
-/// The status, the not-dispatched mark and the body of an answer.
-pub async fn answer_of(r: reqwest::Response) -> Answer {
-    let status = r.status().as_u16();
-    let mark = r
-        .headers()
-        .get("plimsoll-not-dispatched")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let body = r.json().await.unwrap_or(Value::Null);
-    Answer { status, mark, body }
+    crate::answer(r).await
 }
 
 /// POSTs `body` to `procedure` on `d` as the holder of `token`.
@@ -78,7 +59,7 @@ pub async fn post_at(url: String, token: &str, body: Value) -> Answer {
         .send()
         .await
         .expect("sent");
-    answer_of(r).await
+    crate::answer(r).await
 }
 
 /// `n` different free loopback ports, for replicas whose addresses their
@@ -138,6 +119,11 @@ pub fn forwarding(n: usize, dir: &Scratch, env: &[(&str, String)]) -> (Vec<Daemo
         })
         .collect();
     (ds, secret_text)
+}
+
+/// `n` replicas with the same environment (each on a port of its own).
+pub fn replicas(n: usize, env: &[(&str, &str)]) -> Vec<Daemon> {
+    (0..n).map(|_| Daemon::start(env)).collect()
 }
 
 /// `env` as the pairs `Daemon::start` takes.

@@ -1,25 +1,17 @@
 //! Sessions across replicas sharing a real `redis-server`: a session holds
 //! its caller's place in the fleet, is used and closed through any replica
-//! (forwarded to the one holding it), a caller's session cap holds across
-//! them, and an owner's sessions live on one replica, so the per-owner cap
-//! and its replacement of the least recently used idle session hold for
-//! the whole fleet.
+//! (forwarded to the one holding it), and a caller's session cap holds
+//! across them. An owner's sessions are in shared_owners.rs.
 
 use std::time::{Duration, Instant};
 
-use plimsoll_tests::fleet::{
-    Answer, borrowed, cell_stdout, clients, forwarding, free_ports, post, post_at, run,
-};
+use plimsoll_tests::fleet::{cell_stdout, clients, forwarding, post, post_at, replicas, run};
 use plimsoll_tests::redis_server::RedisServer;
 use plimsoll_tests::{Daemon, Scratch};
 use serde_json::json;
 
 /// A forwarded call's nonce, as a test forging one writes it.
 const NONCE: &str = "0123456789abcdef0123456789abcdef";
-
-fn replicas(n: usize, env: &[(&str, &str)]) -> Vec<Daemon> {
-    (0..n).map(|_| Daemon::start(env)).collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_session_holds_its_callers_place_in_the_fleet_and_its_calls_spend_the_shared_rate() {
@@ -47,7 +39,7 @@ async fn a_session_holds_its_callers_place_in_the_fleet_and_its_calls_spend_the_
     // The session holds the place while it is open: no run on the other
     // replica.
     let a = run(&ds[1], &tokens[0], "1").await;
-    assert_eq!((a.status, a.mark.as_deref()), (429, Some("capacity")));
+    assert_eq!((a.status, a.mark()), (429, Some("capacity")));
     assert!(a.body.to_string().contains("at once"), "{:?}", a.body);
     // Each call spends a token from the same bucket: three are left.
     let call = |code: &str| json!({"protocol": 4, "sessionId": sid, "cell": {"language": "javascript", "code": code}});
@@ -56,7 +48,7 @@ async fn a_session_holds_its_callers_place_in_the_fleet_and_its_calls_spend_the_
         assert_eq!(a.status, 200, "{:?}", a.body);
     }
     let a = post(&ds[0], &tokens[0], "SessionRun", call("4")).await;
-    assert_eq!((a.status, a.mark.as_deref()), (429, Some("capacity")));
+    assert_eq!((a.status, a.mark()), (429, Some("capacity")));
     assert!(a.body.to_string().contains("rate"), "{:?}", a.body);
     // Closed, the session gives its place back to the fleet.
     let closed = post(
@@ -89,34 +81,13 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
     let dir = Scratch::new("shared-forward");
     let file = dir.path("clients.json");
     let tokens = clients(&file, &[("alice", None), ("bob", None)]);
-    let secret = dir.path("replica-secret");
-    let secret_text = plimsoll::callers::new_token().expect("secret");
-    std::fs::write(&secret, &secret_text).expect("secret");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let base = [
         ("SANDBOX_PROVIDER", "wasm".to_string()),
         ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
         ("PLIMSOLL_STATE_URL", redis.url()),
-        ("PLIMSOLL_REPLICA_SECRET_FILE", secret.display().to_string()),
         ("SANDBOX_MAX_SESSIONS", "4".into()),
     ];
-    let addrs: Vec<String> = free_ports(3)
-        .into_iter()
-        .map(|port| format!("127.0.0.1:{port}"))
-        .collect();
-    let mut ds: Vec<Daemon> = addrs
-        .iter()
-        .map(|addr| {
-            let mut env: Vec<(String, String)> = base
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.clone()))
-                .collect();
-            env.push(("PLIMSOLL_ADDR".into(), addr.to_string()));
-            env.push(("PLIMSOLL_REPLICA_URL".into(), format!("http://{addr}")));
-            Daemon::start(&borrowed(&env))
-        })
-        .collect();
+    let (mut ds, secret_text) = forwarding(3, &dir, &base);
     let cell = |sid: &str, code: &str| json!({"protocol": 4, "sessionId": sid, "cell": {"language": "javascript", "code": code}});
 
     // Opened on replica 0, used through 1 and 2: one interpreter, one
@@ -156,8 +127,8 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
     let b = post(&ds[1], &tokens[1], "SessionRun", cell(&sid, "x")).await;
     let u = post(&ds[1], &tokens[1], "SessionRun", cell(&unknown, "x")).await;
     assert_eq!(
-        (b.status, b.mark.clone()),
-        (u.status, u.mark.clone()),
+        (b.status, b.mark().map(str::to_string)),
+        (u.status, u.mark().map(str::to_string)),
         "{:?}",
         b.body
     );
@@ -224,7 +195,7 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
         hex::encode(sha2::Sha256::digest(&body))
     };
     let at = now();
-    let holder = format!("http://{}", addrs[0]);
+    let holder = format!("http://{}", ds[0].addr);
     let tag = signer.sign_call(&plimsoll::replicas::mac::Call {
         holder: &holder,
         procedure: "SessionRun",
@@ -333,7 +304,7 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
     let sid = opened.body["sessionId"].as_str().expect("id").to_string();
     ds[0].kill();
     let a = post(&ds[1], &tokens[0], "SessionRun", cell(&sid, "1")).await;
-    assert_eq!(a.mark.as_deref(), Some("environment"), "{:?}", a.body);
+    assert_eq!(a.mark(), Some("environment"), "{:?}", a.body);
     let text = a.body.to_string();
     assert!(
         text.contains("plimsoll.v1.SessionEnded") && text.contains("ended"),
@@ -384,10 +355,7 @@ async fn a_callers_session_cap_holds_across_replicas_and_a_dead_replicas_session
     let first = open(&ds[0], &tokens[0]).await;
     assert_eq!(first.status, 200, "{:?}", first.body);
     let second = open(&ds[1], &tokens[0]).await;
-    assert_eq!(
-        (second.status, second.mark.as_deref()),
-        (429, Some("capacity"))
-    );
+    assert_eq!((second.status, second.mark()), (429, Some("capacity")));
     assert!(
         second.body.to_string().contains("open sessions"),
         "{:?}",
@@ -401,10 +369,7 @@ async fn a_callers_session_cap_holds_across_replicas_and_a_dead_replicas_session
     // Held while the session is open: renewed past twice its lease.
     tokio::time::sleep(Duration::from_secs(7)).await;
     let still = open(&ds[1], &tokens[0]).await;
-    assert_eq!(
-        (still.status, still.mark.as_deref()),
-        (429, Some("capacity"))
-    );
+    assert_eq!((still.status, still.mark()), (429, Some("capacity")));
     assert!(
         still.body.to_string().contains("open sessions"),
         "{:?}",
@@ -427,10 +392,7 @@ async fn a_callers_session_cap_holds_across_replicas_and_a_dead_replicas_session
     ds[1].kill();
     let killed = Instant::now();
     let refused = open(&ds[0], &tokens[0]).await;
-    assert_eq!(
-        (refused.status, refused.mark.as_deref()),
-        (429, Some("capacity"))
-    );
+    assert_eq!((refused.status, refused.mark()), (429, Some("capacity")));
     loop {
         let a = open(&ds[0], &tokens[0]).await;
         if a.status == 200 {
@@ -439,181 +401,4 @@ async fn a_callers_session_cap_holds_across_replicas_and_a_dead_replicas_session
         assert!(killed.elapsed() < Duration::from_secs(8), "{:?}", a.body);
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-}
-
-/// Opens a session for `owner` through `d`.
-async fn open_for(d: &Daemon, token: &str, owner: &str) -> Answer {
-    post(
-        d,
-        token,
-        "OpenSession",
-        json!({"protocol": 4, "owner": owner}),
-    )
-    .await
-}
-
-/// The URL of the replica the store names as a session's holder.
-fn holder_of(redis: &RedisServer, sid: &str) -> String {
-    let key = format!("plimsoll:session:{}", plimsoll::sessions::fingerprint(sid));
-    let value = redis.command(&["GET", &key]).unwrap_or_default();
-    value.split(' ').next().unwrap_or("").to_string()
-}
-
-fn id_of(a: &Answer) -> String {
-    assert_eq!(a.status, 200, "{:?}", a.body);
-    a.body["sessionId"].as_str().expect("id").to_string()
-}
-
-fn ended(a: &Answer) -> bool {
-    a.body.to_string().contains("plimsoll.v1.SessionEnded")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_owners_sessions_live_on_one_replica_so_its_cap_replaces_across_the_fleet() {
-    let redis = RedisServer::start("owners");
-    let dir = Scratch::new("shared-owners");
-    let file = dir.path("clients.json");
-    let tokens = clients(&file, &[("alice", None)]);
-    let env = [
-        ("SANDBOX_PROVIDER", "wasm".to_string()),
-        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
-        ("PLIMSOLL_STATE_URL", redis.url()),
-        ("PLIMSOLL_STATE_LEASE_SECONDS", "3".into()),
-        ("SANDBOX_MAX_SESSIONS", "4".into()),
-        ("SANDBOX_MAX_SESSIONS_PER_OWNER", "1".into()),
-    ];
-    let (mut ds, secret) = forwarding(3, &dir, &env);
-    let url = |d: &Daemon| format!("http://{}", d.addr);
-    let alice = &tokens[0];
-    let cell = |sid: &str, code: &str| json!({"protocol": 4, "sessionId": sid, "cell": {"language": "javascript", "code": code}});
-
-    // The owner's first session opens where the open arrived.
-    let first = id_of(&open_for(&ds[0], alice, "ws-1").await);
-    assert_eq!(holder_of(&redis, &first), url(&ds[0]));
-    // Past twice the lease, its place among the owner's is still there
-    // (renewed): the second, opened through another replica, goes to the
-    // same one, which replaces the idle first. One session for the owner
-    // in the whole fleet, as on one daemon.
-    tokio::time::sleep(Duration::from_secs(7)).await;
-    let second = id_of(&open_for(&ds[1], alice, "ws-1").await);
-    assert_eq!(holder_of(&redis, &second), url(&ds[0]));
-    let a = post(&ds[2], alice, "SessionRun", cell(&first, "1")).await;
-    assert!(ended(&a), "{:?}", a.body);
-    let a = post(&ds[2], alice, "SessionRun", cell(&second, "6 * 7")).await;
-    assert_eq!(cell_stdout(&a), "42\n", "{:?}", a.body);
-    // Another owner's sessions are held where they opened.
-    let other = id_of(&open_for(&ds[2], alice, "ws-2").await);
-    assert_eq!(holder_of(&redis, &other), url(&ds[2]));
-
-    // Opens for a new owner through all three at once: whatever order
-    // they meet in, one replica holds them all, and at most one of them
-    // is a live session.
-    let racing: Vec<Answer> = {
-        let opens = ds.iter().map(|d| {
-            let (u, t) = (
-                d.url("/plimsoll.v1.SandboxService/OpenSession"),
-                alice.clone(),
-            );
-            tokio::spawn(
-                async move { post_at(u, &t, json!({"protocol": 4, "owner": "ws-race"})).await },
-            )
-        });
-        let mut out = Vec::new();
-        for o in opens.collect::<Vec<_>>() {
-            out.push(o.await.expect("open"));
-        }
-        out
-    };
-    let opened: Vec<String> = racing
-        .iter()
-        .filter(|a| a.status == 200)
-        .map(id_of)
-        .collect();
-    for a in racing.iter().filter(|a| a.status != 200) {
-        assert_eq!(a.mark.as_deref(), Some("capacity"), "{:?}", a.body);
-    }
-    assert!(
-        !opened.is_empty(),
-        "{:?}",
-        racing.iter().map(|a| &a.body).collect::<Vec<_>>()
-    );
-    let holders: std::collections::HashSet<String> =
-        opened.iter().map(|sid| holder_of(&redis, sid)).collect();
-    assert_eq!(holders.len(), 1, "{holders:?}");
-    let mut live = 0;
-    for sid in &opened {
-        if post(&ds[0], alice, "SessionRun", cell(sid, "1"))
-            .await
-            .status
-            == 200
-        {
-            live += 1;
-        }
-    }
-    assert_eq!(live, 1, "the owner cap held across the fleet");
-
-    // The store names owners by a keyed digest only.
-    let keys = redis.command(&["KEYS", "*"]).expect("keys");
-    let signer = plimsoll::replicas::Secret::new(&secret).expect("secret");
-    let key = format!(
-        "plimsoll:owner:alice:{}",
-        signer.owner_digest("alice", "ws-1")
-    );
-    assert!(keys.lines().any(|k| k == key), "{keys}");
-    assert!(!keys.contains("ws-1") && !keys.contains("ws-2"), "{keys}");
-
-    // A holder the replicas did not sign, written into the store, gets no
-    // open sent to it: refused, marked, nothing opened, no connection.
-    let trap = std::net::TcpListener::bind("127.0.0.1:0").expect("trap");
-    trap.set_nonblocking(true).expect("nonblocking");
-    let trap_url = format!("http://{}", trap.local_addr().expect("addr"));
-    let forged_key = format!(
-        "plimsoll:owner:alice:{}",
-        signer.owner_digest("alice", "ws-3")
-    );
-    let forged = format!("x-o1 {trap_url} {}", "0".repeat(64));
-    redis
-        .command(&["ZADD", &forged_key, "99999999999999", &forged])
-        .expect("zadd");
-    let a = open_for(&ds[0], alice, "ws-3").await;
-    assert_eq!(a.mark.as_deref(), Some("environment"), "{:?}", a.body);
-    assert!(a.body.to_string().contains("signed"), "{:?}", a.body);
-    assert!(
-        trap.accept().is_err(),
-        "an open was sent to the forged holder"
-    );
-
-    // The owner's holder dies. An open for the owner elsewhere is refused
-    // (marked: nothing ran) until the dead holder's places expire with
-    // its leases (3 s), then held where it arrived; the cap holds there.
-    ds[0].kill();
-    let killed = Instant::now();
-    let mut marked = 0;
-    let third = loop {
-        let a = open_for(&ds[1], alice, "ws-1").await;
-        if a.status == 200 {
-            break id_of(&a);
-        }
-        // Marked: nothing was sent. (One unmarked internal error is
-        // possible if a kept-alive connection to the dead replica was
-        // reused at the moment of its death: the open may have been sent.)
-        match a.mark.as_deref() {
-            Some("environment") => marked += 1,
-            None => assert_eq!(a.body["code"], "internal", "{:?}", a.body),
-            other => panic!("{other:?}: {:?}", a.body),
-        }
-        assert!(killed.elapsed() < Duration::from_secs(10), "{:?}", a.body);
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
-    assert!(
-        marked > 0,
-        "refused until the dead holder's entries expired"
-    );
-    assert_eq!(holder_of(&redis, &third), url(&ds[1]));
-    let fourth = id_of(&open_for(&ds[2], alice, "ws-1").await);
-    assert_eq!(holder_of(&redis, &fourth), url(&ds[1]));
-    let a = post(&ds[2], alice, "SessionRun", cell(&third, "1")).await;
-    assert!(ended(&a), "{:?}", a.body);
-    let a = post(&ds[2], alice, "SessionRun", cell(&fourth, "1")).await;
-    assert_eq!(a.status, 200, "{:?}", a.body);
 }

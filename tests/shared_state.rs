@@ -8,17 +8,14 @@
 
 use std::time::{Duration, Instant};
 
-use plimsoll_tests::fleet::{Answer, borrowed, clients, run, run_at};
+use plimsoll_tests::Answer;
+use plimsoll_tests::fleet::{borrowed, clients, replicas, run, run_at};
 use plimsoll_tests::redis_server::RedisServer;
 use plimsoll_tests::{Daemon, Scratch};
 
 /// A snippet that keeps its run (and its concurrency place) for `ms`.
 fn busy(ms: u64) -> String {
     format!("const t = Date.now(); while (Date.now() - t < {ms}) {{}} 1")
-}
-
-fn replicas(n: usize, env: &[(&str, &str)]) -> Vec<Daemon> {
-    (0..n).map(|_| Daemon::start(env)).collect()
 }
 
 /// Every answer in `answers` that was refused is a marked `capacity`
@@ -30,7 +27,7 @@ fn tally(answers: &[Answer]) -> (usize, usize) {
         match a.status {
             200 => ok += 1,
             429 => {
-                assert_eq!(a.mark.as_deref(), Some("capacity"), "{:?}", a.body);
+                assert_eq!(a.mark(), Some("capacity"), "{:?}", a.body);
                 refused += 1;
             }
             s => panic!("unexpected answer {s}: {:?}", a.body),
@@ -154,7 +151,7 @@ async fn paid_seconds_are_one_allowance_across_replicas() {
         let a = run(&ds[i % 3], &tokens[0], "1").await;
         match a.status {
             200 => admitted += 1,
-            _ => assert_eq!(a.mark.as_deref(), Some("capacity"), "{:?}", a.body),
+            _ => assert_eq!(a.mark(), Some("capacity"), "{:?}", a.body),
         }
     }
     assert_eq!(admitted, 3 - first, "exactly the rest of the allowance");
@@ -202,7 +199,7 @@ async fn a_killed_replicas_places_free_themselves_when_its_leases_expire() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(!long.is_finished(), "the long run ended early");
     let a = run(&survivor, &tokens[0], "1").await;
-    assert_eq!((a.status, a.mark.as_deref()), (429, Some("capacity")));
+    assert_eq!((a.status, a.mark()), (429, Some("capacity")));
     // The replica dies mid-run: nobody gives its place back, and nobody
     // renews it. Still refused at once; free within the lease (3 s) plus
     // the margin of one renewal period.
@@ -255,7 +252,7 @@ async fn a_store_that_goes_away_refuses_runs_marked_and_over_admits_nothing_afte
     redis.kill();
     for d in &ds {
         let a = run(d, &tokens[0], "1").await;
-        assert_eq!((a.status, a.mark.as_deref()), (429, Some("capacity")));
+        assert_eq!((a.status, a.mark()), (429, Some("capacity")));
         assert!(
             a.body.to_string().contains("did not answer"),
             "{:?}",
@@ -329,7 +326,7 @@ async fn the_embedded_store_keeps_the_days_paid_seconds_over_a_restart() {
     let d = Daemon::start(&borrowed(&env));
     let a = run(&d, &tokens[0], "1").await;
     assert_eq!(
-        (a.status, a.mark.as_deref()),
+        (a.status, a.mark()),
         (429, Some("capacity")),
         "a restart handed alice a fresh allowance"
     );
@@ -400,7 +397,7 @@ async fn a_store_over_tls_with_a_password_counts_and_one_it_cannot_trust_or_log_
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let a = run(&d, &tokens[0], "1").await;
-    assert_eq!((a.status, a.mark.as_deref()), (429, Some("capacity")));
+    assert_eq!((a.status, a.mark()), (429, Some("capacity")));
     assert!(a.body.to_string().contains("at once"), "{:?}", a.body);
     let leases = redis
         .command(&["ZCARD", "plimsoll:lease:alice"])
@@ -415,7 +412,7 @@ async fn a_store_over_tls_with_a_password_counts_and_one_it_cannot_trust_or_log_
         with(redis.tls_url("not-the-password"), Some(&ca)),
     ] {
         let a = run(&d, &tokens[0], "1").await;
-        assert_eq!((a.status, a.mark.as_deref()), (429, Some("capacity")));
+        assert_eq!((a.status, a.mark()), (429, Some("capacity")));
         assert!(
             a.body.to_string().contains("did not answer"),
             "{:?}",
