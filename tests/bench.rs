@@ -84,12 +84,33 @@ fn native_quickjs(n: usize) -> Duration {
         once();
     }
     let mut v = Vec::with_capacity(n);
+    let faults = minor_faults();
     for _ in 0..n {
         let t = Instant::now();
         once();
         v.push(t.elapsed());
     }
-    summary("native QuickJS, fresh runtime+context (unsandboxed)", v)
+    let faults = per_run(faults, n);
+    let p50 = summary("native QuickJS, fresh runtime+context (unsandboxed)", v);
+    println!("|   page faults per run | {n} | {faults:.1} | | |");
+    p50
+}
+
+/// Minor page faults this thread has taken so far (`/proc/thread-self/stat`,
+/// field 10): a wasm run's faults are the pages its instance touched.
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command name, which is in parentheses: state is the
+    // first, minflt the eighth.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(7)?.parse().ok()
+}
+
+fn per_run(before: Option<u64>, n: usize) -> f64 {
+    match (before, minor_faults()) {
+        (Some(b), Some(a)) => (a - b) as f64 / n as f64,
+        _ => f64::NAN,
+    }
 }
 
 fn bare(n: usize) -> Duration {
@@ -98,13 +119,17 @@ fn bare(n: usize) -> Duration {
         w.run(SNIPPET, Duration::from_secs(5)).ok();
     }
     let mut v = Vec::with_capacity(n);
+    let faults = minor_faults();
     for _ in 0..n {
         let t = Instant::now();
         let out = w.run(SNIPPET, Duration::from_secs(5)).expect("run");
         v.push(t.elapsed());
         assert_eq!(out.stdout, b"42\n");
     }
-    summary("bare instantiate+run (in process)", v)
+    let faults = per_run(faults, n);
+    let p50 = summary("bare instantiate+run (in process)", v);
+    println!("|   page faults per run | {n} | {faults:.1} | | |");
+    p50
 }
 
 /// A cell in a kept instance, through the provider's session (the blocking
@@ -498,6 +523,21 @@ async fn main() {
     println!("|---|---|---|---|---|");
     let wasm = bare(n);
     let native = native_quickjs(n);
+    // BENCH_ONLY=wasm: the wasm run's own figures (bare, native, HTTP with
+    // one and four clients), for measuring a change to the run path.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("wasm") {
+        let d = Daemon::start(&[
+            ("SANDBOX_PROVIDER", "wasm"),
+            ("SANDBOX_MAX_CONCURRENT", "16"),
+        ]);
+        http(&d, n).await;
+        throughput(&d, 4, n / 2).await;
+        println!(
+            "bare wasm run / native QuickJS fresh context, p50: {:.2}x",
+            wasm.as_secs_f64() / native.as_secs_f64()
+        );
+        return;
+    }
     bare_cell(n).await;
     let d = Daemon::start(&[
         ("SANDBOX_PROVIDER", "wasm"),

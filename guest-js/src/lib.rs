@@ -54,7 +54,17 @@ impl bindings::Guest for Guest {
             Some(engine) => Ok(engine),
             None => Engine::new(),
         };
-        match engine.and_then(|engine| evaluate(&engine, code, grant_global, false)) {
+        let answer = engine.and_then(|engine| {
+            let answer = evaluate(&engine, code, grant_global, false);
+            // Never torn down: the host discards this instance after this
+            // one run. Freeing the runtime would write to most of the heap
+            // (every object and chunk header), and in a fresh instance each
+            // page written is a page fault and, after the run, a page the
+            // host has to reset.
+            std::mem::forget(engine);
+            answer
+        });
+        match answer {
             Ok(code) => code,
             Err(msg) => setup_failed(&msg),
         }
