@@ -294,6 +294,14 @@ impl DockerEngine {
         // and removes the container. It counts as a removal in flight from
         // here, so shutdown waits for it.
         let removal = Removal::begin(&self.removing);
+        // Checked after counting: shutdown closes the pool before it counts
+        // the removals in flight, so either it waits for this run or this
+        // run sees it closing and starts nothing that could outlive it.
+        if self.closing() {
+            return Err(EngineFailure::BeforeStart(
+                "the daemon is shutting down".into(),
+            ));
+        }
         tokio::spawn(async move {
             let _removal = removal;
             // A granted run needs its own mount: never a warm container.
@@ -331,6 +339,12 @@ impl DockerEngine {
                 }
             };
             let name = warm.id.clone();
+            // Should anything below panic, the container still goes: the
+            // guard hands it to the pool's maintenance as it unwinds.
+            let unremoved = Unremoved {
+                engine: engine.clone(),
+                name: Some(name.clone()),
+            };
             let result = engine
                 .drive(warm, stdin, deadline, output_limit, live)
                 .await;
@@ -360,11 +374,13 @@ impl DockerEngine {
                 let refill = engine.clone();
                 tokio::spawn(async move { refill.top_up(pool::Which::Runs).await });
             }
-            if !engine.remove(&name).await {
-                // The engine did not answer (an outage): the pool's
-                // maintenance retries it until it is gone, and shutdown
-                // tries once more.
-                engine.orphan(pool::Which::Runs, name);
+            if engine.remove(&name).await {
+                unremoved.gone();
+            } else {
+                // The engine did not answer (an outage): the guard hands the
+                // container to the pool's maintenance, which retries until
+                // it is gone, and shutdown tries once more.
+                drop(unremoved);
             }
             drop(early);
             if let Some((answer, result)) = pending {
@@ -374,6 +390,28 @@ impl DockerEngine {
         answered.await.map_err(|_| {
             EngineFailure::AfterStart("the container task ended without an answer".into())
         })?
+    }
+}
+
+/// A run's container not yet known to be removed. Dropped without
+/// `gone` (a failed removal, or a panic unwinding the run's task), it
+/// becomes an orphan of the run pool, which maintenance removes.
+struct Unremoved {
+    engine: DockerEngine,
+    name: Option<String>,
+}
+
+impl Unremoved {
+    fn gone(mut self) {
+        self.name = None;
+    }
+}
+
+impl Drop for Unremoved {
+    fn drop(&mut self) {
+        if let Some(name) = self.name.take() {
+            self.engine.orphan(pool::Which::Runs, name);
+        }
     }
 }
 

@@ -258,6 +258,12 @@ impl DockerEngine {
         }
     }
 
+    /// Whether shutdown has begun. A poisoned lock counts as closing: the
+    /// daemon then starts nothing more.
+    pub(super) fn closing(&self) -> bool {
+        self.pool_of(Which::Runs).lock().map_or(true, |p| p.closed)
+    }
+
     pub(super) fn take_warm(&self, which: Which, spec: &Approved) -> Option<Warm> {
         let mut pool = self.pool_of(which).lock().ok()?;
         if pool.template.as_ref() != Some(spec) {
