@@ -34,6 +34,11 @@ use crate::wire::{
 };
 use audit::AuditLine;
 
+/// How long a stopping daemon waits for session opens under way before it
+/// ends the sessions it holds: as long as the docker pool waits for its
+/// removals. An open still starting past it is the sweeper's.
+const OPENS_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub use floor::check_floor;
 
 /// A run that produced no result.
@@ -188,6 +193,15 @@ impl Daemon {
     /// outlive the process (session and warm containers), before a clean
     /// exit.
     pub async fn shutdown(&self) {
+        // No session opens from here on; one under way finishes (its start
+        // is bounded by its own deadline, and this wait again) and is then
+        // in `all` to be ended with the rest, instead of committing after
+        // the list was read and outliving the daemon.
+        self.sessions.close();
+        let waiting = std::time::Instant::now();
+        while self.sessions.opening() > 0 && waiting.elapsed() < OPENS_WAIT {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         for entry in self.sessions.all() {
             if entry.mark_ended(
                 crate::wire::SessionEnd::Shutdown,

@@ -58,6 +58,8 @@ pub enum Full {
     /// The owner is at its cap and every one of its sessions has a call in
     /// progress: none can be replaced.
     Owner(u32),
+    /// The daemon is stopping: no session opens any more.
+    Stopping,
 }
 
 impl Full {
@@ -68,6 +70,7 @@ impl Full {
             Full::Owner(n) => format!(
                 "this owner holds {n} open sessions, the most it may, and each has a call in progress"
             ),
+            Full::Stopping => "the daemon is shutting down".to_string(),
         }
     }
 
@@ -76,6 +79,7 @@ impl Full {
             Full::Daemon(_) => "sessions",
             Full::Caller(_) => "sessions_per_caller",
             Full::Owner(_) => "sessions_per_owner",
+            Full::Stopping => "stopping",
         }
     }
 }
@@ -85,6 +89,10 @@ struct Places {
     by_fingerprint: HashMap<String, Arc<Entry>>,
     /// Opens under way, counted against every cap until they finish.
     opening: Vec<(String, Option<String>)>,
+    /// Set when the daemon starts to stop: nothing more is reserved, so
+    /// once the opens under way have finished, `all` holds every session
+    /// the stop has to end.
+    closed: bool,
 }
 
 impl Places {
@@ -153,6 +161,9 @@ impl Registry {
     ) -> Result<Reservation, Full> {
         let s = &self.settings;
         let mut p = self.places();
+        if p.closed {
+            return Err(Full::Stopping);
+        }
         let mut replaced = Vec::new();
         if let Some(owner) = owner
             && s.max_per_owner > 0
@@ -232,6 +243,16 @@ impl Registry {
 
     pub fn remove(&self, fingerprint: &str) {
         self.places().by_fingerprint.remove(fingerprint);
+    }
+
+    /// Refuses every later reservation (the daemon is stopping).
+    pub fn close(&self) {
+        self.places().closed = true;
+    }
+
+    /// Opens reserved and not yet committed or given back.
+    pub fn opening(&self) -> usize {
+        self.places().opening.len()
     }
 
     /// Every session the registry holds, ended or not.

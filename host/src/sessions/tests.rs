@@ -194,3 +194,18 @@ async fn the_reaper_ends_expired_and_idle_sessions_and_drops_old_tombstones() {
     );
     assert!(r.all().is_empty());
 }
+
+#[test]
+fn a_closed_registry_reserves_nothing_and_counts_the_opens_under_way() {
+    let r = registry(4, 0, 0);
+    let under_way = r.reserve("c", None).expect("a place");
+    assert_eq!(r.opening(), 1);
+    r.close();
+    assert_eq!(r.reserve("c", None).err(), Some(Full::Stopping));
+    assert_eq!(r.reserve("d", Some("o")).err(), Some(Full::Stopping));
+    // The open that was under way still finishes; shutdown waits for it.
+    assert_eq!(r.opening(), 1);
+    drop(under_way);
+    assert_eq!(r.opening(), 0);
+    assert_eq!(Full::Stopping.label(), "stopping");
+}

@@ -115,7 +115,10 @@ impl Daemon {
             .reserve(&caller.id, owner.as_deref())
             .map_err(|full| {
                 self.metrics.shed.with_label_values(&[full.label()]).inc();
-                Refusal::capacity(full.text())
+                match full {
+                    sessions::Full::Stopping => Refusal::environment(full.text()),
+                    _ => Refusal::capacity(full.text()),
+                }
             })?;
         // Replaced sessions are closed before this one takes a slot, so the
         // owner never holds more sandboxes than its cap. In a task of its
