@@ -36,7 +36,8 @@ use audit::AuditLine;
 
 /// How long a stopping daemon waits for session opens under way before it
 /// ends the sessions it holds: as long as the docker pool waits for its
-/// removals. An open still starting past it is the sweeper's.
+/// removals. An open still starting past it closes its own sandbox when
+/// its start ends (see `open`), instead of handing the session out.
 const OPENS_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub use floor::check_floor;
@@ -193,10 +194,10 @@ impl Daemon {
     /// outlive the process (session and warm containers), before a clean
     /// exit.
     pub async fn shutdown(&self) {
-        // No session opens from here on; one under way finishes (its start
-        // is bounded by its own deadline, and this wait again) and is then
-        // in `all` to be ended with the rest, instead of committing after
-        // the list was read and outliving the daemon.
+        // No session opens from here on; one under way finishes within
+        // this wait and is then in `all` to be ended with the rest, or,
+        // slower than the wait, closes its own sandbox instead of
+        // committing after the list was read.
         self.sessions.close();
         let waiting = std::time::Instant::now();
         while self.sessions.opening() > 0 && waiting.elapsed() < OPENS_WAIT {

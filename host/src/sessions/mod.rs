@@ -79,6 +79,7 @@ impl Full {
             Full::Daemon(_) => "sessions",
             Full::Caller(_) => "sessions_per_caller",
             Full::Owner(_) => "sessions_per_owner",
+            // Never counted: stopping is not a limit.
             Full::Stopping => "stopping",
         }
     }
@@ -248,6 +249,11 @@ impl Registry {
     /// Refuses every later reservation (the daemon is stopping).
     pub fn close(&self) {
         self.places().closed = true;
+    }
+
+    /// Whether `close` has been called.
+    pub fn is_closed(&self) -> bool {
+        self.places().closed
     }
 
     /// Opens reserved and not yet committed or given back.

@@ -113,11 +113,12 @@ impl Daemon {
         let mut reservation = self
             .sessions
             .reserve(&caller.id, owner.as_deref())
-            .map_err(|full| {
-                self.metrics.shed.with_label_values(&[full.label()]).inc();
-                match full {
-                    sessions::Full::Stopping => Refusal::environment(full.text()),
-                    _ => Refusal::capacity(full.text()),
+            .map_err(|full| match full {
+                // Not a limit: the daemon is stopping, so not counted as shed.
+                sessions::Full::Stopping => Refusal::environment(full.text()),
+                _ => {
+                    self.metrics.shed.with_label_values(&[full.label()]).inc();
+                    Refusal::capacity(full.text())
                 }
             })?;
         // Replaced sessions are closed before this one takes a slot, so the
@@ -227,6 +228,21 @@ impl Daemon {
                     return;
                 }
             };
+            // The daemon began to stop while this session started. Its
+            // place is still reserved, so a stop still waiting for opens
+            // under way waits for this close too; one that has given up
+            // waiting would never end the session, so it is closed here
+            // rather than handed out. Checked before the commit: a stop
+            // that begins after this check finds the committed session in
+            // its list and ends it.
+            if daemon.sessions.is_closed() {
+                sandbox.close().await;
+                holds.settle(started.elapsed()).await;
+                let _ = tx.send(Err(
+                    Refusal::environment("the daemon is shutting down").into()
+                ));
+                return;
+            }
             let id = match sessions::new_id() {
                 Ok(id) => id,
                 Err(_) => {
