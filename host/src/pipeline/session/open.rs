@@ -235,23 +235,22 @@ impl Daemon {
             // rather than handed out. Checked before the commit: a stop
             // that begins after this check finds the committed session in
             // its list and ends it.
-            if daemon.sessions.is_closed() {
-                sandbox.close().await;
-                holds.settle(started.elapsed()).await;
-                let _ = tx.send(Err(
-                    Refusal::environment("the daemon is shutting down").into()
-                ));
-                return;
-            }
-            let id = match sessions::new_id() {
+            let id = if daemon.sessions.is_closed() {
+                Err("the daemon began to stop while the session was starting")
+            } else {
+                sessions::new_id()
+                    .map_err(|_| "no session ID could be drawn from the OS random source")
+            };
+            let id = match id {
                 Ok(id) => id,
-                Err(_) => {
+                Err(why) => {
+                    // The sandbox was started (the plugin's start ran), so
+                    // the answer is unmarked: not a refusal.
                     sandbox.close().await;
                     holds.settle(started.elapsed()).await;
-                    let _ = tx.send(Err(Refusal::environment(
-                        "no session ID could be drawn from the OS random source",
-                    )
-                    .into()));
+                    let _ = tx.send(Err(SessionError::Internal {
+                        id: internal_id(why),
+                    }));
                     return;
                 }
             };
