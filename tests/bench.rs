@@ -90,9 +90,8 @@ fn native_quickjs(n: usize) -> Duration {
         once();
         v.push(t.elapsed());
     }
-    let faults = per_run(faults, n);
     let p50 = summary("native QuickJS, fresh runtime+context (unsandboxed)", v);
-    println!("|   page faults per run | {n} | {faults:.1} | | |");
+    faults_row(faults, n);
     p50
 }
 
@@ -106,11 +105,20 @@ fn minor_faults() -> Option<u64> {
     rest.split_whitespace().nth(7)?.parse().ok()
 }
 
-fn per_run(before: Option<u64>, n: usize) -> f64 {
-    match (before, minor_faults()) {
+/// The row under a timing: minor faults per run since `before`.
+fn faults_row(before: Option<u64>, n: usize) {
+    let per_run = match (before, minor_faults()) {
         (Some(b), Some(a)) => (a - b) as f64 / n as f64,
         _ => f64::NAN,
-    }
+    };
+    println!("|   page faults per run | {n} | {per_run:.1} | | |");
+}
+
+fn ratio_line(wasm: Duration, native: Duration) {
+    println!(
+        "bare wasm run / native QuickJS fresh context, p50: {:.2}x",
+        wasm.as_secs_f64() / native.as_secs_f64()
+    );
 }
 
 fn bare(n: usize) -> Duration {
@@ -126,9 +134,8 @@ fn bare(n: usize) -> Duration {
         v.push(t.elapsed());
         assert_eq!(out.stdout, b"42\n");
     }
-    let faults = per_run(faults, n);
     let p50 = summary("bare instantiate+run (in process)", v);
-    println!("|   page faults per run | {n} | {faults:.1} | | |");
+    faults_row(faults, n);
     p50
 }
 
@@ -532,10 +539,7 @@ async fn main() {
         ]);
         http(&d, n).await;
         throughput(&d, 4, n / 2).await;
-        println!(
-            "bare wasm run / native QuickJS fresh context, p50: {:.2}x",
-            wasm.as_secs_f64() / native.as_secs_f64()
-        );
+        ratio_line(wasm, native);
         return;
     }
     bare_cell(n).await;
@@ -562,10 +566,7 @@ async fn main() {
         ),
         None => println!("daemon idle RSS: unavailable"),
     }
-    println!(
-        "bare wasm run / native QuickJS fresh context, p50: {:.2}x",
-        wasm.as_secs_f64() / native.as_secs_f64()
-    );
+    ratio_line(wasm, native);
     if let Some(kib) = d.pid().and_then(rss_kib) {
         println!(
             "daemon RSS after the benchmark: {:.1} MiB",

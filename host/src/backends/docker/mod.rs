@@ -297,11 +297,7 @@ impl DockerEngine {
         // Checked after counting: shutdown closes the pool before it counts
         // the removals in flight, so either it waits for this run or this
         // run sees it closing and starts nothing that could outlive it.
-        if self.closing() {
-            return Err(EngineFailure::BeforeStart(
-                "the daemon is shutting down".into(),
-            ));
-        }
+        self.refuse_when_closing()?;
         tokio::spawn(async move {
             let _removal = removal;
             // A granted run needs its own mount: never a warm container.

@@ -258,10 +258,15 @@ impl DockerEngine {
         }
     }
 
-    /// Whether shutdown has begun. A poisoned lock counts as closing: the
-    /// daemon then starts nothing more.
-    pub(super) fn closing(&self) -> bool {
-        self.pool_of(Which::Runs).lock().map_or(true, |p| p.closed)
+    /// Refuses, before anything is created, once shutdown has begun. A
+    /// poisoned lock counts as closing: the daemon then starts nothing more.
+    pub(super) fn refuse_when_closing(&self) -> Result<(), EngineFailure> {
+        if self.pool_of(Which::Runs).lock().map_or(true, |p| p.closed) {
+            return Err(EngineFailure::BeforeStart(
+                "the daemon is shutting down".into(),
+            ));
+        }
+        Ok(())
     }
 
     pub(super) fn take_warm(&self, which: Which, spec: &Approved) -> Option<Warm> {

@@ -50,11 +50,7 @@ impl DockerEngine {
         if let Err(why) = self.last_verdict() {
             return Err(EngineFailure::BeforeStart(why.detail));
         }
-        if self.closing() {
-            return Err(EngineFailure::BeforeStart(
-                "the daemon is shutting down".into(),
-            ));
-        }
+        self.refuse_when_closing()?;
         let deadline = tokio::time::Instant::from_std(deadline);
         let life = Life {
             expires: expiry(lifetime),
