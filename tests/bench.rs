@@ -121,16 +121,16 @@ fn ratio_line(wasm: Duration, native: Duration) {
     );
 }
 
-fn bare(n: usize) -> Duration {
+async fn bare(n: usize) -> Duration {
     let w = WasmProvider::new(256, 8, 64 << 10).expect("wasm provider");
     for _ in 0..200 {
-        w.run(SNIPPET, Duration::from_secs(5)).ok();
+        w.run(SNIPPET, Duration::from_secs(5)).await.ok();
     }
     let mut v = Vec::with_capacity(n);
     let faults = minor_faults();
     for _ in 0..n {
         let t = Instant::now();
-        let out = w.run(SNIPPET, Duration::from_secs(5)).expect("run");
+        let out = w.run(SNIPPET, Duration::from_secs(5)).await.expect("run");
         v.push(t.elapsed());
         assert_eq!(out.stdout, b"42\n");
     }
@@ -139,11 +139,10 @@ fn bare(n: usize) -> Duration {
     p50
 }
 
-/// A cell in a kept instance, through the provider's session (the blocking
-/// hand-off included), no HTTP.
+/// A cell in a kept instance, through the provider's session, no HTTP.
 async fn bare_cell(n: usize) {
     let w = WasmProvider::new(256, 8, 64 << 10).expect("wasm provider");
-    let s = w.open_session().map_err(|_| "open").expect("session");
+    let s = w.open_session().await.map_err(|_| "open").expect("session");
     let job = || Job {
         payload: Payload::Cell(CellInput {
             language: "javascript".into(),
@@ -528,7 +527,7 @@ async fn main() {
     }
     println!("| what | runs | p50 | p99 | min |");
     println!("|---|---|---|---|---|");
-    let wasm = bare(n);
+    let wasm = bare(n).await;
     let native = native_quickjs(n);
     // BENCH_ONLY=wasm: the wasm run's own figures (bare, native, HTTP with
     // one and four clients), for measuring a change to the run path.

@@ -105,29 +105,46 @@ async fn no_ambient_capabilities() {
 
 #[tokio::test]
 async fn deadline_stops_the_run_and_spares_its_neighbours() {
-    let d = wasm_daemon();
+    // Twice as many spinning runs as the daemon has async workers (one per
+    // core): a run is an async call that yields at every epoch tick, so a
+    // neighbour is served while they spin. A run that held its thread would
+    // leave the neighbour waiting for the spinners' deadline.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let spinners = 2 * cores;
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("SANDBOX_MAX_CONCURRENT", &(spinners + 1).to_string()),
+    ]);
     let mut spin = js_run("console.log('started'); while (true) {}");
-    spin["timeoutMs"] = json!(300);
-    let spinning = call(&d, "Run", &spin);
+    spin["timeoutMs"] = json!(1500);
+    let spinning = futures_util::future::join_all((0..spinners).map(|_| call(&d, "Run", &spin)));
     let neighbour = async {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        call(&d, "Run", &js_run("console.log('neighbour')")).await
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let t = std::time::Instant::now();
+        let b = call(&d, "Run", &js_run("console.log('neighbour')")).await;
+        (b, t.elapsed())
     };
-    let (a, b) = tokio::join!(spinning, neighbour);
-    assert_eq!(a.body["javascript"]["timedOut"], true);
-    assert_eq!(a.exit_code(), 124);
-    assert_eq!(
-        a.stdout(),
-        "started\n",
-        "output before the deadline is kept"
-    );
-    assert!(a.stderr().contains("deadline of 300 ms"), "{}", a.stderr());
-    let ms: u64 = a.body["durationMs"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .expect("duration");
-    assert!((300..2000).contains(&ms), "stopped after {ms} ms");
+    let (all, (b, waited)) = tokio::join!(spinning, neighbour);
     assert_eq!((b.exit_code(), b.stdout()), (0, "neighbour\n".to_string()));
+    assert!(
+        waited < std::time::Duration::from_millis(600),
+        "the neighbour waited {waited:?} behind {spinners} spinning runs"
+    );
+    for a in all {
+        assert_eq!(a.body["javascript"]["timedOut"], true);
+        assert_eq!(a.exit_code(), 124);
+        assert_eq!(
+            a.stdout(),
+            "started\n",
+            "output before the deadline is kept"
+        );
+        assert!(a.stderr().contains("deadline of 1500 ms"), "{}", a.stderr());
+        let ms: u64 = a.body["durationMs"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("duration");
+        assert!((1500..4000).contains(&ms), "stopped after {ms} ms");
+    }
     // The request's timeout is clamped to the maximum, never refused.
     let mut long = js_run("console.log('ok')");
     long["timeoutMs"] = json!(i32::MAX);

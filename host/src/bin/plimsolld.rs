@@ -53,16 +53,11 @@ fn main() -> ExitCode {
         }
     }
 
-    // Runs execute on the blocking pool, whose threads get this stack size
-    // too: the wasm provider needs room for its native wasm stack, or a deep
-    // recursion in a snippet would overflow the host thread and abort the
-    // daemon instead of trapping the one instance.
+    // wasm runs are async calls on fibers of their own (see
+    // `providers::wasm`), so no run waits for a thread between its floor
+    // check and its dispatch, and the runtime's defaults serve.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .thread_stack_size(plimsoll::providers::wasm::RUN_THREAD_STACK)
-        // Every admitted run must get a thread at once: a run waiting for one
-        // would sit between its floor check and its dispatch.
-        .max_blocking_threads(1024 + 64)
         .build()
     {
         Ok(r) => r,

@@ -11,18 +11,26 @@
 //! Deadlines use epoch interruption (a ticker thread bumps the epoch); memory
 //! is capped by a limiter that traps on the first growth past the cap, so a
 //! script cannot catch its way around it.
+//!
+//! A run is an async call on the request's own task: wasmtime runs the guest
+//! on a fiber, and at every epoch tick the guest hands the thread back to the
+//! executor (or traps, past its deadline). No thread hand-off per run, and a
+//! snippet that spins still cannot hold one of the runtime's few workers.
 
 mod output;
 mod session;
 mod snapshot;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap,
+    UpdateDeadline,
+};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::{
@@ -34,7 +42,7 @@ use crate::grants::broker;
 use crate::live::{Channel, Live};
 use crate::outcome::{ProcessOutput, RunFailure};
 use crate::refusal::Refusal;
-use crate::store_limits::{EpochTicker, MemoryCap, ticks};
+use crate::store_limits::{EpochTicker, MemoryCap};
 use crate::tier::Tier;
 use output::Capped;
 
@@ -42,6 +50,11 @@ mod generated {
     wasmtime::component::bindgen!({
         world: "guest",
         path: "../wit/js",
+        // Async so that the broker's call awaits its upstream on the
+        // runtime instead of blocking a thread; the other imports are
+        // ready at once.
+        imports: { default: async },
+        exports: { default: async },
     });
 }
 
@@ -52,16 +65,18 @@ use generated::plimsoll::js::output as output_if;
 /// The QuickJS guest, built by `make guest` before the host (see build.rs).
 static GUEST_JS: &[u8] = include_bytes!(env!("PLIMSOLL_GUEST_JS_WASM"));
 
-/// Epoch tick. Deadlines are rounded up to it, so a run overruns its budget by
-/// at most one tick.
+/// Epoch tick. A run hands its thread back to the executor at every tick and
+/// is checked against its deadline there, so it overruns its budget by at most
+/// one tick.
 pub(super) const TICK: Duration = Duration::from_millis(5);
 const TICKER_NAME: &str = "plimsoll-epoch";
 
 /// Native stack wasm code may use; see `Config::max_wasm_stack` above.
 pub const MAX_WASM_STACK: usize = 4 << 20;
-/// Stack size for threads that call `WasmProvider::run`: the wasm stack plus
-/// room for the host frames beneath it.
-pub const RUN_THREAD_STACK: usize = 8 << 20;
+/// Each run's fiber stack: the wasm stack plus room for the host functions
+/// the guest calls from the bottom of it (the broker's HTTP client among
+/// them).
+const FIBER_STACK: usize = MAX_WASM_STACK + (2 << 20);
 
 /// Exit code reported for a run stopped at its deadline, as `timeout(1)` does.
 pub const EXIT_TIMED_OUT: i32 = 124;
@@ -136,17 +151,16 @@ impl WasmProvider {
         // Deep JS recursion is bounded by this native stack (QuickJS's own
         // check is compiled out under WASI): a larger one lets legitimate
         // recursive code go deeper before the instance traps. Runs happen on
-        // threads with `RUN_THREAD_STACK`, so the trap always comes first and
-        // the host thread itself can never overflow.
+        // fibers of `FIBER_STACK`, so the trap always comes first and the
+        // host's own frames can never overflow.
         cfg.max_wasm_stack(MAX_WASM_STACK);
-        // wasmtime requires the async fiber stack to hold the wasm stack even
-        // though this provider calls the guest synchronously.
-        cfg.async_stack_size(MAX_WASM_STACK + (1 << 20));
+        cfg.async_stack_size(FIBER_STACK);
         // One pool slot per run that may be in flight, plus headroom for the
         // few core instances and memories one component instance consists of.
         let slots = max_concurrent.max(1);
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(slots)
+            .total_stacks(slots)
             .total_core_instances(slots * 8)
             .total_memories(slots * 2)
             .total_tables(slots * 4)
@@ -165,7 +179,7 @@ impl WasmProvider {
         // preopened directories, no sockets, no environment, no arguments,
         // stdin empty and stdout/stderr discarded (output goes through the
         // `output` import instead, where the host caps it).
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| WasmError::Link(format!("{e:#}")))?;
         generated::Guest::add_to_linker::<RunState, HasSelf<RunState>>(&mut linker, |s| s)
             .map_err(|e| WasmError::Link(format!("{e:#}")))?;
@@ -220,31 +234,43 @@ impl WasmProvider {
     }
 
     /// Runs one snippet to completion, its deadline, or its memory cap.
-    /// Blocking: call it from a blocking thread.
-    pub fn run(&self, code: &str, timeout: Duration) -> Result<ProcessOutput, RunFailure> {
-        self.run_granted(code, timeout, None, None)
+    pub async fn run(&self, code: &str, timeout: Duration) -> Result<ProcessOutput, RunFailure> {
+        self.run_granted(code, timeout, None, None).await
     }
 
-    /// Runs one snippet with the grant's broker session, if any. The
-    /// session's calls are made on `handle`'s runtime while this thread
-    /// waits (the guest sees a synchronous call and wraps it in a Promise).
-    pub fn run_granted(
+    /// A store for one instance: its memory cap, and a deadline checked at
+    /// every epoch tick, where the guest also yields to the executor. The
+    /// deadline is the state's `ends`, so a session moves it per call.
+    fn store(&self, state: RunState) -> Store<RunState> {
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|ctx| {
+            if Instant::now() >= ctx.data().ends {
+                Err(Trap::Interrupt.into())
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        store
+    }
+
+    /// Runs one snippet with the grant's broker session, if any.
+    pub async fn run_granted(
         &self,
         code: &str,
         timeout: Duration,
-        grant: Option<(Arc<broker::Session>, tokio::runtime::Handle)>,
+        grant: Option<Arc<broker::Session>>,
         live: Option<Live>,
     ) -> Result<ProcessOutput, RunFailure> {
-        let global = grant.as_ref().map(|(s, _)| s.profile().global.clone());
+        let global = grant.as_ref().map(|s| s.profile().global.clone());
         let mut state = RunState::new(self.memory_limit, self.output_limit);
         state.broker = grant;
         state.live = live;
-        let mut store = Store::new(&self.engine, state);
-        store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(ticks(timeout, TICK));
-        store.epoch_deadline_trap();
+        state.ends = Instant::now() + timeout;
+        let mut store = self.store(state);
 
-        let guest = match self.pre.instantiate(&mut store) {
+        let guest = match self.pre.instantiate_async(&mut store).await {
             Ok(g) => g,
             Err(e) => {
                 // Instantiation runs no snippet code (the component has no
@@ -256,7 +282,7 @@ impl WasmProvider {
                 )));
             }
         };
-        let result = guest.call_run(&mut store, code, global.as_deref());
+        let result = guest.call_run(&mut store, code, global.as_deref()).await;
         let state = store.into_data();
         let (mut out, mut err) = (state.stdout, state.stderr);
         let live = state.live;
@@ -355,30 +381,21 @@ impl Provider for WasmProvider {
         &self,
         _options: super::SessionOptions,
     ) -> BoxFuture<'_, Result<Box<dyn super::ProviderSession>, RunFailure>> {
-        let opened = self
-            .open_session()
-            .map(|s| Box::new(s) as Box<dyn super::ProviderSession>);
-        Box::pin(std::future::ready(opened))
+        Box::pin(async move {
+            self.open_session()
+                .await
+                .map(|s| Box::new(s) as Box<dyn super::ProviderSession>)
+        })
     }
 
     fn run(&self, job: Job) -> BoxFuture<'_, Result<Output, RunFailure>> {
         let Payload::JavaScript(code) = job.payload else {
             return Box::pin(std::future::ready(Err(not_offered())));
         };
-        let me = self.clone();
-        let handle = tokio::runtime::Handle::current();
         Box::pin(async move {
-            // The guest is called synchronously, on a blocking-pool thread
-            // with a stack large enough for the wasm stack (see
-            // RUN_THREAD_STACK).
-            let joined = tokio::task::spawn_blocking(move || {
-                me.run_granted(&code, job.timeout, job.grant.map(|s| (s, handle)), job.live)
-            })
-            .await;
-            match joined {
-                Ok(answer) => answer.map(Output::JavaScript),
-                Err(join) => Err(RunFailure::MayHaveRun(format!("run task failed: {join}"))),
-            }
+            self.run_granted(&code, job.timeout, job.grant, job.live)
+                .await
+                .map(Output::JavaScript)
         })
     }
 }
@@ -391,13 +408,12 @@ struct RunState {
     stdout: Capped,
     stderr: Capped,
     /// The run's broker session, when it carries a grant.
-    broker: Option<Grant>,
+    broker: Option<Arc<broker::Session>>,
     /// Where kept output also goes as it is written, when watched.
     live: Option<Live>,
+    /// When the current call is stopped (checked at each epoch tick).
+    ends: Instant,
 }
-
-/// A grant's broker session, and the runtime its calls are made on.
-type Grant = (Arc<broker::Session>, tokio::runtime::Handle);
 
 impl RunState {
     pub(super) fn new(memory_limit: usize, output_limit: usize) -> Self {
@@ -409,12 +425,15 @@ impl RunState {
             stderr: Capped::new(output_limit),
             broker: None,
             live: None,
+            // Set by whoever calls into the instance; until then, a bound
+            // that keeps a broken start-up from hanging.
+            ends: Instant::now() + Duration::from_secs(30),
         }
     }
 }
 
 impl entropy_if::Host for RunState {
-    fn seed(&mut self) -> u64 {
+    async fn seed(&mut self) -> u64 {
         let mut b = [0u8; 8];
         // A fixed fallback seed would silently repeat Math.random sequences
         // across runs; an OS without randomness is not one to run code on.
@@ -433,7 +452,7 @@ impl WasiView for RunState {
 }
 
 impl output_if::Host for RunState {
-    fn write(&mut self, channel: output_if::Channel, data: String) -> bool {
+    async fn write(&mut self, channel: output_if::Channel, data: String) -> bool {
         let (stream, which) = match channel {
             output_if::Channel::Stdout => (&mut self.stdout, Channel::Stdout),
             output_if::Channel::Stderr => (&mut self.stderr, Channel::Stderr),
@@ -449,17 +468,19 @@ impl output_if::Host for RunState {
 }
 
 impl broker_if::Host for RunState {
-    fn call(
+    async fn call(
         &mut self,
         request: broker_if::Request,
     ) -> Result<broker_if::Response, broker_if::CallError> {
-        let Some((session, handle)) = &self.broker else {
+        let Some(session) = &self.broker else {
             // No grant: the guest has no network at all.
             return Err(broker_if::CallError::NoGrant);
         };
-        // This is a blocking-pool thread, outside the runtime's async
-        // context, so waiting on the runtime here is allowed.
-        let answer = handle.block_on(session.call(&request.method, &request.path, request.body));
+        // The guest's fiber is suspended while the call waits upstream; the
+        // guest sees a synchronous call and wraps it in a Promise.
+        let answer = session
+            .call(&request.method, &request.path, request.body)
+            .await;
         match answer {
             Ok(r) => Ok(broker_if::Response {
                 status: r.status,

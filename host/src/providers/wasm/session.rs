@@ -11,18 +11,19 @@
 //! the instance is dropped at once, and the session ends with it.
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use wasmtime::{Store, Trap};
 
 use super::output::Capped;
 use super::{
-    EXIT_ENGINE_TRAP, EXIT_OUT_OF_MEMORY, EXIT_TIMED_OUT, RunState, TICK, WasmProvider, generated,
+    EXIT_ENGINE_TRAP, EXIT_OUT_OF_MEMORY, EXIT_TIMED_OUT, RunState, WasmProvider, generated,
 };
+use crate::grants::broker;
 use crate::outcome::{CellOutput, ProcessOutput, RunFailure};
 use crate::providers::{Ended, Job, Output, Payload, ProviderSession, SessionOffer, not_offered};
 use crate::refusal::Refusal;
-use crate::store_limits::ticks;
 use crate::wire::SessionEnd;
 
 /// What wasm sessions run: JavaScript snippets and JavaScript cells, both
@@ -47,24 +48,22 @@ struct Live {
 
 pub struct WasmSession {
     provider: WasmProvider,
-    live: Arc<Mutex<Option<Live>>>,
-    ended: Arc<Mutex<Option<Ended>>>,
+    /// Held across a call (an async lock: the call awaits inside it), so a
+    /// session's calls run one at a time.
+    live: tokio::sync::Mutex<Option<Live>>,
+    ended: Mutex<Option<Ended>>,
 }
 
 impl WasmProvider {
     /// A fresh instance for a session. Instantiation runs no caller code,
     /// so a failure here is a refusal (usually the pool is full).
-    pub fn open_session(&self) -> Result<WasmSession, RunFailure> {
-        let mut store = Store::new(
-            &self.engine,
-            RunState::new(self.memory_limit, self.output_limit),
-        );
-        store.limiter(|s| &mut s.limits);
-        store.epoch_deadline_trap();
+    pub async fn open_session(&self) -> Result<WasmSession, RunFailure> {
+        let mut state = RunState::new(self.memory_limit, self.output_limit);
         // Instantiation runs the component's own start-up, never a
         // caller's code; each call sets its own deadline afterwards.
-        store.set_epoch_deadline(ticks(std::time::Duration::from_secs(5), TICK));
-        let guest = self.pre.instantiate(&mut store).map_err(|e| {
+        state.ends = Instant::now() + Duration::from_secs(5);
+        let mut store = self.store(state);
+        let guest = self.pre.instantiate_async(&mut store).await.map_err(|e| {
             tracing::warn!(error = %format!("{e:#}"), "wasm session instantiation failed");
             RunFailure::NotDispatched(Refusal::capacity(
                 "no wasm instance could be created for this session",
@@ -72,12 +71,12 @@ impl WasmProvider {
         })?;
         Ok(WasmSession {
             provider: self.clone(),
-            live: Arc::new(Mutex::new(Some(Live {
+            live: tokio::sync::Mutex::new(Some(Live {
                 store,
                 guest,
                 fresh: true,
-            }))),
-            ended: Arc::new(Mutex::new(None)),
+            })),
+            ended: Mutex::new(None),
         })
     }
 }
@@ -90,31 +89,33 @@ enum Called {
 }
 
 impl WasmSession {
-    fn call(
+    async fn call(
         &self,
         code: String,
         cell: bool,
-        grant: Option<super::Grant>,
-        timeout: std::time::Duration,
+        grant: Option<Arc<broker::Session>>,
+        timeout: Duration,
     ) -> Result<Called, RunFailure> {
-        let mut slot = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.live.lock().await;
         let Some(live) = slot.as_mut() else {
             return Err(RunFailure::NotDispatched(Refusal::request(
                 "the session's instance has ended",
             )));
         };
         let p = &self.provider;
-        let global = grant.as_ref().map(|(s, _)| s.profile().global.clone());
+        let global = grant.as_ref().map(|s| s.profile().global.clone());
         // Each call has its own output budget and its own deadline.
         let state = live.store.data_mut();
         state.stdout = Capped::new(p.output_limit);
         state.stderr = Capped::new(p.output_limit);
         state.broker = grant;
-        live.store.set_epoch_deadline(ticks(timeout, TICK));
+        state.ends = Instant::now() + timeout;
+        live.store.set_epoch_deadline(1);
         let started = std::mem::replace(&mut live.fresh, false);
         let result = live
             .guest
-            .call_session_run(&mut live.store, &code, cell, global.as_deref());
+            .call_session_run(&mut live.store, &code, cell, global.as_deref())
+            .await;
         let state = live.store.data_mut();
         state.broker = None;
         let (mut out, mut err) = (
@@ -192,32 +193,12 @@ impl ProviderSession for WasmSession {
             }
             Payload::Project(_) => return Box::pin(std::future::ready(Err(not_offered()))),
         };
-        let me = WasmSession {
-            provider: self.provider.clone(),
-            live: self.live.clone(),
-            ended: self.ended.clone(),
-        };
-        let handle = tokio::runtime::Handle::current();
-        let grant = job.grant.map(|s| (s, handle));
-        let timeout = job.timeout;
         Box::pin(async move {
-            let joined = tokio::task::spawn_blocking(move || {
-                let called = me.call(code, cell, grant, timeout);
-                (me, called)
-            })
-            .await;
-            let (me, called) = match joined {
-                Ok(v) => v,
-                Err(join) => {
-                    return Err(RunFailure::MayHaveRun(format!(
-                        "session call task failed: {join}"
-                    )));
-                }
-            };
+            let called = self.call(code, cell, job.grant, job.timeout).await;
             let (output, started, ended) = match called? {
                 Called::Done(o, s) => (o, s, false),
                 Called::Trapped(o, s, why) => {
-                    *me.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ended {
+                    *self.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ended {
                         reason: SessionEnd::MainProcessEnded,
                         detail: why,
                     });
@@ -241,9 +222,11 @@ impl ProviderSession for WasmSession {
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {
-        // Dropping the store returns the instance's slot to the pool.
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).take();
-        drop(live);
-        Box::pin(std::future::ready(()))
+        Box::pin(async move {
+            // Dropping the store returns the instance's slot to the pool. A
+            // call under way holds the lock, so the close waits for it.
+            let live = self.live.lock().await.take();
+            drop(live);
+        })
     }
 }

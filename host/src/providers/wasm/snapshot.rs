@@ -33,11 +33,14 @@ pub(super) fn pre_initialize(
     // Initialisation is bounded like a run, so a broken guest cannot hang start.
     store.set_epoch_deadline(ticks(Duration::from_secs(30), TICK));
     store.epoch_deadline_trap();
-    let instance = linker.instantiate(&mut store, &component).map_err(err)?;
+    // The runs' linker is async (see the module's docs), so start-up drives
+    // it the same way. With a trapping deadline (no yields) and host imports
+    // that are ready at once, nothing here ever waits.
+    let instance = poll_ready(linker.instantiate_async(&mut store, &component)).map_err(err)?;
     let init = instance
         .get_typed_func::<(), ()>(&mut store, "initialize")
         .map_err(err)?;
-    init.call(&mut store, ()).map_err(err)?;
+    poll_ready(init.call_async(&mut store, ())).map_err(err)?;
     if !store.data().stdout.buf.is_empty() || !store.data().stderr.buf.is_empty() {
         return Err(WasmError::Snapshot(
             "initialize wrote output; the snapshot would carry it".into(),
@@ -50,8 +53,8 @@ pub(super) fn pre_initialize(
     poll_ready(wizer.snapshot_component(&cx, &mut state)).map_err(err)
 }
 
-/// The state reads wizer's snapshot makes, served by synchronous calls into
-/// the instrumented instance, so every future it awaits is already ready.
+/// The state reads wizer's snapshot makes, served by calls into the
+/// instrumented instance that never wait (see `pre_initialize`).
 struct SnapshotAccess<'a> {
     store: &'a mut Store<RunState>,
     instance: wasmtime::component::Instance,
@@ -79,7 +82,7 @@ impl SnapshotAccess<'_> {
         let Some(f) = found else {
             panic!("wizer accessor {instance}#{func} missing")
         };
-        match f.call(&mut *self.store, ()) {
+        match poll_ready(f.call_async(&mut *self.store, ())) {
             Ok((r,)) => r,
             Err(e) => panic!("wizer accessor {instance}#{func} failed: {e:#}"),
         }
@@ -132,7 +135,7 @@ impl wasmtime_wizer::ComponentInstanceState for SnapshotAccess<'_> {
 }
 
 /// Drives to completion a future whose every await point is ready at once
-/// (see `SnapshotAccess`); there is nothing to wait for, so no executor.
+/// (see `pre_initialize`); there is nothing to wait for, so no executor.
 fn poll_ready<F: Future>(fut: F) -> F::Output {
     let mut fut = std::pin::pin!(fut);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
