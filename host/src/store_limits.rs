@@ -49,6 +49,11 @@ impl MemoryCap {
     pub fn denied(&self) -> bool {
         self.denied
     }
+
+    /// Bytes of linear memory the store's memories hold now.
+    pub fn memory_total(&self) -> usize {
+        self.memory_total
+    }
 }
 
 /// A store-wide total after one of its memories or tables goes from

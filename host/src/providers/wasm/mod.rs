@@ -71,12 +71,18 @@ static GUEST_JS: &[u8] = include_bytes!(env!("PLIMSOLL_GUEST_JS_WASM"));
 pub(super) const TICK: Duration = Duration::from_millis(5);
 const TICKER_NAME: &str = "plimsoll-epoch";
 
-/// Native stack wasm code may use; see `Config::max_wasm_stack` above.
+/// Native stack wasm code may use; see `Config::max_wasm_stack` below.
 pub const MAX_WASM_STACK: usize = 4 << 20;
 /// Each run's fiber stack: the wasm stack plus room for the host functions
 /// the guest calls from the bottom of it (the broker's HTTP client among
 /// them).
 const FIBER_STACK: usize = MAX_WASM_STACK + (2 << 20);
+/// How much of a fiber stack is wiped by writing zeros when it goes back to
+/// the pool; the rest is handed back to the kernel (see `async_stack_zeroing`).
+const FIBER_STACK_KEPT: usize = 128 << 10;
+/// An instance whose memories grew past this is released on a blocking thread:
+/// resetting that many pages would hold an async worker for milliseconds.
+const RESET_INLINE: usize = 32 << 20;
 
 /// Exit code reported for a run stopped at its deadline, as `timeout(1)` does.
 pub const EXIT_TIMED_OUT: i32 = 124;
@@ -155,12 +161,20 @@ impl WasmProvider {
         // host's own frames can never overflow.
         cfg.max_wasm_stack(MAX_WASM_STACK);
         cfg.async_stack_size(FIBER_STACK);
+        // A fiber stack goes back to the pool after each call. Wiped, so
+        // nothing the host wrote on it (a broker call's frames, the code)
+        // stays for the next run, and so a run that recursed deep does not
+        // leave megabytes resident in its slot for the daemon's life: the
+        // top is zeroed in place (the part every call uses), the rest given
+        // back to the kernel.
+        cfg.async_stack_zeroing(true);
         // One pool slot per run that may be in flight, plus headroom for the
         // few core instances and memories one component instance consists of.
         let slots = max_concurrent.max(1);
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(slots)
             .total_stacks(slots)
+            .async_stack_keep_resident(FIBER_STACK_KEPT)
             .total_core_instances(slots * 8)
             .total_memories(slots * 2)
             .total_tables(slots * 4)
@@ -283,7 +297,20 @@ impl WasmProvider {
             }
         };
         let result = guest.call_run(&mut store, code, global.as_deref()).await;
-        let state = store.into_data();
+        // Releasing the instance resets its pages: done here for the usual
+        // small instance, on a blocking thread for one that grew large.
+        let state = if store.data().limits.memory_total() > RESET_INLINE {
+            match tokio::task::spawn_blocking(move || store.into_data()).await {
+                Ok(state) => state,
+                Err(e) => {
+                    return Err(RunFailure::MayHaveRun(format!(
+                        "releasing the instance failed: {e}"
+                    )));
+                }
+            }
+        } else {
+            store.into_data()
+        };
         let (mut out, mut err) = (state.stdout, state.stderr);
         let live = state.live;
         // The daemon's closing line reaches a watcher too, as it reaches the

@@ -36,11 +36,11 @@ pub(super) fn pre_initialize(
     // The runs' linker is async (see the module's docs), so start-up drives
     // it the same way. With a trapping deadline (no yields) and host imports
     // that are ready at once, nothing here ever waits.
-    let instance = poll_ready(linker.instantiate_async(&mut store, &component)).map_err(err)?;
+    let instance = poll_ready(linker.instantiate_async(&mut store, &component))?.map_err(err)?;
     let init = instance
         .get_typed_func::<(), ()>(&mut store, "initialize")
         .map_err(err)?;
-    poll_ready(init.call_async(&mut store, ())).map_err(err)?;
+    poll_ready(init.call_async(&mut store, ()))?.map_err(err)?;
     if !store.data().stdout.buf.is_empty() || !store.data().stderr.buf.is_empty() {
         return Err(WasmError::Snapshot(
             "initialize wrote output; the snapshot would carry it".into(),
@@ -50,7 +50,7 @@ pub(super) fn pre_initialize(
         store: &mut store,
         instance,
     };
-    poll_ready(wizer.snapshot_component(&cx, &mut state)).map_err(err)
+    poll_ready(wizer.snapshot_component(&cx, &mut state))?.map_err(err)
 }
 
 /// The state reads wizer's snapshot makes, served by calls into the
@@ -83,8 +83,9 @@ impl SnapshotAccess<'_> {
             panic!("wizer accessor {instance}#{func} missing")
         };
         match poll_ready(f.call_async(&mut *self.store, ())) {
-            Ok((r,)) => r,
-            Err(e) => panic!("wizer accessor {instance}#{func} failed: {e:#}"),
+            Ok(Ok((r,))) => r,
+            Err(e) => panic!("wizer accessor {instance}#{func}: {e}"),
+            Ok(Err(e)) => panic!("wizer accessor {instance}#{func} failed: {e:#}"),
         }
     }
 }
@@ -135,13 +136,15 @@ impl wasmtime_wizer::ComponentInstanceState for SnapshotAccess<'_> {
 }
 
 /// Drives to completion a future whose every await point is ready at once
-/// (see `pre_initialize`); there is nothing to wait for, so no executor.
-fn poll_ready<F: Future>(fut: F) -> F::Output {
+/// (see `pre_initialize`); there is nothing to wait for, so no executor. A
+/// future that does wait is a broken start-up, reported rather than spun on.
+fn poll_ready<F: Future>(fut: F) -> Result<F::Output, WasmError> {
     let mut fut = std::pin::pin!(fut);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    loop {
-        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
-        }
+    match fut.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Ok(v),
+        std::task::Poll::Pending => Err(WasmError::Snapshot(
+            "start-up waited on an import; the snapshot's imports must answer at once".into(),
+        )),
     }
 }
