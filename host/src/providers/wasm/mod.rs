@@ -20,18 +20,15 @@
 mod output;
 mod session;
 mod snapshot;
+mod store;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap,
-    UpdateDeadline,
-};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Trap};
 
 use super::{
     Evidence, Job, Offer, Output, Payload, Provider, ProviderSettings, Resources, not_offered,
@@ -42,9 +39,10 @@ use crate::grants::broker;
 use crate::live::{Channel, Live};
 use crate::outcome::{ProcessOutput, RunFailure};
 use crate::refusal::Refusal;
-use crate::store_limits::{EpochTicker, MemoryCap};
+use crate::store_limits::EpochTicker;
 use crate::tier::Tier;
 use output::Capped;
+use store::RunState;
 
 mod generated {
     wasmtime::component::bindgen!({
@@ -57,10 +55,6 @@ mod generated {
         exports: { default: async },
     });
 }
-
-use generated::plimsoll::broker::broker as broker_if;
-use generated::plimsoll::js::entropy as entropy_if;
-use generated::plimsoll::js::output as output_if;
 
 /// The QuickJS guest, built by `make guest` before the host (see build.rs).
 static GUEST_JS: &[u8] = include_bytes!(env!("PLIMSOLL_GUEST_JS_WASM"));
@@ -80,9 +74,6 @@ const FIBER_STACK: usize = MAX_WASM_STACK + (2 << 20);
 /// How much of a fiber stack is wiped by writing zeros when it goes back to
 /// the pool; the rest is handed back to the kernel (see `async_stack_zeroing`).
 const FIBER_STACK_KEPT: usize = 128 << 10;
-/// An instance whose memories grew past this is released on a blocking thread:
-/// resetting that many pages would hold an async worker for milliseconds.
-const RESET_INLINE: usize = 32 << 20;
 
 /// Exit code reported for a run stopped at its deadline, as `timeout(1)` does.
 pub const EXIT_TIMED_OUT: i32 = 124;
@@ -252,23 +243,6 @@ impl WasmProvider {
         self.run_granted(code, timeout, None, None).await
     }
 
-    /// A store for one instance: its memory cap, and a deadline checked at
-    /// every epoch tick, where the guest also yields to the executor. The
-    /// deadline is the state's `ends`, so a session moves it per call.
-    fn store(&self, state: RunState) -> Store<RunState> {
-        let mut store = Store::new(&self.engine, state);
-        store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(|ctx| {
-            if Instant::now() >= ctx.data().ends {
-                Err(Trap::Interrupt.into())
-            } else {
-                Ok(UpdateDeadline::Yield(1))
-            }
-        });
-        store
-    }
-
     /// Runs one snippet with the grant's broker session, if any.
     pub async fn run_granted(
         &self,
@@ -282,7 +256,7 @@ impl WasmProvider {
         state.broker = grant;
         state.live = live;
         state.ends = Instant::now() + timeout;
-        let mut store = self.store(state);
+        let mut store = store::new(&self.engine, state);
 
         let guest = match self.pre.instantiate_async(&mut store).await {
             Ok(g) => g,
@@ -297,20 +271,9 @@ impl WasmProvider {
             }
         };
         let result = guest.call_run(&mut store, code, global.as_deref()).await;
-        // Releasing the instance resets its pages: done here for the usual
-        // small instance, on a blocking thread for one that grew large.
-        let state = if store.data().limits.memory_total() > RESET_INLINE {
-            match tokio::task::spawn_blocking(move || store.into_data()).await {
-                Ok(state) => state,
-                Err(e) => {
-                    return Err(RunFailure::MayHaveRun(format!(
-                        "releasing the instance failed: {e}"
-                    )));
-                }
-            }
-        } else {
-            store.into_data()
-        };
+        let state = store::release(store)
+            .await
+            .map_err(|e| RunFailure::MayHaveRun(format!("releasing the instance failed: {e}")))?;
         let (mut out, mut err) = (state.stdout, state.stderr);
         let live = state.live;
         // The daemon's closing line reaches a watcher too, as it reaches the
@@ -424,103 +387,5 @@ impl Provider for WasmProvider {
                 .await
                 .map(Output::JavaScript)
         })
-    }
-}
-
-/// Everything one run's store holds.
-struct RunState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    limits: MemoryCap,
-    stdout: Capped,
-    stderr: Capped,
-    /// The run's broker session, when it carries a grant.
-    broker: Option<Arc<broker::Session>>,
-    /// Where kept output also goes as it is written, when watched.
-    live: Option<Live>,
-    /// When the current call is stopped (checked at each epoch tick).
-    ends: Instant,
-}
-
-impl RunState {
-    pub(super) fn new(memory_limit: usize, output_limit: usize) -> Self {
-        RunState {
-            wasi: WasiCtx::builder().build(),
-            table: ResourceTable::new(),
-            limits: MemoryCap::new(memory_limit),
-            stdout: Capped::new(output_limit),
-            stderr: Capped::new(output_limit),
-            broker: None,
-            live: None,
-            // Set by whoever calls into the instance; until then, a bound
-            // that keeps a broken start-up from hanging.
-            ends: Instant::now() + Duration::from_secs(30),
-        }
-    }
-}
-
-impl entropy_if::Host for RunState {
-    async fn seed(&mut self) -> u64 {
-        let mut b = [0u8; 8];
-        // A fixed fallback seed would silently repeat Math.random sequences
-        // across runs; an OS without randomness is not one to run code on.
-        getrandom::fill(&mut b).expect("the OS random source failed");
-        u64::from_le_bytes(b)
-    }
-}
-
-impl WasiView for RunState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl output_if::Host for RunState {
-    async fn write(&mut self, channel: output_if::Channel, data: String) -> bool {
-        let (stream, which) = match channel {
-            output_if::Channel::Stdout => (&mut self.stdout, Channel::Stdout),
-            output_if::Channel::Stderr => (&mut self.stderr, Channel::Stderr),
-        };
-        let before = stream.buf.len();
-        stream.push_str(&data);
-        if let Some(live) = &self.live {
-            // Exactly what was kept: a watcher sees no byte the result lacks.
-            live.send(which, &stream.buf[before..]);
-        }
-        !stream.truncated
-    }
-}
-
-impl broker_if::Host for RunState {
-    async fn call(
-        &mut self,
-        request: broker_if::Request,
-    ) -> Result<broker_if::Response, broker_if::CallError> {
-        let Some(session) = &self.broker else {
-            // No grant: the guest has no network at all.
-            return Err(broker_if::CallError::NoGrant);
-        };
-        // The guest's fiber is suspended while the call waits upstream; the
-        // guest sees a synchronous call and wraps it in a Promise.
-        let answer = session
-            .call(&request.method, &request.path, request.body)
-            .await;
-        match answer {
-            Ok(r) => Ok(broker_if::Response {
-                status: r.status,
-                body: r.body,
-            }),
-            Err(broker::CallError::NotPermitted(why)) => {
-                Err(broker_if::CallError::NotPermitted(why.to_string()))
-            }
-            Err(broker::CallError::Budget(why)) => {
-                Err(broker_if::CallError::BudgetExhausted(why.to_string()))
-            }
-            Err(broker::CallError::Shed) => Err(broker_if::CallError::Shed),
-            Err(broker::CallError::Upstream(why)) => Err(broker_if::CallError::UpstreamFailed(why)),
-        }
     }
 }

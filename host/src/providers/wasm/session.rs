@@ -17,9 +17,8 @@ use futures_util::future::BoxFuture;
 use wasmtime::{Store, Trap};
 
 use super::output::Capped;
-use super::{
-    EXIT_ENGINE_TRAP, EXIT_OUT_OF_MEMORY, EXIT_TIMED_OUT, RunState, WasmProvider, generated,
-};
+use super::store::{self, RunState};
+use super::{EXIT_ENGINE_TRAP, EXIT_OUT_OF_MEMORY, EXIT_TIMED_OUT, WasmProvider, generated};
 use crate::grants::broker;
 use crate::outcome::{CellOutput, ProcessOutput, RunFailure};
 use crate::providers::{Ended, Job, Output, Payload, ProviderSession, SessionOffer, not_offered};
@@ -62,7 +61,7 @@ impl WasmProvider {
         // Instantiation runs the component's own start-up, never a
         // caller's code; each call sets its own deadline afterwards.
         state.ends = Instant::now() + Duration::from_secs(5);
-        let mut store = self.store(state);
+        let mut store = store::new(&self.engine, state);
         let guest = self.pre.instantiate_async(&mut store).await.map_err(|e| {
             tracing::warn!(error = %format!("{e:#}"), "wasm session instantiation failed");
             RunFailure::NotDispatched(Refusal::capacity(
@@ -152,7 +151,7 @@ impl WasmSession {
                     // cannot be trusted to continue either, and the session
                     // ends with it (not a session that refuses every call
                     // while it holds its slots).
-                    *slot = None;
+                    end(&mut slot).await;
                     *self.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ended {
                         reason: SessionEnd::MainProcessEnded,
                         detail: "the engine failed the call".into(),
@@ -172,7 +171,7 @@ impl WasmSession {
         Ok(match trapped {
             None => Called::Done(output, started),
             Some(why) => {
-                *slot = None;
+                end(&mut slot).await;
                 Called::Trapped(output, started, why.to_string())
             }
         })
@@ -223,10 +222,19 @@ impl ProviderSession for WasmSession {
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            // Dropping the store returns the instance's slot to the pool. A
-            // call under way holds the lock, so the close waits for it.
-            let live = self.live.lock().await.take();
-            drop(live);
+            // A call under way holds the lock, so the close waits for it.
+            end(&mut *self.live.lock().await).await;
         })
+    }
+}
+
+/// Ends the session's instance: the store is released (see `store::release`)
+/// and the instance goes back to the pool before the session gives up its
+/// slots.
+async fn end(slot: &mut Option<Live>) {
+    if let Some(live) = slot.take() {
+        // A release that failed on its blocking thread has dropped the store
+        // there all the same; there is nothing left to hand back.
+        let _ = store::release(live.store).await;
     }
 }
