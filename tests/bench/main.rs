@@ -28,98 +28,22 @@
 //!
 //! Everything is bounded in count and time and only talks to 127.0.0.1.
 
+mod admission;
+mod native;
+mod stats;
+
 use std::time::{Duration, Instant};
 
 use plimsoll::providers::wasm::WasmProvider;
 use plimsoll::providers::{CellInput, Job, Output, Payload, ProviderSession};
 use plimsoll_tests::{Daemon, js_run};
 
+use admission::admission;
+use native::{native_quickjs, ratio_line};
+use stats::{faults_row, minor_faults, summary};
+
+/// The snippet every wasm figure runs, natively too.
 const SNIPPET: &str = "console.log(6*7)";
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-/// Prints one row; returns the p50.
-fn summary(name: &str, mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    let p50 = percentile(&v, 0.5);
-    println!(
-        "| {name} | {} | {:.3} ms | {:.3} ms | {:.3} ms |",
-        v.len(),
-        p50.as_secs_f64() * 1e3,
-        percentile(&v, 0.99).as_secs_f64() * 1e3,
-        v[0].as_secs_f64() * 1e3
-    );
-    p50
-}
-
-/// A fresh QuickJS runtime and full context per run, natively: what the
-/// guest does for a run, without the sandbox, the snapshot or the copy-on-
-/// write instance. `console.log` appends to a string, as the guest's writes
-/// to its output import.
-fn native_quickjs(n: usize) -> Duration {
-    use rquickjs::{Context, Function, Object, Runtime};
-    let once = || {
-        let rt = Runtime::new().expect("runtime");
-        let ctx = Context::full(&rt).expect("context");
-        ctx.with(|ctx| {
-            let out = std::rc::Rc::new(std::cell::RefCell::new(String::new()));
-            let sink = out.clone();
-            let console = Object::new(ctx.clone()).expect("console");
-            let log = Function::new(ctx.clone(), move |s: rquickjs::Coerced<String>| {
-                let mut o = sink.borrow_mut();
-                o.push_str(&s.0);
-                o.push('\n');
-            })
-            .expect("log");
-            console.set("log", log).expect("set log");
-            ctx.globals().set("console", console).expect("set console");
-            ctx.eval::<(), _>(SNIPPET).expect("eval");
-            assert_eq!(out.borrow().as_str(), "42\n");
-        });
-    };
-    for _ in 0..200 {
-        once();
-    }
-    let mut v = Vec::with_capacity(n);
-    let faults = minor_faults();
-    for _ in 0..n {
-        let t = Instant::now();
-        once();
-        v.push(t.elapsed());
-    }
-    let p50 = summary("native QuickJS, fresh runtime+context (unsandboxed)", v);
-    faults_row(faults, n);
-    p50
-}
-
-/// Minor page faults this thread has taken so far (`/proc/thread-self/stat`,
-/// field 10): a wasm run's faults are the pages its instance touched.
-fn minor_faults() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
-    // Fields after the command name, which is in parentheses: state is the
-    // first, minflt the eighth.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(7)?.parse().ok()
-}
-
-/// The row under a timing: minor faults per run since `before`.
-fn faults_row(before: Option<u64>, n: usize) {
-    let per_run = match (before, minor_faults()) {
-        (Some(b), Some(a)) => (a - b) as f64 / n as f64,
-        _ => f64::NAN,
-    };
-    println!("|   page faults per run | {n} | {per_run:.1} | | |");
-}
-
-fn ratio_line(wasm: Duration, native: Duration) {
-    println!(
-        "bare wasm run / native QuickJS fresh context, p50: {:.2}x",
-        wasm.as_secs_f64() / native.as_secs_f64()
-    );
-}
 
 async fn bare(n: usize) -> Duration {
     let w = WasmProvider::new(256, 8, 64 << 10).expect("wasm provider");
@@ -266,140 +190,6 @@ async fn throughput(d: &Daemon, clients: usize, per_client: usize) {
         all.len() as f64 / secs
     );
     summary(&format!("  latency under {clients} clients"), all);
-}
-
-/// Admission with per-caller limits counted in the embedded store and in
-/// Redis (synced every second, and on every write), side by side.
-async fn admission(n: usize) {
-    use plimsoll_tests::redis_server::RedisServer;
-    let everysec = RedisServer::start_with("bench-everysec", "everysec");
-    let always = RedisServer::start_with("bench-always", "always");
-    let dir = plimsoll_tests::Scratch::new("bench-admission");
-    let file = dir.path("clients.json");
-    let token = plimsoll::callers::new_token().expect("token");
-    let clients = serde_json::json!({"clients": [{
-        "id": "bench", "token_sha256": plimsoll::callers::fingerprint(&token),
-        "scopes": ["code:run"]}]});
-    std::fs::write(&file, clients.to_string()).expect("clients file");
-    let f = file.display().to_string();
-    let limits = [
-        ("SANDBOX_PROVIDER", "wasm"),
-        ("SANDBOX_MAX_CONCURRENT", "16"),
-        ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
-        // On, so every run is checked and booked; too high to refuse.
-        ("SANDBOX_PER_KEY_CONCURRENT", "16"),
-        ("SANDBOX_RATE_PER_MIN", "1000000"),
-    ];
-    let with = |r: &RedisServer| {
-        let url = r.url();
-        let mut env = limits.to_vec();
-        env.push(("PLIMSOLL_STATE_URL", url.as_str()));
-        Daemon::start(&env)
-    };
-    let daemons = [
-        ("embedded store", Daemon::start(&limits), None),
-        (
-            "Redis on loopback, appendfsync everysec",
-            with(&everysec),
-            Some(&everysec),
-        ),
-        (
-            "Redis on loopback, appendfsync always",
-            with(&always),
-            Some(&always),
-        ),
-    ];
-    let c = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client");
-    let body = serde_json::to_vec(&js_run(SNIPPET)).expect("json");
-    let bearer = format!("Bearer {token}");
-    let one = |d: &Daemon| {
-        let req = c
-            .post(d.url("/plimsoll.v1.SandboxService/Run"))
-            .header("content-type", "application/json")
-            .header("authorization", bearer.clone())
-            .body(body.clone());
-        async move {
-            let t = Instant::now();
-            let r = req.send().await.expect("sent");
-            let ok = r.status().is_success();
-            let _ = r.bytes().await;
-            assert!(ok, "a benchmark run was refused");
-            t.elapsed()
-        }
-    };
-    let calls = |r: &RedisServer| -> u64 {
-        let info = r.command(&["INFO", "commandstats"]).unwrap_or_default();
-        info.lines()
-            .filter(|l| l.starts_with("cmdstat_eval"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum()
-    };
-    for _ in 0..200 {
-        for (_, d, _) in &daemons {
-            one(d).await;
-        }
-    }
-    // Each Redis daemon alternated run by run with the embedded one (two
-    // daemons at a time, as one replica and its store would share a
-    // machine), so the machine's load falls on both alike.
-    let embedded = &daemons[0].1;
-    for (name, d, r) in &daemons[1..] {
-        let Some(r) = r else { continue };
-        let before = calls(r);
-        let (mut a, mut b) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for _ in 0..n {
-            a.push(one(embedded).await);
-            b.push(one(d).await);
-        }
-        let trips = (calls(r) - before) as f64 / n as f64;
-        let pa = summary("HTTP Run with per-caller limits, embedded store", a);
-        let pb = summary(&format!("HTTP Run with per-caller limits, {name}"), b);
-        println!(
-            "|   admission overhead of Redis (p50 difference) | | {:.3} ms | {trips:.2} store round trips per run | |",
-            (pb.as_secs_f64() - pa.as_secs_f64()) * 1000.0
-        );
-    }
-    for (name, d, _) in &daemons {
-        let url = d.url("/plimsoll.v1.SandboxService/Run");
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..4)
-            .map(|_| {
-                let (c, url, body, bearer) = (c.clone(), url.clone(), body.clone(), bearer.clone());
-                tokio::spawn(async move {
-                    for _ in 0..n / 4 {
-                        let r = c
-                            .post(&url)
-                            .header("content-type", "application/json")
-                            .header("authorization", &bearer)
-                            .body(body.clone())
-                            .send()
-                            .await
-                            .expect("sent");
-                        assert!(r.status().is_success(), "a benchmark run was refused");
-                        let _ = r.bytes().await;
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await.expect("join");
-        }
-        println!(
-            "| HTTP Run with per-caller limits, 4 clients, {name} | {} | {:.0} runs/s | | |",
-            n / 4 * 4,
-            (n / 4 * 4) as f64 / start.elapsed().as_secs_f64()
-        );
-    }
 }
 
 /// One Run over HTTP, answer read to the end: its latency and whether it
