@@ -357,3 +357,48 @@ async fn a_flooded_stream_still_ends_with_the_daemons_notice() {
     assert_eq!(a.body["javascript"]["stderrTruncated"], true);
     assert_eq!(a.js_bytes("stdout").len(), 64 * 1024);
 }
+
+/// A run under way when the operator stops the daemon (SIGTERM) is
+/// answered in full and gets its audit line before the daemon exits: a stop
+/// never leaves a run that executed without its answer or its record.
+#[tokio::test]
+async fn a_run_under_way_at_a_stop_is_answered_and_audited_before_exit() {
+    let mut d = wasm_daemon();
+    let url = d.url("/plimsoll.v1.SandboxService/Run");
+    let body =
+        js_run("const t = Date.now(); while (Date.now() - t < 1200) {} console.log('finished')");
+    let run = tokio::spawn(async move {
+        plimsoll_tests::client()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .expect("the run's answer")
+    });
+    plimsoll_tests::wait_inflight(&d, 1).await;
+    let stopped = std::process::Command::new("kill")
+        .args(["-TERM", &d.pid().expect("pid").to_string()])
+        .status()
+        .expect("kill");
+    assert!(stopped.success());
+
+    let a = plimsoll_tests::answer(run.await.expect("join")).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(a.stdout(), "finished\n");
+    assert_eq!(a.exit_code(), 0);
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while d.is_running() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon did not exit after its last run"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The log is read on its own thread; give it the rest of the stream.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while d.audit_runs() < 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(d.audit_runs(), 1, "{:?}", d.log_lines());
+}
