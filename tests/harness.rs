@@ -199,6 +199,15 @@ impl Daemon {
         self.audit_runs()
     }
 
+    /// Asks the daemon to stop (SIGTERM), as an operator does, without
+    /// waiting for it; whether the signal was delivered.
+    pub fn terminate(&self) -> bool {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     /// Kills the daemon outright (SIGKILL), as a crash would: it gives
     /// nothing back on the way out.
     pub fn kill(&mut self) {
@@ -218,9 +227,8 @@ impl Drop for Daemon {
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
+        // A daemon that exited since the check above has nothing to stop.
+        let _ = self.terminate();
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {

@@ -376,11 +376,7 @@ async fn a_run_under_way_at_a_stop_is_answered_and_audited_before_exit() {
             .expect("the run's answer")
     });
     plimsoll_tests::wait_inflight(&d, 1).await;
-    let stopped = std::process::Command::new("kill")
-        .args(["-TERM", &d.pid().expect("pid").to_string()])
-        .status()
-        .expect("kill");
-    assert!(stopped.success());
+    assert!(d.terminate(), "SIGTERM was not delivered");
 
     let a = plimsoll_tests::answer(run.await.expect("join")).await;
     assert_eq!(a.status, 200, "{:?}", a.body);

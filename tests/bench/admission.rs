@@ -50,10 +50,7 @@ pub async fn admission(n: usize) {
             Some(&always),
         ),
     ];
-    let c = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client");
+    let c = plimsoll_tests::client();
     let body = serde_json::to_vec(&js_run(SNIPPET)).expect("json");
     let bearer = format!("Bearer {token}");
     let one = |d: &Daemon| {

@@ -98,10 +98,7 @@ async fn bare_cell(n: usize) {
 /// A cell over HTTP: one session, SessionRun after SessionRun on one
 /// keep-alive connection.
 async fn http_cell(d: &Daemon, n: usize) {
-    let c = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client");
+    let c = plimsoll_tests::client();
     let opened: serde_json::Value = c
         .post(d.url("/plimsoll.v1.SandboxService/OpenSession"))
         .header("content-type", "application/json")
@@ -122,34 +119,15 @@ async fn http_cell(d: &Daemon, n: usize) {
         "cell": {"language": "javascript", "code": "6*7"},
     }))
     .expect("json");
-    for _ in 0..200 {
-        timed_run(&c, &url, &body).await;
-    }
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        let (elapsed, ok) = timed_run(&c, &url, &body).await;
-        assert!(ok, "a benchmark cell was refused");
-        v.push(elapsed);
-    }
+    let v = one_client(&c, &url, &body, n, "cell").await;
     summary("HTTP SessionRun cell, 1 client, keep-alive", v);
 }
 
 async fn http(d: &Daemon, n: usize) {
-    let c = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client");
+    let c = plimsoll_tests::client();
     let url = d.url("/plimsoll.v1.SandboxService/Run");
     let body = serde_json::to_vec(&js_run(SNIPPET)).expect("json");
-    for _ in 0..200 {
-        timed_run(&c, &url, &body).await;
-    }
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        let (elapsed, ok) = timed_run(&c, &url, &body).await;
-        assert!(ok, "a benchmark run was refused");
-        v.push(elapsed);
-    }
+    let v = one_client(&c, &url, &body, n, "run").await;
     summary("HTTP Run, 1 client, keep-alive", v);
 }
 
@@ -161,10 +139,7 @@ async fn throughput(d: &Daemon, clients: usize, per_client: usize) {
     for _ in 0..clients {
         let (url, body) = (url.clone(), body.clone());
         tasks.push(tokio::spawn(async move {
-            let c = reqwest::Client::builder()
-                .no_proxy()
-                .build()
-                .expect("client");
+            let c = plimsoll_tests::client();
             let mut v = Vec::with_capacity(per_client);
             let mut refused = 0usize;
             for _ in 0..per_client {
@@ -190,6 +165,28 @@ async fn throughput(d: &Daemon, clients: usize, per_client: usize) {
         all.len() as f64 / secs
     );
     summary(&format!("  latency under {clients} clients"), all);
+}
+
+/// `n` calls back to back on one keep-alive connection, after 200 untimed
+/// ones to warm it: each call's latency. `what` names the call if the
+/// daemon refuses one.
+async fn one_client(
+    c: &reqwest::Client,
+    url: &str,
+    body: &[u8],
+    n: usize,
+    what: &str,
+) -> Vec<Duration> {
+    for _ in 0..200 {
+        timed_run(c, url, body).await;
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (elapsed, ok) = timed_run(c, url, body).await;
+        assert!(ok, "a benchmark {what} was refused");
+        v.push(elapsed);
+    }
+    v
 }
 
 /// One Run over HTTP, answer read to the end: its latency and whether it
