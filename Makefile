@@ -92,4 +92,5 @@ soak: build image
 	python3 scripts/soak.py
 
 clean:
+	scripts/patch-wasmtime.sh
 	$(CARGO) clean

@@ -4,6 +4,8 @@
 #   - clang + wasi-libc: compile QuickJS's C for wasm32-wasip2 (rquickjs-sys)
 #   - llvm: llvm-ar for that archive
 #   - the wasm32-wasip2 Rust target: the guest components
+#   - patched/wasmtime: wasmtime 48.0.8 with its slot-reset scan fixed
+#     (scripts/patch-wasmtime.sh)
 #   - a venv with the published Python client, for the compatibility suite
 #   - a venv with E2B's official SDK, to prove the fake E2B against it
 #   - openssl: a test CA for the fake E2B's TLS
@@ -34,6 +36,10 @@ if ! rustup target list --installed | grep -qx wasm32-wasip2; then
   echo "setup: adding the wasm32-wasip2 Rust target"
   rustup target add wasm32-wasip2
 fi
+
+# wasmtime with the slot-reset scan fixed (docs/wasm-slot-reset.md): cargo
+# cannot read the workspace until patched/wasmtime exists.
+scripts/patch-wasmtime.sh
 
 # The published client, pinned, unmodified: the compatibility contract.
 # jsonschema: fake-dockercloud, which the adapter tests start in-process,

@@ -19,6 +19,7 @@
 
 mod output;
 mod session;
+mod slots;
 mod snapshot;
 mod store;
 
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Trap};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, Trap};
 
 use super::{
     Evidence, Job, Offer, Output, Payload, Provider, ProviderSettings, Resources, not_offered,
@@ -159,23 +160,9 @@ impl WasmProvider {
         // top is zeroed in place (the part every call uses), the rest given
         // back to the kernel.
         cfg.async_stack_zeroing(true);
-        // One pool slot per run that may be in flight, plus headroom for the
-        // few core instances and memories one component instance consists of.
-        let slots = max_concurrent.max(1);
-        let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(slots)
-            .total_stacks(slots)
-            .async_stack_keep_resident(FIBER_STACK_KEPT)
-            .total_core_instances(slots * 8)
-            .total_memories(slots * 2)
-            .total_tables(slots * 4)
-            .max_memory_size(memory_limit);
-        // Used slots are reset by discarding their pages (wasmtime's
-        // default). Not `pagemap_scan` with `linear_memory_keep_resident`,
-        // though it halves a bare run (docs/benchmarks.md): wasmtime 48's
-        // scan copies the image back only over pages that are present in
-        // RAM, so a dirty page swapped out, or in the middle of a migration,
-        // at reset time would keep the last run's bytes into the next one.
+        // One pool slot per run that may be in flight; a used slot is reset
+        // by copying the image over what the run wrote (slots.rs).
+        let pool = slots::pool(max_concurrent, FIBER_STACK_KEPT, memory_limit);
         cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&cfg).map_err(|e| WasmError::Engine(format!("{e:#}")))?;
 
