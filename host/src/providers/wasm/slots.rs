@@ -15,10 +15,11 @@
 //! question fixed in our build of wasmtime: upstream's asks only for written
 //! pages that are *present*, so a written page that is swapped out or in
 //! the middle of a migration at that moment would be neither copied over nor
-//! discarded, and the next run would read it. Our build asks for every
-//! written page, present or not (scripts/patch-wasmtime.sh;
-//! docs/wasm-slot-reset.md), and `tests::a_swapped_out_page_is_reset`
-//! shows a swapped-out page of one instance is gone in the next.
+//! discarded, and the next run would read it. Our build asks for written
+//! pages that are present or swapped (the kernel shows a migrating page as
+//! swapped too): scripts/patch-wasmtime.sh, docs/wasm-slot-reset.md. The
+//! test `a_swapped_out_page_is_reset_too` shows a swapped-out page of one
+//! instance gone in the next; it fails against the published wasmtime.
 
 use wasmtime::{Enabled, PoolingAllocationConfig};
 
