@@ -23,11 +23,12 @@
 
 use wasmtime::{Enabled, PoolingAllocationConfig};
 
-/// How much of a used memory is reset by copying at most: more than a
-/// snippet writes (a bare run writes 31 pages, 124 KiB), little enough that
-/// an idle slot holds no more than this. Past it, the rest of what a run
-/// wrote is discarded as before.
-pub(super) const KEEP_RESIDENT: usize = 1 << 20;
+/// How much of a used memory (or table) is reset by copying at most: twice
+/// what a small snippet writes (a bare run writes 31 pages, 124 KiB). Pages
+/// kept resident count as written in every later scan, so this is also what
+/// each reset of the slot copies at worst, and what an idle slot holds at
+/// most. Past it, the rest of what a run wrote is discarded as before.
+pub(super) const KEEP_RESIDENT: usize = 256 << 10;
 
 /// Slot counts for `slots` runs in flight at once, each under
 /// `memory_limit` bytes of linear memory.
