@@ -3,7 +3,8 @@
 #   containers=N run_dirs=N cgroups=N
 # containers: labelled io.plimsoll.run; run_dirs: broker directories under
 # /run/plimsoll-runs; cgroups: per-sandbox pids cgroups under docker's
-# cgroupfs root (gVisor's host cgroups are made there).
+# cgroupfs root (gVisor's host cgroups are made there); swap_files: the
+# swap file the slot-reset test makes in /var/tmp (on or off).
 #
 #   scripts/leftovers.sh                 print the line
 #   scripts/leftovers.sh --since FILE    fail unless no container and no run
@@ -22,7 +23,8 @@ count() {
   for root in /sys/fs/cgroup/pids/docker /sys/fs/cgroup/docker; do
     [ -d "$root" ] && cgroups=$((cgroups + $(find "$root" -mindepth 1 -maxdepth 1 -type d | wc -l)))
   done
-  echo "containers=$containers run_dirs=$run_dirs cgroups=$cgroups"
+  swap_files=$(find /var/tmp -maxdepth 1 -name 'plimsoll-test-swap-*' | wc -l)
+  echo "containers=$containers run_dirs=$run_dirs cgroups=$cgroups swap_files=$swap_files"
 }
 if [ "${1:-}" != "--since" ]; then
   count
@@ -36,4 +38,5 @@ fail=0
 [ "$(get "$now" containers)" -eq 0 ] || { echo "leftovers: run containers were left behind" >&2; fail=1; }
 [ "$(get "$now" run_dirs)" -eq 0 ] || { echo "leftovers: run directories were left behind" >&2; fail=1; }
 [ "$(get "$now" cgroups)" -le "$(get "$before" cgroups)" ] || { echo "leftovers: sandbox cgroups were left behind" >&2; fail=1; }
+[ "$(get "$now" swap_files)" -eq 0 ] || { echo "leftovers: a test swap file was left behind (see /proc/swaps)" >&2; fail=1; }
 exit $fail

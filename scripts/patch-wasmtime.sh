@@ -29,11 +29,19 @@ TO='            Categories::WRITTEN | Categories::PFNZERO | Categories::FILE,
 STAMP="wasmtime-$VERSION $SHA256 pagemap-present-or-swapped-v2"
 
 DEST=patched/wasmtime
-if [ -f "$DEST/.plimsoll-patch" ] && [ "$(cat "$DEST/.plimsoll-patch")" = "$STAMP" ]; then
+# Done already only if the stamp matches and the edited file is still the one
+# this script wrote: a hand-edited tree (say, the published file put back to
+# watch the swap test fail) is made again, never built silently.
+if [ -f "$DEST/.plimsoll-patch" ] \
+  && [ "$(head -n1 "$DEST/.plimsoll-patch")" = "$STAMP" ] \
+  && [ "$(sed -n 2p "$DEST/.plimsoll-patch")" = "$(sha256sum < "$DEST/$FILE" | cut -d' ' -f1)" ]; then
   exit 0
 fi
 
-work=$(mktemp -d)
+# Staged next to its destination (same filesystem, so the final move is a
+# rename), and stamped last: an interrupted run leaves no valid stamp.
+mkdir -p patched
+work=$(mktemp -d patched/.work.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 crate=""
@@ -58,16 +66,17 @@ if [ "$count" != 1 ]; then
   echo "patch-wasmtime: expected the scan mask once in $FILE, found $count" >&2
   exit 1
 fi
-python3 - "$src/$FILE" "$FROM" "$TO" <<'EOF'
+python3 - "$src/$FILE" "$FROM" "$TO" <<'PY'
 import sys
 path, old, new = sys.argv[1:]
 text = open(path).read()
+assert text.count(old) == 1, "the scan mask is not there exactly once"
 open(path, "w").write(text.replace(old, new, 1))
-EOF
+PY
 grep -qF -- "Categories::PRESENT | Categories::SWAPPED" "$src/$FILE"
-echo "$STAMP" > "$src/.plimsoll-patch"
 
-mkdir -p patched
+rm -f "$DEST/.plimsoll-patch"
 rm -rf "$DEST"
 mv "$src" "$DEST"
+printf '%s\n%s\n' "$STAMP" "$(sha256sum < "$DEST/$FILE" | cut -d' ' -f1)" > "$DEST/.plimsoll-patch"
 echo "patch-wasmtime: $DEST ready"
