@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # What a test suite can leave behind on this machine, as one line:
-#   containers=N run_dirs=N cgroups=N
+#   containers=N run_dirs=N cgroups=N swap_files=N
 # containers: labelled io.plimsoll.run; run_dirs: broker directories under
 # /run/plimsoll-runs; cgroups: per-sandbox pids cgroups under docker's
 # cgroupfs root (gVisor's host cgroups are made there); swap_files: the
 # swap file the slot-reset test makes in /var/tmp (on or off).
 #
 #   scripts/leftovers.sh                 print the line
-#   scripts/leftovers.sh --since FILE    fail unless no container and no run
-#                                        directory is left, and no more
-#                                        cgroups than FILE's line counted
+#   scripts/leftovers.sh --since FILE    fail unless no container, no run
+#                                        directory and no test swap file is
+#                                        left, and no more cgroups than
+#                                        FILE's line counted
 set -euo pipefail
 count() {
   local containers run_dirs cgroups
