@@ -515,13 +515,19 @@ async fn spinning_plugins_do_not_starve_the_daemon() {
 }
 
 /// A project report over every budget: the host keeps 20 steps, each
-/// stream cut to the output limit, at most 100 artifacts and 8 MiB of them,
-/// and says it cut.
+/// stream cut to the output limit, 8 MiB of artifacts at most, only those
+/// asked for, and says it cut.
 #[tokio::test]
 async fn a_plugins_project_report_is_held_to_its_budgets() {
     let (origin, _) = recording_server().await;
     let d = hostile(&origin);
-    let req = json!({"protocol": 4, "project": {"files": [], "steps": ["flood"], "artifacts": []}});
+    // The plugin reports `big.bin` (over the byte budget) and `small-0` to
+    // `small-149`; the request asks for `big.bin` and the first 99 smalls
+    // (100 names, as many as a request may have).
+    let mut asked = vec!["big.bin".to_string()];
+    asked.extend((0..99).map(|i| format!("small-{i}.txt")));
+    let req =
+        json!({"protocol": 4, "project": {"files": [], "steps": ["flood"], "artifacts": asked}});
     let a = call(&d, "Run", &req).await;
     assert_eq!(a.status, 200, "{:?}", a.body);
     let p = &a.body["project"];
@@ -537,9 +543,67 @@ async fn a_plugins_project_report_is_held_to_its_budgets() {
         assert_eq!(s["stderrTruncated"], true);
     }
     let artifacts = p["artifacts"].as_array().expect("artifacts");
-    assert_eq!(artifacts.len(), 100);
+    assert_eq!(artifacts.len(), 99);
     assert!(artifacts.iter().all(|a| a["path"] != "big.bin"));
+    assert!(
+        artifacts
+            .iter()
+            .all(|a| asked.iter().any(|n| a["path"] == n.as_str())),
+        "an artifact nobody asked for was kept"
+    );
+    // big.bin was asked for and left out.
     assert_eq!(p["artifactsTruncated"], true);
+}
+
+/// A plugin that reports artifacts the request did not ask for (a git hook,
+/// a path out of the directory, an absolute one, a second body for the one
+/// name asked for): the host keeps only the first body of the name asked
+/// for, says nothing was truncated, logs how many it dropped and not their
+/// names, and the run's result stands, with no not-dispatched mark.
+#[tokio::test]
+async fn a_plugin_cannot_add_artifacts_nobody_asked_for() {
+    let (origin, _) = recording_server().await;
+    let d = hostile(&origin);
+    let req = json!({"protocol": 4, "project": {
+        "files": [], "steps": ["unrequested"], "artifacts": ["out.txt"]}});
+    let before = d.log_lines().len();
+    let a = call(&d, "Run", &req).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(a.mark(), None);
+    let p = &a.body["project"];
+    use base64::Engine as _;
+    let kept: Vec<(String, Vec<u8>)> = p["artifacts"]
+        .as_array()
+        .expect("artifacts")
+        .iter()
+        .map(|a| {
+            (
+                a["path"].as_str().unwrap_or("").to_string(),
+                base64::engine::general_purpose::STANDARD
+                    .decode(a["content"].as_str().unwrap_or(""))
+                    .expect("base64"),
+            )
+        })
+        .collect();
+    assert_eq!(kept, vec![("out.txt".to_string(), b"asked for".to_vec())]);
+    // Absent (false): nothing asked for was left out.
+    assert_eq!(p.get("artifactsTruncated"), None, "{p}");
+    d.audit_after_sentinel().await;
+    let lines = d.log_lines()[before..].join("\n");
+    assert!(
+        lines.contains(
+            "unrequested: hook false dotdot false absolute false requested true again false"
+        ),
+        "{lines}"
+    );
+    assert!(
+        lines.contains("did not ask for") && lines.contains("\"dropped\":4"),
+        "{lines}"
+    );
+    assert!(
+        !lines.contains("pre-commit"),
+        "a dropped name reached the log"
+    );
 }
 
 #[tokio::test]

@@ -207,6 +207,10 @@ impl PluginProvider {
         let runner = &self.runner;
         let deadline = timeout + CALL_MARGIN;
         let mut store = runner.store(deadline);
+        // The report keeps only the artifacts this request names.
+        if let types::Payload::Project(p) = &payload {
+            store.data_mut().report.expect_artifacts(&p.artifacts);
+        }
         let request = types::RunRequest {
             timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
             output_limit: u32::try_from(output_limit).unwrap_or(u32::MAX),
@@ -225,6 +229,7 @@ impl PluginProvider {
             .await
             .map(|r| r.map(|(r,)| r));
         store.data().log.report_dropped();
+        store.data().report.report_unrequested(self.name());
         let name = self.name();
         match outcome {
             Ok(Ok(Ok(result))) => Ok(result_of(result, &mut store, output_limit)),

@@ -207,6 +207,10 @@ impl PluginSession {
             output_limit: u32::try_from(job.output_limit).unwrap_or(u32::MAX),
             payload: payload_of(job.payload),
         };
+        // The report keeps only the artifacts this request names.
+        if let types::Payload::Project(p) = &request.payload {
+            store.data_mut().report.expect_artifacts(&p.artifacts);
+        }
         let outcome = runner
             .call::<(String, types::RunRequest), (Result<types::SessionAnswer, types::SessionFailure>,)>(
                 &mut store,
@@ -216,6 +220,7 @@ impl PluginSession {
             )
             .await;
         store.data().log.report_dropped();
+        store.data().report.report_unrequested(&runner.name);
         let name = runner.name.clone();
         let answer = match outcome {
             Ok(Ok((Ok(a),))) => {

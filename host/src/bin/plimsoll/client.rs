@@ -60,7 +60,13 @@ impl Api {
                 "{base} is plain http off this machine: the token would travel in clear; use https"
             ));
         }
+        // No proxy, ever: reqwest would otherwise route by HTTP_PROXY,
+        // ALL_PROXY and friends, which on plain http hands the token and the
+        // code in clear to whatever the environment names, and that is not
+        // the daemon the loopback check above approved. The daemon is
+        // reached directly or not at all.
         let client = reqwest::Client::builder()
+            .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("http client: {e}"))?;

@@ -13,6 +13,7 @@
 
 mod callers;
 mod client;
+mod local_files;
 mod mcp;
 mod run;
 

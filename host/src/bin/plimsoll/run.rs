@@ -9,22 +9,23 @@
 //! are documented in docs/cli.md: 125 when the daemon refused the run and
 //! marked it not-dispatched (nothing ran), 126 for any other failure (it
 //! may have run), 2 for a bad command line or an unreadable input.
+//!
+//! What it reads and writes on this machine (the snippet, a project's
+//! files, artifacts) goes through `local_files`.
 
 use std::io::{IsTerminal, Write};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::client::{self, Api, Failure};
+use crate::local_files::{check_artifact_names, project_files, read_snippet, write_artifacts};
 
 pub const EXIT_NOT_DISPATCHED: u8 = 125;
 pub const EXIT_UNKNOWN: u8 = 126;
 const EXIT_USAGE: u8 = 2;
-/// What a project may send, as the API bounds it (checked there too).
-const MAX_FILES: usize = 200;
-const MAX_FILE_BYTES: u64 = 4 << 20;
 
 #[derive(clap::Args)]
 pub struct Connection {
@@ -99,7 +100,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         Err(code) => return code,
     };
     if args.project.is_some() {
-        if let Err(e) = print_project(&answer, args.out.as_deref()) {
+        if let Err(e) = print_project(&answer, &args.artifacts, args.out.as_deref()) {
             return fail(EXIT_UNKNOWN, &e);
         }
     } else if !streamed {
@@ -258,11 +259,11 @@ fn request(args: &RunArgs) -> Result<Value, String> {
     let grant = args.grant.clone().unwrap_or_default();
     match (&args.file, &args.project) {
         (Some(file), None) => {
-            let code =
-                std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let code = read_snippet(file)?;
             req["javascript"] = json!({"code": code, "grantProfile": grant});
         }
         (None, Some(dir)) => {
+            check_artifact_names(&args.artifacts)?;
             req["project"] = json!({
                 "files": project_files(dir)?,
                 "steps": args.steps,
@@ -293,49 +294,7 @@ fn parse_duration_ms(s: &str) -> Result<u64, String> {
         .ok_or_else(bad)
 }
 
-/// Every regular file under `dir`, by relative path (symlinks are not
-/// followed); contents must be UTF-8, as the API carries them.
-fn project_files(dir: &Path) -> Result<Vec<Value>, String> {
-    let mut out = Vec::new();
-    let mut total = 0u64;
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(d) = pending.pop() {
-        let mut entries: Vec<_> = std::fs::read_dir(&d)
-            .map_err(|e| format!("{}: {e}", d.display()))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("{}: {e}", d.display()))?;
-        entries.sort_by_key(|e| e.file_name());
-        for entry in entries {
-            let path = entry.path();
-            let kind = entry
-                .file_type()
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            if kind.is_dir() {
-                pending.push(path);
-            } else if kind.is_file() {
-                let rel = path
-                    .strip_prefix(dir)
-                    .map_err(|_| "a path left the project")?;
-                let rel = rel
-                    .to_str()
-                    .ok_or_else(|| format!("{}: the name is not UTF-8", path.display()))?;
-                total += entry.metadata().map(|m| m.len()).unwrap_or(0);
-                if out.len() >= MAX_FILES || total > MAX_FILE_BYTES {
-                    return Err(format!(
-                        "{}: a project is at most {MAX_FILES} files and 4 MiB",
-                        dir.display()
-                    ));
-                }
-                let content = std::fs::read_to_string(&path)
-                    .map_err(|e| format!("{}: {e} (files must be UTF-8 text)", path.display()))?;
-                out.push(json!({"path": rel, "content": content}));
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn print_project(answer: &Value, out: Option<&Path>) -> Result<(), String> {
+fn print_project(answer: &Value, asked: &[String], out: Option<&Path>) -> Result<(), String> {
     let project = &answer["project"];
     for step in project["steps"]
         .as_array()
@@ -347,30 +306,7 @@ fn print_project(answer: &Value, out: Option<&Path>) -> Result<(), String> {
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().write_all(&client::bytes(&step["stderr"]));
     }
-    let out = out.unwrap_or(Path::new("."));
-    for artifact in project["artifacts"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
-        let rel = Path::new(artifact["path"].as_str().unwrap_or(""));
-        // The daemon only returns paths the run asked for; a path that
-        // could leave the output directory is refused anyway.
-        if rel.as_os_str().is_empty()
-            || rel.components().any(|c| !matches!(c, Component::Normal(_)))
-        {
-            return Err(format!(
-                "the answer named an artifact path {rel:?} outside the output directory"
-            ));
-        }
-        let target = out.join(rel);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-        }
-        std::fs::write(&target, client::bytes(&artifact["content"]))
-            .map_err(|e| format!("{}: {e}", target.display()))?;
-        eprintln!("plimsoll: wrote {}", target.display());
-    }
+    write_artifacts(project, asked, out.unwrap_or(Path::new(".")))?;
     if project["artifactsTruncated"].as_bool() == Some(true) {
         eprintln!("plimsoll: some artifacts were left out (over 8 MiB in all)");
     }
