@@ -94,12 +94,26 @@ pub fn cell_stdout(a: &Answer) -> String {
 /// each knows its own URL and the shared secret (written in `dir`).
 /// Returns the replicas and the secret's text.
 pub fn forwarding(n: usize, dir: &Scratch, env: &[(&str, String)]) -> (Vec<Daemon>, String) {
+    let (envs, secret_text) = forwarding_env(n, dir, env);
+    let ds = envs.iter().map(|e| Daemon::start(&borrowed(e))).collect();
+    (ds, secret_text)
+}
+
+/// The environments of `n` replicas that forward session calls to each
+/// other, without starting them: a test that restarts a replica starts it
+/// again from the same environment (its address, its URL, the secret).
+/// Returns the environments and the secret's text.
+pub fn forwarding_env(
+    n: usize,
+    dir: &Scratch,
+    env: &[(&str, String)],
+) -> (Vec<Vec<(String, String)>>, String) {
     let secret = dir.path("replica-secret");
     let secret_text = plimsoll::callers::new_token().expect("secret");
     std::fs::write(&secret, &secret_text).expect("secret");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let ds = free_ports(n)
+    let envs = free_ports(n)
         .into_iter()
         .map(|port| {
             let addr = format!("127.0.0.1:{port}");
@@ -113,12 +127,10 @@ pub fn forwarding(n: usize, dir: &Scratch, env: &[(&str, String)]) -> (Vec<Daemo
             ));
             all.push(("PLIMSOLL_ADDR".into(), addr.clone()));
             all.push(("PLIMSOLL_REPLICA_URL".into(), format!("http://{addr}")));
-            let borrowed: Vec<(&str, &str)> =
-                all.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            Daemon::start(&borrowed)
+            all
         })
         .collect();
-    (ds, secret_text)
+    (envs, secret_text)
 }
 
 /// `n` replicas with the same environment (each on a port of its own).

@@ -5,10 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use plimsoll_tests::fleet::{cell_stdout, clients, forwarding, post, post_at, replicas, run};
+use plimsoll_tests::fleet::{
+    borrowed, cell_stdout, clients, forwarding, forwarding_env, post, post_at, replicas, run,
+};
 use plimsoll_tests::redis_server::RedisServer;
-use plimsoll_tests::{Daemon, Scratch};
-use serde_json::json;
+use plimsoll_tests::{Answer, Daemon, Scratch};
+use serde_json::{Value, json};
 
 /// A forwarded call's nonce, as a test forging one writes it.
 const NONCE: &str = "0123456789abcdef0123456789abcdef";
@@ -258,7 +260,23 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
     assert_eq!(direct.status, 404, "{:?}", direct.body);
     assert_eq!(direct.body, unknown.body);
 
-    // Closed through replica 2; the holder has ended it.
+    // While it is open, the store holds the session's fingerprint, never
+    // its ID (nor the forwarded calls' nonces: they are named by a keyed
+    // digest).
+    let keys = redis.command(&["KEYS", "*"]).expect("keys");
+    let record = format!("plimsoll:session:{}", plimsoll::sessions::fingerprint(&sid));
+    assert!(keys.lines().any(|k| k == record), "{keys}");
+    for key in keys.lines() {
+        assert!(!key.contains(&sid), "{key}");
+        assert!(!key.contains(NONCE) && !key.contains(fresh), "{key}");
+        if key.starts_with("plimsoll:session:") {
+            let v = redis.command(&["GET", key]).unwrap_or_default();
+            assert!(!v.contains(&sid), "{v}");
+        }
+    }
+
+    // Closed through replica 2; the holder has ended it, and its record
+    // is gone by the time the close is answered.
     let closed = post(
         &ds[2],
         &tokens[0],
@@ -267,6 +285,11 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
     )
     .await;
     assert_eq!(closed.status, 200, "{:?}", closed.body);
+    assert_eq!(
+        redis.command(&["EXISTS", &record]).as_deref(),
+        Some("0"),
+        "the closed session's holder record is still in the store"
+    );
     let after = post(&ds[1], &tokens[0], "SessionRun", cell(&sid, "x")).await;
     assert!(
         after.body.to_string().contains("plimsoll.v1.SessionEnded"),
@@ -285,18 +308,6 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
         audited + 5,
         "the holder logged the two calls, the two genuine forwards and the close, and nothing for the forgeries"
     );
-
-    // The store holds the session's fingerprint, never its ID.
-    let keys = redis.command(&["KEYS", "*"]).expect("keys");
-    let record = format!("plimsoll:session:{}", plimsoll::sessions::fingerprint(&sid));
-    assert!(keys.lines().any(|k| k == record), "{keys}");
-    for key in keys.lines() {
-        assert!(!key.contains(&sid), "{key}");
-        if key.starts_with("plimsoll:session:") {
-            let v = redis.command(&["GET", key]).unwrap_or_default();
-            assert!(!v.contains(&sid), "{v}");
-        }
-    }
 
     // The holder dies with a session open: a call through another replica
     // is told the session ended, marked (nothing ran).
@@ -401,4 +412,288 @@ async fn a_callers_session_cap_holds_across_replicas_and_a_dead_replicas_session
         assert!(killed.elapsed() < Duration::from_secs(8), "{:?}", a.body);
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The store's record of which replica holds the session `sid`.
+fn record_of(sid: &str) -> String {
+    format!("plimsoll:session:{}", plimsoll::sessions::fingerprint(sid))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64
+}
+
+/// A forwarded call exactly as a peer sends it to the holder at `holder`
+/// (its URL): the body, and the headers signed with the replicas' secret.
+/// Kept, it is what someone who captured the call on its way would replay.
+struct Captured {
+    url: String,
+    headers: Vec<(&'static str, String)>,
+    body: Vec<u8>,
+}
+
+impl Captured {
+    fn sign(secret: &str, holder: &str, procedure: &str, nonce: &str, body: &Value) -> Captured {
+        use sha2::Digest;
+        let body = serde_json::to_vec(body).expect("json");
+        let digest = hex::encode(sha2::Sha256::digest(&body));
+        let at = now_ms();
+        let signer = plimsoll::replicas::Secret::new(secret).expect("secret");
+        let tag = signer.sign_call(&plimsoll::replicas::mac::Call {
+            holder,
+            procedure,
+            caller: "alice",
+            at_ms: at,
+            nonce,
+            body_sha256: &digest,
+        });
+        Captured {
+            url: format!("{holder}/plimsoll.v1.SandboxService/{procedure}"),
+            headers: vec![
+                ("content-type", "application/json".into()),
+                ("plimsoll-forwarded-for", "alice".into()),
+                ("plimsoll-forwarded-at", at.to_string()),
+                ("plimsoll-forwarded-nonce", nonce.into()),
+                ("plimsoll-forwarded-body-sha256", digest),
+                ("plimsoll-forwarded-tag", tag),
+            ],
+            body,
+        }
+    }
+
+    /// How long ago it was signed, in milliseconds.
+    fn age_ms(&self) -> u64 {
+        let at: u64 = self.headers[2].1.parse().expect("at");
+        now_ms().saturating_sub(at)
+    }
+
+    async fn send(&self) -> Answer {
+        let mut req = plimsoll_tests::client().post(&self.url);
+        for (name, value) in &self.headers {
+            req = req.header(*name, value);
+        }
+        let resp = req.body(self.body.clone()).send().await.expect("sent");
+        plimsoll_tests::answer(resp).await
+    }
+}
+
+/// Issue 31, item 9: a forwarded OpenSession captured on its way and
+/// replayed to its holder after the holder restarted (within the call's
+/// 30 s) opened a session, because the holder's memory of the calls it
+/// had taken went with the process. The nonce is recorded in the store,
+/// so the replay is refused; and with the store out of reach, a forwarded
+/// call is refused, marked, rather than taken unchecked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forwarded_open_replayed_after_its_holder_restarts_is_refused() {
+    let mut redis = RedisServer::start("replay-restart");
+    let dir = Scratch::new("shared-replay-restart");
+    let file = dir.path("clients.json");
+    clients(&file, &[("alice", None)]);
+    let base = [
+        ("SANDBOX_PROVIDER", "wasm".to_string()),
+        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
+        ("PLIMSOLL_STATE_URL", redis.url()),
+        ("SANDBOX_MAX_SESSIONS", "4".into()),
+    ];
+    let (envs, secret) = forwarding_env(1, &dir, &base);
+    let mut holder = Daemon::start(&borrowed(&envs[0]));
+    let url = format!("http://{}", holder.addr);
+    let held = || {
+        redis
+            .command(&["KEYS", "plimsoll:session:*"])
+            .expect("keys")
+            .lines()
+            .filter(|k| !k.is_empty())
+            .count()
+    };
+
+    // A peer's forwarded open, taken once, opens a session.
+    let open = json!({"protocol": 4});
+    let captured = Captured::sign(&secret, &url, "OpenSession", NONCE, &open);
+    let first = captured.send().await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    assert!(first.body["sessionId"].is_string(), "{:?}", first.body);
+    assert_eq!(held(), 1);
+
+    // The holder is killed and started again: same address, same secret,
+    // same store, nothing else kept.
+    holder.kill();
+    let holder = Daemon::start(&borrowed(&envs[0]));
+    let age = captured.age_ms();
+    assert!(
+        age < 25_000,
+        "the restart took too long ({age} ms) for the replay to be inside the call's 30 s"
+    );
+
+    // The same call again: refused as any failed forward is, and no
+    // session opened (no second holder record).
+    let replayed = captured.send().await;
+    assert_eq!(replayed.status, 401, "{:?}", replayed.body);
+    assert!(
+        replayed.body.get("sessionId").is_none(),
+        "{:?}",
+        replayed.body
+    );
+    assert_eq!(held(), 1, "the replay opened a session");
+    // What refused it: the nonce's record, under a keyed digest (the nonce
+    // itself is nowhere in the store), kept for no longer than the call
+    // could pass the holder's age check.
+    let nonces = redis.command(&["KEYS", "plimsoll:nonce:*"]).expect("keys");
+    let nonces: Vec<&str> = nonces.lines().filter(|k| !k.is_empty()).collect();
+    assert_eq!(nonces.len(), 1, "{nonces:?}");
+    assert!(!nonces[0].contains(NONCE), "{}", nonces[0]);
+    let ttl: i64 = redis
+        .command(&["PTTL", nonces[0]])
+        .and_then(|t| t.parse().ok())
+        .expect("pttl");
+    assert!(ttl > 0 && ttl <= 60_000, "{ttl}");
+
+    // A new call (another nonce) is taken by the restarted holder: it was
+    // the replay that was refused, not the restart's first call.
+    let fresh = Captured::sign(
+        &secret,
+        &url,
+        "OpenSession",
+        "fedcba9876543210fedcba9876543210",
+        &open,
+    );
+    let taken = fresh.send().await;
+    assert_eq!(taken.status, 200, "{:?}", taken.body);
+    assert_eq!(held(), 2);
+
+    // The store out of reach: a genuine forwarded call cannot be checked
+    // against the calls taken before, so it is refused, marked (nothing
+    // ran), as a run the store cannot count is.
+    redis.kill();
+    let unchecked = Captured::sign(
+        &secret,
+        &url,
+        "OpenSession",
+        "00112233445566778899aabbccddeeff",
+        &open,
+    );
+    let refused = unchecked.send().await;
+    assert_eq!(
+        (refused.status, refused.mark()),
+        (429, Some("capacity")),
+        "{:?}",
+        refused.body
+    );
+    assert!(
+        refused.body.get("sessionId").is_none(),
+        "{:?}",
+        refused.body
+    );
+    assert!(
+        refused.body.to_string().contains("store"),
+        "{:?}",
+        refused.body
+    );
+    drop(holder);
+}
+
+/// Issue 31, item 10: a session's holder record stayed in the store for
+/// the session's whole lifetime, however early the session ended. It
+/// leaves as soon as nobody can reach the session through it: at its
+/// close (through any replica), when its holder stops, and for a session
+/// that ended by itself, when its caller collects its summary (until then
+/// it lives no longer than the holder keeps that summary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sessions_holder_record_leaves_the_store_with_the_session() {
+    let redis = RedisServer::start("holder-records");
+    let dir = Scratch::new("shared-holder-records");
+    let file = dir.path("clients.json");
+    let tokens = clients(&file, &[("alice", None)]);
+    let base = [
+        ("SANDBOX_PROVIDER", "wasm".to_string()),
+        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
+        ("PLIMSOLL_STATE_URL", redis.url()),
+        ("SANDBOX_MAX_SESSIONS", "4".into()),
+    ];
+    let (mut ds, _) = forwarding(2, &dir, &base);
+    let alice = &tokens[0];
+    let exists = |key: &str| redis.command(&["EXISTS", key]);
+    let pttl = |key: &str| -> i64 {
+        redis
+            .command(&["PTTL", key])
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(-2)
+    };
+    let close = |sid: &str| json!({"protocol": 4, "sessionId": sid});
+
+    // Opened on replica 0, closed through replica 1: the record is gone by
+    // the time the close is answered.
+    let opened = post(&ds[0], alice, "OpenSession", json!({"protocol": 4})).await;
+    assert_eq!(opened.status, 200, "{:?}", opened.body);
+    let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+    let record = record_of(&sid);
+    assert_eq!(exists(&record).as_deref(), Some("1"));
+    let closed = post(&ds[1], alice, "CloseSession", close(&sid)).await;
+    assert_eq!(closed.status, 200, "{:?}", closed.body);
+    assert_eq!(
+        exists(&record).as_deref(),
+        Some("0"),
+        "closed, and its holder record still in the store"
+    );
+
+    // Ended by its idle timeout (1 s) of a 30-minute lifetime: the holder
+    // keeps its summary for ten minutes, and the record no longer than
+    // that; the caller's close, through the other replica, still reaches
+    // the holder, collects the summary, and the record goes with it.
+    let opened = post(
+        &ds[0],
+        alice,
+        "OpenSession",
+        json!({"protocol": 4, "idleTimeoutMs": 1000}),
+    )
+    .await;
+    assert_eq!(opened.status, 200, "{:?}", opened.body);
+    let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+    let record = record_of(&sid);
+    let ten_minutes = 600_000;
+    assert!(pttl(&record) > ten_minutes, "written for its lifetime");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pttl(&record) > ten_minutes {
+        assert!(
+            Instant::now() < deadline,
+            "idled out, and its holder record kept for the rest of its lifetime ({} ms)",
+            pttl(&record)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(pttl(&record) > 0, "kept while its summary can be collected");
+    let closed = post(&ds[1], alice, "CloseSession", close(&sid)).await;
+    assert_eq!(closed.status, 200, "{:?}", closed.body);
+    assert_eq!(
+        closed.body["ended"], "SESSION_END_EXPIRED",
+        "{:?}",
+        closed.body
+    );
+    assert_eq!(
+        exists(&record).as_deref(),
+        Some("0"),
+        "collected, and its holder record still in the store"
+    );
+
+    // The holder stopped (SIGTERM) with a session open: it ends the session
+    // and takes the record with it.
+    let opened = post(&ds[0], alice, "OpenSession", json!({"protocol": 4})).await;
+    assert_eq!(opened.status, 200, "{:?}", opened.body);
+    let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+    let record = record_of(&sid);
+    assert_eq!(exists(&record).as_deref(), Some("1"));
+    assert!(ds[0].terminate(), "SIGTERM sent");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ds[0].is_running() {
+        assert!(Instant::now() < deadline, "the holder did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        exists(&record).as_deref(),
+        Some("0"),
+        "stopped, and its holder record still in the store"
+    );
 }

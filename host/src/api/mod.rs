@@ -196,6 +196,14 @@ async fn procedure(
     let caller = match &forwarded {
         Some(f) => match replica::caller(&api.daemon, &api.verifier, &name, f) {
             Some(c) => {
+                // Seen once across restarts too: the call's nonce is
+                // recorded in the shared store before anything else is done
+                // for it, a replay refused as any failed forward is.
+                match replica::first_sight(&api.daemon, f).await {
+                    replica::Sight::First => {}
+                    replica::Sight::Replayed => return unauthenticated(&api),
+                    replica::Sight::Refused(r) => return *r,
+                }
                 // A peer's signed call: its connection is trusted as an
                 // authenticated one is.
                 if let Some(conn) = req.extensions().get::<Arc<serve::Connection>>() {

@@ -19,7 +19,8 @@ use crate::refusal::Reason;
 use crate::refusal::Refusal;
 use crate::replicas::owners::Home;
 use crate::replicas::{
-    FORWARDED_AT, FORWARDED_BODY, FORWARDED_FOR, FORWARDED_NONCE, FORWARDED_TAG, Forwarded,
+    FORWARDED_AT, FORWARDED_BODY, FORWARDED_FOR, FORWARDED_NONCE, FORWARDED_TAG, FirstSight,
+    Forwarded,
 };
 use crate::wire::SessionEnd;
 
@@ -73,10 +74,11 @@ pub fn forwarded(headers: &HeaderMap) -> Option<Forward> {
 
 /// The caller a forwarded call names, if this replica forwards sessions at
 /// all, the procedure is one that is forwarded, the headers carry a peer's
-/// signature for this replica (fresh, never seen), and the caller exists
-/// and may run code. All of it before a body slot is taken or a byte of the
-/// body read, so without the secret nobody can spend a caller's slots or
-/// learn which callers exist (every failure is the same 401).
+/// signature for this replica (fresh, never seen by this process), and the
+/// caller exists and may run code. All of it before a body slot is taken
+/// or a byte of the body read, so without the secret nobody can spend a
+/// caller's slots or learn which callers exist (every failure is the same
+/// 401). A call taken here then goes through `first_sight`.
 pub fn caller(
     daemon: &Daemon,
     verifier: &Verifier,
@@ -97,6 +99,53 @@ pub fn caller(
         return None;
     }
     verifier.caller(&f.caller).filter(|c| c.may_run())
+}
+
+/// What the shared store says of a forwarded call that `caller` took.
+pub enum Sight {
+    /// Its first: go on.
+    First,
+    /// Taken before, by this process or one before it at this replica's
+    /// address (a call captured on its way and replayed after a restart):
+    /// answered as every other failed forward is, 401.
+    Replayed,
+    /// The store did not answer: refused, marked `capacity` (nothing ran),
+    /// as any call the store cannot vouch for is. Boxed: a response is
+    /// large, and this is the rare path.
+    Refused(Box<Response>),
+}
+
+/// Records a forwarded call's nonce in the shared store, once, so the call
+/// is taken once even across this replica's restarts. Only for a call
+/// `caller` accepted (its signature is what lets it write to the store),
+/// and before a body slot is taken.
+pub async fn first_sight(daemon: &Daemon, f: &Forward) -> Sight {
+    // Without replicas `caller` takes no forwarded call at all.
+    let Some(replicas) = daemon.replicas() else {
+        return Sight::Replayed;
+    };
+    match replicas.first_sight(&f.nonce).await {
+        FirstSight::Yes => Sight::First,
+        FirstSight::Replayed => {
+            // Nothing of the call is logged: the nonce and the tag are
+            // bearer material for its window.
+            tracing::warn!(
+                "a forwarded call this replica had already taken was presented again; refused"
+            );
+            Sight::Replayed
+        }
+        FirstSight::Unknown => {
+            let shed = Shed::StoreUnavailable;
+            daemon
+                .metrics()
+                .shed
+                .with_label_values(&[shed.label()])
+                .inc();
+            Sight::Refused(Box::new(error_response(
+                Refusal::capacity(shed.text()).into(),
+            )))
+        }
+    }
 }
 
 /// Whether the body read is the one the signature covers.

@@ -139,6 +139,17 @@ impl Secret {
         hex::encode(&mac(self, &parts).finalize().into_bytes()[..16])
     }
 
+    /// How the store names a forwarded call's nonce once the holder at
+    /// `holder` (its URL) has taken the call: a digest keyed with the
+    /// secret, so the store never holds a value that travels on the wire,
+    /// and whoever can write the store but not sign cannot work out the
+    /// key of a nonce they saw go by and plant it ahead of the call to
+    /// have it refused as a replay (16 bytes, in hex).
+    pub fn nonce_digest(&self, holder: &str, nonce: &str) -> String {
+        let parts: [&[u8]; 3] = [b"forwarded-nonce", holder.as_bytes(), nonce.as_bytes()];
+        hex::encode(&mac(self, &parts).finalize().into_bytes()[..16])
+    }
+
     fn owner_mac(&self, caller: &str, owner: &str, url: &str) -> HmacSha256 {
         let parts: [&[u8]; 4] = [
             b"owner",
@@ -240,6 +251,16 @@ mod tests {
         assert_eq!(named.len(), 32);
         assert_ne!(named, other.owner_digest("alice", "ws-1"));
         assert_ne!(named, s.owner_digest("bob", "ws-1"));
+        // A nonce's name in the store: bound to the holder and the secret,
+        // and not the nonce itself.
+        let n = "0123456789abcdef0123456789abcdef";
+        let seen = s.nonce_digest(h, n);
+        assert_eq!(seen.len(), 32);
+        assert_ne!(seen, n);
+        assert_eq!(seen, s.nonce_digest(h, n));
+        assert_ne!(seen, s.nonce_digest("http://127.0.0.1:2", n));
+        assert_ne!(seen, other.nonce_digest(h, n));
+        assert_ne!(seen, s.owner_digest(h, n), "not an owner's name");
         assert!(Secret::new("short").is_err());
         assert!(!format!("{s:?}").contains("sss"));
     }

@@ -8,8 +8,14 @@
 //! the secret the replicas share (`mac`), over TLS unless the peer is on
 //! loopback: the token never leaves the replica that checked it, and a
 //! holder accepts a forwarded call only with a valid tag, at most 30 s
-//! old, seen once. A holder record in the store is signed too, so writing
-//! the store is not enough to send a session's calls elsewhere.
+//! old, seen once: once by this process (in memory), and once by any
+//! process at this replica's address (its nonce recorded in the store for
+//! as long as the call could pass the age check), so a call captured on
+//! its way is not taken again after the holder restarts. A holder record
+//! in the store is signed too, so writing the store is not enough to send
+//! a session's calls elsewhere; it is the holder's to remove, and the
+//! holder removes it once nobody can reach the session through it any
+//! more (`HolderRecord`).
 //!
 //! An owner's sessions (OpenSession's `owner`) are all held by one replica
 //! (`owners`): an open for an owner whose sessions another replica holds
@@ -43,7 +49,8 @@ pub const FORWARDED_NONCE: &str = "plimsoll-forwarded-nonce";
 /// is read and the body against it after.
 pub const FORWARDED_BODY: &str = "plimsoll-forwarded-body-sha256";
 
-/// How old a forwarded call may be when it arrives.
+/// How old a forwarded call may be when it arrives (or how far ahead of
+/// this replica's clock its signer's may be).
 const WINDOW: Duration = Duration::from_secs(30);
 /// The longest a forwarded call may take: the longest cell, and margin.
 const CALL_TIMEOUT: Duration = Duration::from_secs(150);
@@ -58,7 +65,67 @@ pub struct Replicas {
     /// Tags accepted recently (with the time they were signed): a captured
     /// call cannot be replayed. Only signed tags get in, so only peers can
     /// grow it, and entries leave once too old to be accepted anyway.
+    /// In front of the store's record of nonces (`first_sight`), not instead
+    /// of it: a replay within this process's life is refused without a
+    /// round trip (a captured call costs the store at most one write per
+    /// start), and one is still refused if the store has lost its records
+    /// (a Redis restarted empty, a failover).
     seen: Mutex<HashMap<[u8; 32], u64>>,
+}
+
+/// A session's holder record, as this replica wrote it. The record is
+/// this replica's to remove, and only while it holds exactly what this
+/// replica wrote (`lua/release.lua`); dropped without being released (the
+/// session forgotten some other way), it is deleted in the background.
+#[must_use = "a holder record dropped at once is deleted from the store at once"]
+pub struct HolderRecord {
+    store: Arc<RedisStore>,
+    key: String,
+    /// None once released.
+    value: Option<String>,
+}
+
+impl HolderRecord {
+    /// Deletes the record: nobody can reach the session through it any
+    /// more (closed, collected, or this replica is stopping).
+    pub async fn delete(mut self) {
+        if let Some(value) = self.value.take() {
+            self.store.release_record(&self.key, &value, 0).await;
+        }
+    }
+
+    /// Cuts the record's life to at most `keep` from now (never longer than
+    /// it was written for): a session that ended by itself is still
+    /// answered for by this replica until its summary is collected or
+    /// dropped, and through the others while the record lasts.
+    pub async fn expire_within(&self, keep: Duration) {
+        if let Some(value) = &self.value {
+            let ms = keep.as_millis().max(1) as u64;
+            self.store.release_record(&self.key, value, ms).await;
+        }
+    }
+}
+
+impl Drop for HolderRecord {
+    fn drop(&mut self) {
+        if let Some(value) = self.value.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let (store, key) = (self.store.clone(), std::mem::take(&mut self.key));
+            rt.spawn(async move { store.release_record(&key, &value, 0).await });
+        }
+    }
+}
+
+/// What the store said of a forwarded call's nonce.
+pub enum FirstSight {
+    /// Not seen before: now recorded.
+    Yes,
+    /// Recorded already: the call was taken before, by this process or one
+    /// before it at this address.
+    Replayed,
+    /// The store did not answer (it may or may not have recorded it).
+    Unknown,
 }
 
 /// What became of a forwarded call.
@@ -81,6 +148,11 @@ pub enum Forwarded {
 
 fn key(fingerprint: &str) -> String {
     format!("plimsoll:session:{fingerprint}")
+}
+
+/// A nonce this replica has taken, by its keyed digest.
+fn nonce_key(digest: &str) -> String {
+    format!("plimsoll:nonce:{digest}")
 }
 
 fn now_ms() -> u64 {
@@ -114,16 +186,25 @@ impl Replicas {
         }))
     }
 
-    /// Records this replica as the holder of a session, for its lifetime.
-    pub async fn hold(&self, fingerprint: &str, lifetime: Duration) {
+    /// Records this replica as the holder of a session, for at most its
+    /// lifetime. The record is returned even if the store did not answer:
+    /// a write whose answer was lost may have landed, and releasing a
+    /// record that is not there does nothing.
+    pub async fn hold(&self, fingerprint: &str, lifetime: Duration) -> HolderRecord {
         let value = format!(
             "{} {}",
             self.url,
             self.secret.sign_holder(fingerprint, &self.url)
         );
         let ms = lifetime.as_millis().max(1) as u64;
-        if let Err(e) = self.store.set_for(&key(fingerprint), &value, ms).await {
+        let key = key(fingerprint);
+        if let Err(e) = self.store.set_for(&key, &value, ms).await {
             tracing::warn!(error = %e, "the session's holder could not be recorded; other replicas will not find it");
+        }
+        HolderRecord {
+            store: self.store.clone(),
+            key,
+            value: Some(value),
         }
     }
 
@@ -144,7 +225,8 @@ impl Replicas {
         Some(url.to_string())
     }
 
-    /// Forgets a session whose holder is gone.
+    /// Forgets a session whose holder is gone (the holder's address refused
+    /// the connection, so it cannot remove the record itself).
     pub async fn forget(&self, fingerprint: &str) {
         let _ = self.store.del(&key(fingerprint)).await;
     }
@@ -220,8 +302,9 @@ impl Replicas {
     }
 
     /// Whether a forwarded call's headers are ones a peer signed for this
-    /// replica, recently, and not seen before: checked before a body slot
-    /// is taken or a byte of the body read.
+    /// replica, recently, and not seen before by this process: checked
+    /// before a body slot is taken or a byte of the body read. A call taken
+    /// here must then pass `first_sight`, which remembers across restarts.
     pub fn accept(
         &self,
         procedure: &str,
@@ -263,6 +346,30 @@ impl Replicas {
         // checked on, so a tag is never accepted twice.
         seen.retain(|_, signed| now <= signed.saturating_add(2 * window));
         seen.insert(tag, at_ms).is_none()
+    }
+
+    /// Records a forwarded call's nonce in the shared store, unless it is
+    /// there already: the check that survives this process. Asked only for
+    /// a call `accept` took (signed for this replica, fresh, not seen by
+    /// this process), so nobody without the secret can write here.
+    ///
+    /// Kept for twice the window: a call may arrive signed up to the window
+    /// ahead of this replica's clock and is then acceptable until the window
+    /// past it, so a record written on arrival outlasts every moment the
+    /// call could still pass `accept`. Keyed by the nonce alone (under this
+    /// replica's address): a peer never signs two calls with one nonce,
+    /// and nobody else can sign at all.
+    pub async fn first_sight(&self, nonce: &str) -> FirstSight {
+        let key = nonce_key(&self.secret.nonce_digest(&self.url, nonce));
+        let keep = 2 * WINDOW.as_millis() as u64;
+        match self.store.record_once(&key, keep).await {
+            Ok(true) => FirstSight::Yes,
+            Ok(false) => FirstSight::Replayed,
+            Err(e) => {
+                tracing::warn!(error = %e, "the state store did not answer for a forwarded call's nonce; the call is refused");
+                FirstSight::Unknown
+            }
+        }
     }
 }
 

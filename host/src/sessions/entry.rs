@@ -16,6 +16,7 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, OwnedSemaphorePermit};
 use crate::metrics::Metrics;
 use crate::providers::{Ended, Evidence, ProviderSession, SessionOffer};
 use crate::quota::{SessionPlace, Slot};
+use crate::replicas::HolderRecord;
 use crate::tier::Tier;
 use crate::wire::{SessionEnd, SoftwareRule};
 
@@ -63,6 +64,13 @@ pub struct Turn {
     /// `None` once the sandbox is closed.
     pub sandbox: Option<Box<dyn ProviderSession>>,
     holds: Option<Holds>,
+    /// The record naming this replica as the session's holder, with
+    /// replicas. Not among the holds: it outlives the sandbox while this
+    /// replica still answers for a session that ended by itself (its
+    /// summary, until collected or dropped), and goes when nobody can
+    /// reach the session through it any more (dropped with the entry at
+    /// the latest).
+    holder: Option<HolderRecord>,
 }
 
 #[derive(Debug, Clone)]
@@ -110,6 +118,9 @@ pub struct Opened {
     pub lifetime: Duration,
     pub expires_unix_ms: i64,
     pub idle_timeout: Duration,
+    /// The session's holder record, when replicas share sessions; written
+    /// before the entry is committed, so that every end finds it.
+    pub holder: Option<HolderRecord>,
 }
 
 impl Entry {
@@ -136,6 +147,7 @@ impl Entry {
                 chain: Chain::default(),
                 sandbox: Some(sandbox),
                 holds: Some(holds),
+                holder: o.holder,
             })),
             waiting: AtomicU32::new(0),
             status: Mutex::new(Status {
@@ -235,8 +247,19 @@ impl Turn {
         self.holds.as_mut().and_then(|h| h.fleet_place.take())
     }
 
+    /// Deletes the session's holder record now, if this replica wrote one:
+    /// the session is closed and its summary collected, or the replica is
+    /// stopping.
+    pub async fn delete_holder(&mut self) {
+        if let Some(h) = self.holder.take() {
+            h.delete().await;
+        }
+    }
+
     /// Closes the sandbox and gives back what the session held, once. The
-    /// caller holds the turn, so no call is running in the sandbox.
+    /// caller holds the turn, so no call is running in the sandbox. Every
+    /// end of a session comes through here, and so does what becomes of
+    /// its holder record.
     pub async fn finish(&mut self, entry: &Entry, metrics: &Metrics) {
         if let Some(sandbox) = self.sandbox.take() {
             sandbox.close().await;
@@ -244,6 +267,23 @@ impl Turn {
         if let Some(h) = self.holds.take() {
             h.settle(entry.opened.elapsed()).await;
             let reason = entry.ended().map_or(SessionEnd::Closed, |e| e.reason);
+            match reason {
+                // Nobody will reach this session through another replica
+                // again: its caller closed it (the close collects its
+                // summary here and now), its caller left before it had the
+                // ID, or this replica is stopping and takes it along.
+                SessionEnd::Closed | SessionEnd::Shutdown => self.delete_holder().await,
+                // It ended by itself (its time, its sandbox, a newer
+                // session of its owner): this replica keeps its summary
+                // for the tombstone's time so its caller's close can still
+                // collect it, through any replica while the record lasts;
+                // the record lasts no longer than that.
+                _ => {
+                    if let Some(r) = &self.holder {
+                        r.expire_within(super::reaper::TOMBSTONE_TTL).await;
+                    }
+                }
+            }
             metrics.sessions_open.dec();
             metrics
                 .sessions_ended

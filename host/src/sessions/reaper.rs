@@ -60,6 +60,8 @@ pub fn sweep(registry: &Registry, metrics: &Arc<Metrics>, now: Instant) {
     for e in registry.all() {
         if let Some(at) = e.ended_at() {
             if now.saturating_duration_since(at) >= TOMBSTONE_TTL {
+                // Its holder record, if one is left, is deleted as the
+                // entry drops (its expiry was cut to this moment at the end).
                 registry.remove(&e.fingerprint);
             }
             continue;

@@ -69,6 +69,7 @@ async fn open(r: &Arc<Registry>, caller: &str, owner: Option<&str>) -> Result<Ar
             lifetime: Duration::from_secs(60),
             expires_unix_ms: 0,
             idle_timeout: Duration::ZERO,
+            holder: None,
         },
         Box::new(Idle),
         holds,

@@ -48,6 +48,7 @@ pub struct RedisStore {
     renew: Script,
     place: Script,
     owner: Script,
+    release: Script,
 }
 
 /// A lease this replica renews, and the sorted set it is in.
@@ -133,6 +134,7 @@ impl RedisStore {
             renew: with_prelude(include_str!("lua/renew.lua")),
             place: with_prelude(include_str!("lua/place.lua")),
             owner: with_prelude(include_str!("lua/owner.lua")),
+            release: Script::new(include_str!("lua/release.lua")),
         });
         tokio::spawn(renew_while_alive(Arc::downgrade(&store)));
         Ok(store)
@@ -445,6 +447,66 @@ impl RedisStore {
             .query_async::<()>(&mut conn)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// Records `key` for `ms` milliseconds unless it is already there, in
+    /// one command, so two replicas (or two processes one after the other)
+    /// cannot both see it first. True if this call recorded it. An error
+    /// means the answer was lost: the key may or may not be there now.
+    pub async fn record_once(&self, key: &str, ms: u64) -> Result<bool, String> {
+        let mut conn = self.conn.clone();
+        redis::cmd("SET")
+            .arg(key)
+            .arg("1")
+            .arg("NX")
+            .arg("PX")
+            .arg(ms.max(1))
+            .query_async::<Option<String>>(&mut conn)
+            .await
+            .map(|set| set.is_some())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Deletes `key` (`keep_ms` 0), or cuts its life to at most `keep_ms`,
+    /// if it still holds `value`, what this replica wrote there
+    /// (`lua/release.lua`). A store that does not answer is asked again in
+    /// the background for one lease period (asking twice does no harm);
+    /// after that the record expires when it was written to.
+    pub async fn release_record(self: &Arc<Self>, key: &str, value: &str, keep_ms: u64) {
+        if self.release_once(key, value, keep_ms).await.is_ok() {
+            return;
+        }
+        let (me, key, value) = (self.clone(), key.to_string(), value.to_string());
+        tokio::spawn(async move {
+            let give_up = tokio::time::Instant::now() + me.lease;
+            loop {
+                tokio::time::sleep(RETRY).await;
+                match me.release_once(&key, &value, keep_ms).await {
+                    Ok(()) => return,
+                    Err(e) if tokio::time::Instant::now() >= give_up => {
+                        tracing::warn!(error = %e, "the state store did not take a record's release; it expires when it was written to");
+                        return;
+                    }
+                    Err(_) => {}
+                }
+            }
+        });
+    }
+
+    async fn release_once(
+        &self,
+        key: &str,
+        value: &str,
+        keep_ms: u64,
+    ) -> Result<(), redis::RedisError> {
+        let mut conn = self.conn.clone();
+        self.release
+            .key(key)
+            .arg(value)
+            .arg(keep_ms)
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map(|_| ())
     }
 
     pub async fn get(&self, key: &str) -> Result<Option<String>, String> {

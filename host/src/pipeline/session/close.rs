@@ -30,6 +30,11 @@ impl Daemon {
             let mut turn = entry.turn().await;
             entry.mark_ended(SessionEnd::Closed, "closed by its caller");
             turn.finish(&entry, &daemon.metrics).await;
+            // Collected: a session that had ended by itself kept its holder
+            // record for this close; nothing needs it any more. Deleted
+            // before the answer, so the caller never sees the close done
+            // and the record still there.
+            turn.delete_holder().await;
             daemon.sessions.remove(&entry.fingerprint);
             let end = entry.ended().map_or(SessionEnd::Closed, |e| e.reason);
             CloseSessionResponse {

@@ -8,15 +8,16 @@
 //! while it opens does not leak it (the task closes what nobody claimed).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::SessionError;
 use crate::admission::{CELL_LANGUAGES, valid_trace_id};
 use crate::callers::Caller;
 use crate::pipeline::{Daemon, floor, internal_id};
-use crate::providers::{Evidence, SessionOptions};
+use crate::providers::{Evidence, ProviderSession, SessionOptions};
 use crate::quota::{SessionPlace, Shed};
 use crate::refusal::Refusal;
+use crate::replicas::HolderRecord;
 use crate::sessions::{self, Entry, Holds, Opened, reaper, settings::MIN_IDLE};
 use crate::tier::Tier;
 use crate::wire::{I64, OpenSessionRequest, OpenSessionResponse, SessionEnd};
@@ -33,6 +34,23 @@ fn shorter(configured: Duration, requested_ms: u32) -> Duration {
         asked
     } else {
         configured
+    }
+}
+
+/// An open that has its sandbox but will not hand it out: the sandbox is
+/// closed, what the session would have held given back (the paid seconds
+/// settled to the time the attempt took), and its holder record, if one
+/// was written, deleted.
+async fn abandon(
+    sandbox: Box<dyn ProviderSession>,
+    holds: Holds,
+    holder: Option<HolderRecord>,
+    started: Instant,
+) {
+    sandbox.close().await;
+    holds.settle(started.elapsed()).await;
+    if let Some(h) = holder {
+        h.delete().await;
     }
 }
 
@@ -201,7 +219,7 @@ impl Daemon {
         let trace = trace_id.map(str::to_string);
         let grants = !self.grants.is_empty();
         tokio::spawn(async move {
-            let started = std::time::Instant::now();
+            let started = Instant::now();
             let opened = daemon
                 .provider
                 .open_session(SessionOptions {
@@ -228,33 +246,43 @@ impl Daemon {
                     return;
                 }
             };
-            // The daemon began to stop while this session started. Its
-            // place is still reserved, so a stop still waiting for opens
-            // under way waits for this close too; one that has given up
-            // waiting would never end the session, so it is closed here
-            // rather than handed out. Checked before the commit: a stop
-            // that begins after this check finds the committed session in
-            // its list and ends it.
-            let id = if daemon.sessions.is_closed() {
-                Err("the daemon began to stop while the session was starting")
-            } else {
-                sessions::new_id()
-                    .map_err(|_| "no session ID could be drawn from the OS random source")
-            };
-            let id = match id {
+            // The sandbox was started (the plugin's start ran), so an open
+            // given up from here on is answered unmarked: not a refusal.
+            let id = match sessions::new_id() {
                 Ok(id) => id,
-                Err(why) => {
-                    // The sandbox was started (the plugin's start ran), so
-                    // the answer is unmarked: not a refusal.
-                    sandbox.close().await;
-                    holds.settle(started.elapsed()).await;
+                Err(_) => {
+                    abandon(sandbox, holds, None, started).await;
                     let _ = tx.send(Err(SessionError::Internal {
-                        id: internal_id(why),
+                        id: internal_id("no session ID could be drawn from the OS random source"),
                     }));
                     return;
                 }
             };
             let fingerprint = sessions::fingerprint(&id);
+            // With replicas, the holder record is written before the
+            // session is committed: however the session then ends, its
+            // end finds the record to remove (one written after the commit
+            // could land after an end that came first, and stay for the
+            // session's lifetime). And before the caller has the ID, so a
+            // call through any replica finds it.
+            let holder = match &daemon.replicas {
+                Some(r) => Some(r.hold(&fingerprint, lifetime).await),
+                None => None,
+            };
+            // The daemon began to stop while this session started. Its
+            // place is still reserved, so a stop still waiting for opens
+            // under way waits for this close too; one that has given up
+            // waiting would never end the session, so it is closed here
+            // rather than handed out. Checked after the last wait and
+            // right before the commit: a stop that begins after this check
+            // finds the committed session in its list and ends it.
+            if daemon.sessions.is_closed() {
+                abandon(sandbox, holds, holder, started).await;
+                let _ = tx.send(Err(SessionError::Internal {
+                    id: internal_id("the daemon began to stop while the session was starting"),
+                }));
+                return;
+            }
             let expires_unix_ms = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64)
@@ -271,17 +299,13 @@ impl Daemon {
                     lifetime,
                     expires_unix_ms,
                     idle_timeout: idle,
+                    holder,
                 },
                 sandbox,
                 holds,
                 daemon.sessions.tick(),
             );
             daemon.sessions.commit(reservation, entry.clone());
-            // Recorded before the caller has the ID, so a call through any
-            // replica finds it.
-            if let Some(r) = &daemon.replicas {
-                r.hold(&fingerprint, lifetime).await;
-            }
             daemon.metrics.sessions_open.inc();
             daemon.metrics.sessions_opened.inc();
             tracing::info!(
