@@ -1,5 +1,6 @@
 //! The HTTP surface of the real binary: protocol gate, refusals and their
-//! marks, request binding, bad input, the Disabled default, and the CLI.
+//! marks, request binding, bad input, the Disabled default, the CLI, and
+//! who may call at all (the Host and Origin rules against web pages).
 
 use plimsoll_tests::{
     Daemon, REQUEST_ID, call, call_raw, client, js_run, run_to_exit, wasm_daemon,
@@ -140,7 +141,7 @@ async fn raw_chunked_over_limit(d: &Daemon) -> String {
         .await
         .expect("connect");
     let head = format!(
-        "POST /plimsoll.v1.SandboxService/Run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+        "POST /plimsoll.v1.SandboxService/Run HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
          Plimsoll-Request-Id: {REQUEST_ID}\r\nTransfer-Encoding: chunked\r\n\r\n"
     );
     s.write_all(head.as_bytes()).await.expect("write head");
@@ -174,7 +175,7 @@ async fn oversized_content_length_is_refused_before_the_body() {
         .await
         .expect("connect");
     let head = format!(
-        "POST /plimsoll.v1.SandboxService/Run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+        "POST /plimsoll.v1.SandboxService/Run HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
          Plimsoll-Request-Id: {REQUEST_ID}\r\nContent-Length: {}\r\n\r\n",
         9 << 20
     );
@@ -500,4 +501,238 @@ async fn logs_carry_no_code_output_or_request_content() {
         assert!(!log.contains(canary), "{canary} reached the log:\n{log}");
     }
     assert!(log.contains("\"trace_id_rejected\":true"), "{log}");
+}
+
+/// One request over a fresh HTTP/1.1 connection with exactly the headers
+/// given (a client library writes its own `Host`): the status and the
+/// whole answer, lower-cased. The request is small and sent in one write,
+/// so it arrives whole even when the daemon answers before reading the
+/// body, and closing the connection does not reset it.
+async fn exact_request(
+    d: &Daemon,
+    method: &str,
+    target: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(&d.addr)
+        .await
+        .expect("connect");
+    let mut request = format!(
+        "{method} {target} HTTP/1.1\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    for (name, value) in headers {
+        request.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+    }
+    request.extend_from_slice(b"\r\n");
+    request.extend_from_slice(body);
+    s.write_all(&request).await.expect("request");
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        s.read_to_end(&mut answer),
+    )
+    .await
+    .expect("answered in time")
+    .expect("read");
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+/// In open mode no token tells a caller from a web page whose name was
+/// rebound to 127.0.0.1 (DNS rebinding): every procedure and `/mcp` take a
+/// request only under a loopback name and without an `Origin`, refuse it
+/// before its body with the `permission` mark, repeat nothing it sent, and
+/// nothing runs. Loopback names, with or without a port, still work.
+#[tokio::test]
+async fn without_callers_only_this_machine_calls_and_no_web_page() {
+    let d = Daemon::start(&[("SANDBOX_PROVIDER", "wasm"), ("SANDBOX_MAX_SESSIONS", "1")]);
+    let port = d.addr.rsplit_once(':').expect("port").1.to_string();
+    let run = serde_json::to_vec(&js_run("console.log('ran')")).expect("json");
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(run.len()).expect("small").to_be_bytes());
+    framed.extend_from_slice(&run);
+    let mcp_call = serde_json::to_vec(&json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "run_javascript", "arguments": {"code": "console.log('ran')"}},
+    }))
+    .expect("json");
+    let calls: [(&str, &str, Vec<u8>); 5] = [
+        (
+            "/plimsoll.v1.SandboxService/Run",
+            "application/json",
+            run.clone(),
+        ),
+        (
+            "/plimsoll.v1.SandboxService/RunStream",
+            "application/connect+json",
+            framed,
+        ),
+        (
+            "/plimsoll.v1.SandboxService/Describe",
+            "application/json",
+            b"{}".to_vec(),
+        ),
+        (
+            "/plimsoll.v1.SandboxService/OpenSession",
+            "application/json",
+            br#"{"protocol":4}"#.to_vec(),
+        ),
+        ("/mcp", "application/json", mcp_call),
+    ];
+    let loopback = format!("127.0.0.1:{port}");
+    // (target prefix, headers): a rebound name with and without a port, a
+    // look-alike, a page's Origin (null too) under a loopback name, no
+    // name at all, and a loopback Host with a foreign absolute target.
+    let foreign: Vec<(&str, Vec<(&str, String)>)> = vec![
+        ("", vec![("host", "evil.example".into())]),
+        ("", vec![("host", format!("evil.example:{port}"))]),
+        ("", vec![("host", format!("localhost.evil.example:{port}"))]),
+        (
+            "",
+            vec![
+                ("host", loopback.clone()),
+                ("origin", "http://evil.example".into()),
+            ],
+        ),
+        (
+            "",
+            vec![
+                ("host", format!("localhost:{port}")),
+                ("origin", "null".into()),
+            ],
+        ),
+        ("", vec![]),
+        ("http://evil.example", vec![("host", loopback.clone())]),
+    ];
+    for (path, content_type, body) in &calls {
+        for (prefix, headers) in &foreign {
+            let mut headers = headers.clone();
+            headers.push(("content-type", (*content_type).to_string()));
+            headers.push(("accept", "application/json, text/event-stream".into()));
+            let target = format!("{prefix}{path}");
+            let (status, answer) = exact_request(&d, "POST", &target, &headers, body).await;
+            assert_eq!(status, 403, "{target} {headers:?}: {answer}");
+            assert!(
+                answer.contains("plimsoll-not-dispatched: permission"),
+                "{target} {headers:?}: {answer}"
+            );
+            assert!(
+                !answer.contains("evil.example"),
+                "the refusal repeats what was sent: {answer}"
+            );
+        }
+    }
+    assert_eq!(
+        d.audit_after_sentinel().await,
+        1,
+        "a request under a foreign name or from a page ran"
+    );
+
+    // This machine's names, with or without a port, in any case.
+    let names = [
+        loopback.clone(),
+        format!("localhost:{port}"),
+        format!("LOCALHOST:{port}"),
+        format!("[::1]:{port}"),
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+    ];
+    for host in &names {
+        let headers = [
+            ("host", host.clone()),
+            ("content-type", "application/json".to_string()),
+        ];
+        let (status, answer) = exact_request(
+            &d,
+            "POST",
+            "/plimsoll.v1.SandboxService/Run",
+            &headers,
+            &run,
+        )
+        .await;
+        assert_eq!(status, 200, "{host}: {answer}");
+    }
+    let (status, answer) = exact_request(
+        &d,
+        "POST",
+        "/mcp",
+        &[
+            ("host", loopback.clone()),
+            ("content-type", "application/json".into()),
+            ("accept", "application/json, text/event-stream".into()),
+        ],
+        &calls[4].2,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("completed"), "{answer}");
+    assert_eq!(
+        d.audit_after_sentinel().await,
+        1 + names.len() + 1 + 1,
+        "each run under a loopback name is one audit line"
+    );
+
+    // The health endpoints run nothing and answer a fixed word: an
+    // orchestrator may probe them by any name.
+    for path in ["/healthz", "/readyz"] {
+        let (status, answer) =
+            exact_request(&d, "GET", path, &[("host", "evil.example".into())], b"").await;
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+}
+
+/// With callers the token is the defence, and the daemon's name is the
+/// operator's to choose: a caller with a token is served under any `Host`.
+/// `/mcp` alone still refuses a page's `Origin`, token or not, as MCP's
+/// transport rules ask.
+#[tokio::test]
+async fn with_callers_the_token_decides_and_mcp_still_refuses_pages() {
+    const TOKEN: &str = "api-test-token-0123456789abcdef0123456789";
+    let d = Daemon::start(&[("SANDBOX_PROVIDER", "wasm"), ("PLIMSOLL_TOKEN", TOKEN)]);
+    let run = serde_json::to_vec(&js_run("console.log('ran')")).expect("json");
+    let named = |auth: bool| {
+        let mut h = vec![
+            ("host", "sandbox.example.internal:8746".to_string()),
+            ("content-type", "application/json".to_string()),
+        ];
+        if auth {
+            h.push(("authorization", format!("Bearer {TOKEN}")));
+        }
+        h
+    };
+    let (status, answer) = exact_request(
+        &d,
+        "POST",
+        "/plimsoll.v1.SandboxService/Run",
+        &named(true),
+        &run,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, _) = exact_request(
+        &d,
+        "POST",
+        "/plimsoll.v1.SandboxService/Run",
+        &named(false),
+        &run,
+    )
+    .await;
+    assert_eq!(status, 401);
+    let mcp_call = serde_json::to_vec(&json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/list",
+    }))
+    .expect("json");
+    let mut paged = named(true);
+    paged.push(("accept", "application/json, text/event-stream".into()));
+    paged.push(("origin", "http://page.example".into()));
+    let (status, answer) = exact_request(&d, "POST", "/mcp", &paged, &mcp_call).await;
+    assert_eq!(status, 403, "{answer}");
+    assert!(
+        answer.contains("plimsoll-not-dispatched: permission"),
+        "{answer}"
+    );
 }

@@ -1,7 +1,8 @@
 //! Claims in the docs that had no test: authentication before any body byte
 //! is read, the Connect header rules, refused-token logging, TLS versions
-//! and /metrics over TLS, a bad certificate at start, and every /metrics
-//! series the docs name.
+//! and /metrics over TLS, a bad certificate at start, every /metrics
+//! series the docs name, and `/mcp` weighing a message before its SDK
+//! parses it and answering without repeating what it was sent.
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -278,4 +279,232 @@ async fn every_documented_metrics_series_is_served() {
     );
     // The host-call series carry a profile and a route template; they are
     // served once a granted call is made (tests/grants.rs scrapes them).
+}
+
+/// POSTs a message to `/mcp` with the caller's token: the status, the
+/// not-dispatched mark and the whole answer as text.
+async fn mcp_post(
+    d: &Daemon,
+    body: Vec<u8>,
+    extra: &[(&str, &str)],
+) -> (u16, Option<String>, String) {
+    let mut req = plimsoll_tests::client()
+        .post(d.url("/mcp"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body);
+    for (name, value) in extra {
+        req = req.header(*name, *value);
+    }
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let r = req.send().await.expect("sent");
+        let status = r.status().as_u16();
+        let mark = r
+            .headers()
+            .get("plimsoll-not-dispatched")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        (status, mark, r.text().await.expect("answer"))
+    })
+    .await
+    .expect("answered in time")
+}
+
+/// The process's peak resident memory so far (VmHWM), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmHWM line")
+}
+
+/// A body just under the 8 MiB cap: `head`, then `unit` repeated, then
+/// `tail`.
+fn near_cap(head: &str, unit: &str, tail: &str) -> Vec<u8> {
+    let cap = (8 << 20) - 4096;
+    let mut b = head.as_bytes().to_vec();
+    while b.len() + unit.len() + tail.len() <= cap {
+        b.extend_from_slice(unit.as_bytes());
+    }
+    b.extend_from_slice(tail.as_bytes());
+    b
+}
+
+/// A run through the API with the token: its status, and how long the
+/// answer took.
+async fn timed_run(d: &Daemon, code: &str) -> (u16, Duration) {
+    let started = Instant::now();
+    let r = plimsoll_tests::client()
+        .post(d.url("/plimsoll.v1.SandboxService/Run"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(js_run(code).to_string())
+        .send()
+        .await
+        .expect("sent");
+    (r.status().as_u16(), started.elapsed())
+}
+
+/// An MCP message is weighed before the MCP SDK parses it, while its body
+/// slot is held. Bodies of millions of tiny values (each cost the SDK
+/// hundreds of MiB and a second of CPU) or nested past any real message
+/// are refused 400, marked, four at a time, and the daemon's peak memory
+/// hardly moves; a run afterwards is answered at once. Against a daemon
+/// that hands such bodies to the SDK, the answers are 415 or 200 and the
+/// peak grows by hundreds of MiB.
+#[tokio::test]
+async fn mcp_weighs_a_message_before_its_sdk_parses_it() {
+    let d = wasm_with_token(&[]);
+    let pid = d.pid().expect("pid");
+    // One run first, so the peak read below is a serving daemon's.
+    assert_eq!(timed_run(&d, "console.log(1)").await.0, 200);
+    let before = peak_rss_kib(pid);
+    let mut many_keys = br#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"k":0"#.to_vec();
+    for i in 0.. {
+        let key = format!(r#","k{i}":0"#);
+        if many_keys.len() + key.len() + 2 > (8 << 20) - 4096 {
+            break;
+        }
+        many_keys.extend_from_slice(key.as_bytes());
+    }
+    many_keys.extend_from_slice(b"}}");
+    let shapes: Vec<(&str, Vec<u8>)> = vec![
+        ("8 MiB of [", vec![b'['; (8 << 20) - 4096]),
+        (
+            "a tools/call of empty arrays",
+            near_cap(
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"describe","arguments":{"x":["#,
+                "[],",
+                "[]]}}}",
+            ),
+        ),
+        (
+            "params first",
+            near_cap(
+                r#"{"params":{"x":["#,
+                "[],",
+                r#"[]]},"jsonrpc":"2.0","id":1,"method":"tools/call"}"#,
+            ),
+        ),
+        ("an array of empty arrays", near_cap("[", "[],", "[]]")),
+        ("an object of many keys", many_keys),
+        (
+            "objects nested 100 deep",
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{}1{}}}"#,
+                r#"{"a":"#.repeat(100),
+                "}".repeat(100)
+            )
+            .into_bytes(),
+        ),
+    ];
+    for (name, body) in shapes {
+        let started = Instant::now();
+        let answers =
+            futures_util::future::join_all((0..4).map(|_| mcp_post(&d, body.clone(), &[]))).await;
+        for (status, mark, text) in answers {
+            assert_eq!(status, 400, "{name}: {text}");
+            assert_eq!(mark.as_deref(), Some("request"), "{name}");
+            let v: serde_json::Value = serde_json::from_str(&text).expect("a JSON-RPC error");
+            assert!(v["id"].is_null(), "{name}: {text}");
+            assert!(
+                matches!(v["error"]["code"].as_i64(), Some(-32600 | -32700)),
+                "{name}: {text}"
+            );
+        }
+        // A sanity bound for a loaded machine; the memory check below is
+        // what tells the SDK's parse from the weighing.
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{name}: four refusals took {:?}",
+            started.elapsed()
+        );
+    }
+    let grown = peak_rss_kib(pid).saturating_sub(before);
+    assert!(
+        grown < 128 << 10,
+        "the daemon's peak memory grew by {grown} KiB refusing these bodies"
+    );
+    let (status, took) = timed_run(&d, "console.log(2)").await;
+    assert_eq!(status, 200);
+    assert!(
+        took < Duration::from_secs(5),
+        "a run afterwards took {took:?}"
+    );
+}
+
+/// `/mcp` answers a body that is not JSON with JSON-RPC's parse error and
+/// HTTP 400 (not the SDK's 415), and no answer repeats what the caller
+/// chose: not an unknown method's name, a tool's, an argument's, a
+/// protocol version from a header or a body.
+#[tokio::test]
+async fn mcp_answers_bad_messages_400_and_repeats_none_of_them() {
+    let d = wasm_with_token(&[]);
+    let (status, mark, text) = mcp_post(&d, br#"{"jsonrpc":"2.0","#.to_vec(), &[]).await;
+    assert_eq!((status, mark.as_deref()), (400, Some("request")), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("a JSON-RPC error");
+    assert_eq!(v["error"]["code"], -32700, "{text}");
+    assert!(v["id"].is_null(), "{text}");
+
+    let canary = format!("echo-canary-{}", std::process::id());
+    let call = |method: &str, params: serde_json::Value| {
+        serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}))
+            .expect("json")
+    };
+    // (what, body, extra header, the status it must have, if fixed)
+    type Case<'a> = (&'a str, Vec<u8>, Vec<(&'a str, &'a str)>, Option<u16>);
+    let cases: Vec<Case> = vec![
+        ("an unknown method", call(&canary, json!({})), vec![], None),
+        (
+            "an unknown tool",
+            call("tools/call", json!({"name": canary, "arguments": {}})),
+            vec![],
+            None,
+        ),
+        (
+            "an unknown argument",
+            call(
+                "tools/call",
+                json!({"name": "run_javascript", "arguments": {"code": "1", canary.as_str(): 1}}),
+            ),
+            vec![],
+            None,
+        ),
+        (
+            "JSON that is no JSON-RPC message",
+            serde_json::to_vec(&json!({"jsonrpc": canary, "id": 1, "method": "ping"}))
+                .expect("json"),
+            vec![],
+            Some(400),
+        ),
+        (
+            "an unknown protocol version header",
+            call("ping", json!({})),
+            vec![("mcp-protocol-version", canary.as_str())],
+            Some(400),
+        ),
+        (
+            "an initialize whose version the header contradicts",
+            call(
+                "initialize",
+                json!({"protocolVersion": canary, "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "1"}}),
+            ),
+            vec![("mcp-protocol-version", "2025-06-18")],
+            Some(400),
+        ),
+    ];
+    for (what, body, extra, want) in cases {
+        let (status, _, text) = mcp_post(&d, body, &extra).await;
+        if let Some(want) = want {
+            assert_eq!(status, want, "{what}: {text}");
+        }
+        assert!(
+            !text.contains(&canary),
+            "{what}: the answer repeats what was sent: {text}"
+        );
+    }
 }

@@ -227,10 +227,14 @@ def test_unauthenticated_requests_are_refused_before_the_sdk_reads_them(wasm):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)
         assert e.value.code == 401, method
-    # A browser page must not drive the daemon, token or not.
-    status, _, _ = raw_post(wasm.url, call, {"authorization": f"Bearer {TOKEN}",
-                                             "origin": "http://page.example"})
+    # A browser page must not drive the daemon, token or not: refused by
+    # the API's own rule, marked (nothing ran), repeating nothing it sent.
+    status, headers, body = raw_post(wasm.url, call, {"authorization": f"Bearer {TOKEN}",
+                                                      "origin": "http://page.example"})
+    headers = {k.lower(): v for k, v in headers.items()}
     assert status == 403
+    assert headers.get("plimsoll-not-dispatched") == "permission"
+    assert b"page.example" not in body
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)

@@ -71,17 +71,7 @@ impl Drop for CallerBody {
 pub(super) fn check_headers(h: &HeaderMap, content_type: &str) -> Result<(), Box<Response>> {
     let refuse =
         |status, why: &str| Err(Box::new(refusal_response(status, &Refusal::request(why))));
-    let ctype = h
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        });
-    if ctype.as_deref() != Some(content_type) {
+    if media_type(h).as_deref() != Some(content_type) {
         return refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             &format!(
@@ -98,6 +88,20 @@ pub(super) fn check_headers(h: &HeaderMap, content_type: &str) -> Result<(), Box
         );
     }
     check_encoding_and_length(h)
+}
+
+/// The body's media type: the `Content-Type` before any parameter, trimmed
+/// and lowercased (for Connect's bodies and MCP's).
+pub(super) fn media_type(h: &HeaderMap) -> Option<String> {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
 }
 
 /// Encoding and declared length, before any body byte is read (for every

@@ -7,6 +7,10 @@
 //! carries the `Plimsoll-Not-Dispatched` header and, where a Connect body is
 //! possible, the `plimsoll.v1.NotDispatched` detail; an answer without the
 //! mark may follow execution.
+//!
+//! With no callers configured (open mode) a request is taken only under a
+//! loopback `Host` and without an `Origin`, so a web page cannot drive the
+//! daemon by rebinding its name to this machine (`browser`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +31,7 @@ use crate::refusal::{Code, Refusal};
 use crate::wire::{self, DescribeRequest, RunRequest};
 
 mod body;
+mod browser;
 mod connect;
 pub mod connections;
 mod mcp;
@@ -287,8 +292,16 @@ async fn procedure(
 
 /// Who is asking, before anything else about the request is read: a known
 /// bearer token (401 otherwise, counted, never logged) with the `code:run`
-/// scope (403). Boxed: a response is large and this is the error path.
+/// scope (403). In open mode no token says who is asking, and what stands
+/// in for it is that the request names this machine and no web page sent
+/// it (403, marked `permission`). Boxed: a response is large and this is
+/// the error path.
 fn authenticate(api: &Api, req: &Request) -> Result<Arc<Caller>, Box<Response>> {
+    // Before the connection is trusted below: a page's request earns its
+    // connection nothing.
+    if api.verifier.is_open() {
+        browser::from_this_machine(req.headers(), req.uri())?;
+    }
     let authorization = req
         .headers()
         .get(header::AUTHORIZATION)

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
-    ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CustomRequest, CustomResult,
+    ErrorCode, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
+    ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler};
@@ -89,14 +89,25 @@ impl ServerHandler for McpServer {
                 self.session(&request.name, args, caller, slots.as_ref())
                     .await
             }
-            other => {
-                return Err(ErrorData::invalid_params(
-                    format!("no tool named {other:?}"),
-                    None,
-                ));
-            }
+            // The name is not repeated: an answer carries nothing the
+            // caller chose beyond the JSON-RPC id.
+            _ => return Err(ErrorData::invalid_params("no such tool", None)),
         };
         Ok(answer.into())
+    }
+
+    /// A method MCP does not define. The SDK's default answer repeats the
+    /// method's name; this one is fixed.
+    async fn on_custom_request(
+        &self,
+        _request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        Err(ErrorData::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            "Method not found",
+            None,
+        ))
     }
 }
 
@@ -306,11 +317,11 @@ fn request_body(tool: &str, args: Map<String, Value>) -> Result<Vec<u8>, Refusal
             "steps" => (true, "steps"),
             "artifacts" => (true, "artifacts"),
             "language" => (true, "language"),
-            _ => return Err(Refusal::request(format!("unknown argument {name:?}"))),
+            _ => return Err(unknown_argument()),
         };
         if into_payload {
             if payload.is_none() {
-                return Err(Refusal::request(format!("unknown argument {name:?}")));
+                return Err(unknown_argument());
             }
             inner.insert(field.into(), value);
         } else {
@@ -321,6 +332,14 @@ fn request_body(tool: &str, args: Map<String, Value>) -> Result<Vec<u8>, Refusal
         top.insert(p.into(), Value::Object(inner));
     }
     serde_json::to_vec(&top).map_err(|e| Refusal::request(format!("arguments: {e}")))
+}
+
+/// Names no argument: the answer repeats nothing the caller chose, and the
+/// tool's input schema lists what it takes.
+fn unknown_argument() -> Refusal {
+    Refusal::request(
+        "an argument this tool does not take: its input schema names every one it does",
+    )
 }
 
 #[cfg(test)]
