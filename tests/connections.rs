@@ -245,3 +245,249 @@ async fn a_connection_that_never_begins_a_request_is_closed() {
         "closed after {waited:?}"
     );
 }
+
+/// `churn.py` against `addr`: a flood that reopens every connection the
+/// server closes, until stopped (or its own time limit).
+struct Churn {
+    child: Child,
+}
+
+impl Churn {
+    fn start(addr: &str, plan: &Value) -> Churn {
+        let (host, port) = addr.rsplit_once(':').expect("host:port");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("load/churn.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .args([host, port])
+            .arg(plan.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 churn.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().expect("stdout"))
+            .read_line(&mut line)
+            .expect("churn.py output");
+        assert_eq!(line.trim(), "churning", "churn.py said {line:?}");
+        Churn { child }
+    }
+
+    /// Stops it, and returns how many connections it had to reopen.
+    fn stop(mut self) -> usize {
+        drop(self.child.stdin.take());
+        let mut out = String::new();
+        BufReader::new(self.child.stdout.as_mut().expect("stdout"))
+            .read_line(&mut out)
+            .expect("churn.py output");
+        let _ = self.child.wait();
+        out.trim()
+            .strip_prefix("reopened ")
+            .and_then(|n| n.parse().ok())
+            .expect("reopened N")
+    }
+}
+
+impl Drop for Churn {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Connects, waits `gap` (a slow network, a TLS handshake) without sending
+/// a byte, then sends `req` on that connection: the status, or why there
+/// was none.
+async fn after_a_gap(
+    addr: &str,
+    gap: Duration,
+    req: hyper::Request<http_body_util::Full<axum::body::Bytes>>,
+) -> Result<u16, String> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    tokio::time::sleep(gap).await;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(conn);
+    let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+        .await
+        .map_err(|_| "no answer in 10 s".to_string())?
+        .map_err(|e| format!("{e}"))?;
+    Ok(resp.status().as_u16())
+}
+
+fn authenticated_run() -> hyper::Request<http_body_util::Full<axum::body::Bytes>> {
+    hyper::Request::post("/plimsoll.v1.SandboxService/Run")
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(http_body_util::Full::new(bytes_of(&js_run("1"))))
+        .expect("request")
+}
+
+fn health() -> hyper::Request<http_body_util::Full<axum::body::Bytes>> {
+    hyper::Request::get("/healthz")
+        .header("host", "localhost")
+        .body(http_body_util::Full::new(axum::body::Bytes::new()))
+        .expect("request")
+}
+
+/// A tokenless flood from ten other addresses that reopens every
+/// connection the listener closes, keeping it at its total cap and asking
+/// for more all the time, while callers connect from their own address and
+/// take their time (50 ms to 1 s) before sending. Every caller is served.
+/// When the listener closed the oldest connection anywhere, a caller's
+/// fresh one was gone as soon as the flood had opened 200 more, a matter of
+/// tens of milliseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_are_served_while_a_flood_reopens_what_it_loses() {
+    let d = daemon(&[]);
+    let sources: Vec<String> = (1..=10).map(|i| format!("127.0.9.{i}")).collect();
+    let churn = Churn::start(
+        &d.addr,
+        &json!({"sockets": 1500, "sources": sources, "seconds": 120}),
+    );
+    // Let the flood find the caps.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut failed = Vec::new();
+    for gap_ms in [50, 200, 1000] {
+        let gap = Duration::from_millis(gap_ms);
+        let (healths, runs) = futures_util::future::join(
+            futures_util::future::join_all((0..4).map(|_| after_a_gap(&d.addr, gap, health()))),
+            futures_util::future::join_all(
+                (0..4).map(|_| after_a_gap(&d.addr, gap, authenticated_run())),
+            ),
+        )
+        .await;
+        for (what, r) in healths
+            .into_iter()
+            .map(|r| ("/healthz", r))
+            .chain(runs.into_iter().map(|r| ("Run", r)))
+        {
+            if r != Ok(200) {
+                failed.push(format!("{what} after {gap_ms} ms: {r:?}"));
+            }
+        }
+    }
+    let reopened = churn.stop();
+    assert!(
+        failed.is_empty(),
+        "callers not served ({reopened} reopened): {failed:#?}"
+    );
+    // The flood was really churning the whole time, not merely holding.
+    assert!(reopened >= 500, "the flood reopened only {reopened}");
+}
+
+/// A kept-alive connection may wait for its next request for its idle time
+/// (hyper's header deadline once closed it after 5 s), while a request head
+/// begun on it and never finished is still closed at the header deadline.
+#[tokio::test]
+async fn a_kept_alive_connection_waits_for_its_next_request() {
+    let d = daemon(&[]);
+    let stream = tokio::net::TcpStream::connect(&d.addr)
+        .await
+        .expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let first = sender
+        .send_request(authenticated_run())
+        .await
+        .expect("first");
+    assert_eq!(first.status(), 200);
+    drop(first);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let second = sender
+        .send_request(authenticated_run())
+        .await
+        .expect("the kept-alive connection was closed while it waited");
+    assert_eq!(second.status(), 200);
+
+    // A whole request, its whole answer, then half a head and nothing more.
+    let mut raw = std::net::TcpStream::connect(&d.addr).expect("connect");
+    raw.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    raw.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .expect("request");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 512];
+    while !seen.ends_with(b"ok") {
+        let n = std::io::Read::read(&mut raw, &mut buf).expect("answer");
+        assert!(n > 0, "closed before answering");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    raw.write_all(b"GET /healthz HTTP/1.1\r\nHost: loc")
+        .expect("half a head");
+    let t = Instant::now();
+    let n = std::io::Read::read(&mut raw, &mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the server answered half a head");
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_secs(4) && waited < Duration::from_secs(8),
+        "half a head was closed after {waited:?}"
+    );
+}
+
+/// HTTP/2 with no flow-control window: every answer is made and none can be
+/// sent. The daemon closes the connection once its answers have waited on
+/// the peer past the stall deadline (10 s), instead of holding them for as
+/// long as the peer likes.
+#[tokio::test]
+async fn answers_nobody_reads_end_their_connection() {
+    let d = daemon(&[]);
+    let stream = tokio::net::TcpStream::connect(&d.addr)
+        .await
+        .expect("connect");
+    let (sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(0)
+            .initial_connection_window_size(65_535)
+            .handshake::<_, http_body_util::Full<axum::body::Bytes>>(hyper_util::rt::TokioIo::new(
+                stream,
+            ))
+            .await
+            .expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    let big = js_run("console.log('x'.repeat(60000))");
+    let mut heads = Vec::new();
+    for _ in 0..16 {
+        let mut sender = sender.clone();
+        let req = hyper::Request::post(format!("http://{}/plimsoll.v1.SandboxService/Run", d.addr))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(http_body_util::Full::new(bytes_of(&big)))
+            .expect("request");
+        heads.push(tokio::spawn(async move { sender.send_request(req).await }));
+    }
+    // Held, never read: their bodies stay in the daemon.
+    let mut held = Vec::new();
+    for h in heads {
+        if let Ok(Ok(resp)) = h.await {
+            assert_eq!(resp.status(), 200);
+            held.push(resp);
+        }
+    }
+    assert_eq!(held.len(), 16, "every run answered its head");
+    let t = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(30), conn).await;
+    assert!(
+        closed.is_ok(),
+        "the daemon still held the connection and its unread answers after 30 s"
+    );
+    assert!(
+        t.elapsed() >= Duration::from_secs(5),
+        "closed after only {:?}",
+        t.elapsed()
+    );
+    // And the daemon serves on.
+    served_within_a_second(
+        &format!("http://{}", d.addr),
+        &fresh_client(reqwest::Client::builder()),
+    )
+    .await;
+}

@@ -4,16 +4,30 @@
 //! authenticated (any request to the API in open mode; never on the metrics
 //! listener). Untrusted connections are what an attacker without a token can
 //! make, so they are the ones sacrificed: when a new connection would pass
-//! the total cap or its peer's cap, the oldest untrusted connection (of that
-//! peer, for the peer cap) is closed to make room. Only when every
-//! connection that could make room is trusted is the new one refused. Each
-//! connection's own deadlines (its first request, its idle time) are kept
-//! here too, so one place says when a connection ends.
+//! its peer's cap, that peer's oldest untrusted connection is closed to make
+//! room; when it would pass the total cap, the oldest untrusted connection
+//! of the peer holding the most untrusted connections is. Only when every
+//! connection that could make room is trusted is the new one refused.
+//!
+//! Why the peer with the most, and not simply the oldest anywhere: an
+//! attacker that reopens every connection it loses makes the newest
+//! connection anywhere the next-but-N to go, so a caller's fresh connection
+//! lived only as long as it took the flood to open N more (tens of
+//! milliseconds), too short for a TLS handshake or a slow network. Charged
+//! to the peer that holds the most, a flood churns its own connections and
+//! a caller's single fresh connection from another address is never the
+//! one taken. (A flood from the caller's own address still competes with
+//! it, within that address's cap: an address is all the listener knows
+//! before a request.)
+//!
+//! Each connection's own deadlines (its first request, its idle time, a
+//! request's headers, an answer its peer will not take) are kept here too,
+//! so one place says when a connection ends.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -23,6 +37,15 @@ use tokio::sync::Notify;
 pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection with no request in flight is closed after this long.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// An HTTP/1 request's headers must be complete this long after its first
+/// byte arrived. Counted from that byte, not from the end of the previous
+/// answer, so a kept-alive connection may wait for its next request as long
+/// as `IDLE_TIMEOUT` allows.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// An answer whose peer takes none of it for this long ends its connection:
+/// a peer that stops reading (or opens no HTTP/2 flow-control window) would
+/// otherwise hold the answer's memory for as long as it liked.
+pub const ANSWER_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How many connections a listener holds, in all and per peer address,
 /// and how long one may go without a request.
@@ -35,6 +58,10 @@ pub struct ConnectionLimits {
     pub first_request: Duration,
     /// With no request in flight.
     pub idle: Duration,
+    /// From the first byte of an HTTP/1 request to its complete headers.
+    pub header: Duration,
+    /// How long an answer may wait for its peer to take its next piece.
+    pub answer_stall: Duration,
 }
 
 impl ConnectionLimits {
@@ -45,6 +72,8 @@ impl ConnectionLimits {
             per_peer,
             first_request: FIRST_REQUEST_TIMEOUT,
             idle: IDLE_TIMEOUT,
+            header: HEADER_READ_TIMEOUT,
+            answer_stall: ANSWER_STALL_TIMEOUT,
         }
     }
 }
@@ -54,9 +83,25 @@ struct Inner {
     next: u64,
     open: HashMap<u64, Arc<Connection>>,
     per_peer: HashMap<IpAddr, usize>,
-    /// Untrusted connections, oldest first, in all and per peer.
-    untrusted: BTreeMap<u64, IpAddr>,
+    /// Untrusted connections, oldest first, per peer.
     untrusted_of: HashMap<IpAddr, BTreeSet<u64>>,
+    /// Every peer holding untrusted connections, ordered so the last is the
+    /// one that pays at the total cap: the most untrusted connections, then
+    /// (for equal counts) the oldest one among them.
+    load: BTreeSet<Load>,
+    /// Bytes of answers each caller has not yet taken, over all its
+    /// connections (`delivery`).
+    unread: HashMap<Arc<str>, usize>,
+}
+
+/// A peer's place in `Inner::load`: its untrusted count, then its oldest
+/// untrusted connection reversed, so that among equal counts the peer with
+/// the older connection sorts last.
+type Load = (usize, std::cmp::Reverse<u64>, IpAddr);
+
+fn load_of(peer: IpAddr, set: &BTreeSet<u64>) -> Option<Load> {
+    let oldest = *set.first()?;
+    Some((set.len(), std::cmp::Reverse(oldest), peer))
 }
 
 impl Inner {
@@ -72,20 +117,50 @@ impl Inner {
         Some(conn)
     }
 
+    fn add_untrusted(&mut self, id: u64, peer: IpAddr) {
+        let set = self.untrusted_of.entry(peer).or_default();
+        if let Some(old) = load_of(peer, set) {
+            self.load.remove(&old);
+        }
+        set.insert(id);
+        if let Some(new) = load_of(peer, set) {
+            self.load.insert(new);
+        }
+    }
+
     fn forget_untrusted(&mut self, id: u64, peer: IpAddr) {
-        self.untrusted.remove(&id);
-        if let Some(set) = self.untrusted_of.get_mut(&peer) {
-            set.remove(&id);
-            if set.is_empty() {
+        let Some(set) = self.untrusted_of.get_mut(&peer) else {
+            return;
+        };
+        if !set.contains(&id) {
+            return;
+        }
+        if let Some(old) = load_of(peer, set) {
+            self.load.remove(&old);
+        }
+        set.remove(&id);
+        match load_of(peer, set) {
+            Some(new) => {
+                self.load.insert(new);
+            }
+            None => {
                 self.untrusted_of.remove(&peer);
             }
         }
     }
 
+    /// The untrusted connection to close at the total cap: the oldest of
+    /// the peer holding the most.
+    fn total_cap_victim(&self) -> Option<u64> {
+        self.load
+            .last()
+            .map(|&(_, std::cmp::Reverse(oldest), _)| oldest)
+    }
+
     /// Closes the connection `id` to make room.
     fn evict(&mut self, id: u64) {
         if let Some(conn) = self.remove(id) {
-            conn.end(true);
+            conn.close_now();
         }
     }
 }
@@ -113,29 +188,32 @@ impl Table {
             t.evict(oldest);
         }
         if t.open.len() >= self.limits.total {
-            let oldest = t.untrusted.first_key_value().map(|(id, _)| *id)?;
-            t.evict(oldest);
+            let victim = t.total_cap_victim()?;
+            t.evict(victim);
         }
         let id = t.next;
         t.next += 1;
+        let now = Instant::now();
         let conn = Arc::new(Connection {
             id,
             peer,
-            opened: Instant::now(),
+            opened: now,
             trusted: AtomicBool::new(false),
+            caller: OnceLock::new(),
             began: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
-            last_active: Mutex::new(Instant::now()),
+            last_active: Mutex::new(now),
+            head_since: Mutex::new(None),
+            stalls: Mutex::new(HashMap::new()),
+            next_answer: AtomicU64::new(0),
             ending: Notify::new(),
-            evicted: AtomicBool::new(false),
-            first_request: self.limits.first_request,
-            idle: self.limits.idle,
+            closing: AtomicBool::new(false),
+            limits: self.limits,
             table: Arc::downgrade(&self.inner),
         });
         t.open.insert(id, conn.clone());
         *t.per_peer.entry(peer).or_insert(0) += 1;
-        t.untrusted.insert(id, peer);
-        t.untrusted_of.entry(peer).or_default().insert(id);
+        t.add_untrusted(id, peer);
         Some(conn)
     }
 
@@ -155,13 +233,24 @@ pub struct Connection {
     peer: IpAddr,
     opened: Instant,
     trusted: AtomicBool,
+    /// Who authenticated on it: their unread answers are counted together.
+    caller: OnceLock<Arc<str>>,
     began: AtomicBool,
     in_flight: AtomicUsize,
     last_active: Mutex<Instant>,
+    /// When the first byte of an HTTP/1 request head arrived, while no
+    /// request was in flight; cleared when the head is complete.
+    head_since: Mutex<Option<Instant>>,
+    /// Answers waiting for the peer to take their next piece, by answer,
+    /// since when.
+    stalls: Mutex<HashMap<u64, Instant>>,
+    next_answer: AtomicU64,
+    /// Wakes `ended` to look at the deadlines again.
     ending: Notify,
-    evicted: AtomicBool,
-    first_request: Duration,
-    idle: Duration,
+    /// Set when the connection must close at once (it was closed to make
+    /// room).
+    closing: AtomicBool,
+    limits: ConnectionLimits,
     table: Weak<Mutex<Inner>>,
 }
 
@@ -174,13 +263,17 @@ impl Drop for Busy {
             *t = Instant::now();
         }
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        // The idle deadline starts now.
+        self.0.ending.notify_one();
     }
 }
 
 impl Connection {
-    /// The connection carried a request whose caller authenticated: it is
-    /// no longer among the first to be closed to make room.
-    pub fn trust(&self) {
+    /// The connection carried a request whose caller (`caller`, the ID
+    /// their answers are counted under) authenticated: it is no longer
+    /// among the first to be closed to make room.
+    pub fn trust(&self, caller: &str) {
+        let _ = self.caller.set(Arc::from(caller));
         if self.trusted.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -195,41 +288,132 @@ impl Connection {
         self.trusted.load(Ordering::Acquire)
     }
 
+    /// Bytes of answers the caller who authenticated on this connection
+    /// has not taken yet, on all their connections to this listener.
+    pub fn unread_answers(&self) -> usize {
+        let (Some(caller), Some(table)) = (self.caller.get(), self.table.upgrade()) else {
+            return 0;
+        };
+        table
+            .lock()
+            .map_or(0, |t| t.unread.get(caller).copied().unwrap_or(0))
+    }
+
     pub(super) fn begin_request(self: &Arc<Self>) -> Busy {
         self.began.store(true, Ordering::Release);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+        if let Ok(mut h) = self.head_since.lock() {
+            *h = None;
+        }
         Busy(self.clone())
     }
 
-    fn end(&self, evicted: bool) {
-        if evicted {
-            self.evicted.store(true, Ordering::Release);
+    /// Bytes arrived on an HTTP/1 connection. With no request in flight
+    /// they begin the next request's head, whose deadline starts now.
+    pub(super) fn head_bytes_arrived(&self) {
+        if self.in_flight.load(Ordering::Acquire) != 0 {
+            return;
         }
+        let Ok(mut h) = self.head_since.lock() else {
+            return;
+        };
+        if h.is_none() {
+            *h = Some(Instant::now());
+            drop(h);
+            self.ending.notify_one();
+        }
+    }
+
+    /// A new answer on this connection, for `delivery` to report on.
+    pub(super) fn next_answer_id(&self) -> u64 {
+        self.next_answer.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The answer `answer` is waiting for the peer to take a piece
+    /// (`Some(since)`), or not (`None`).
+    pub(super) fn answer_waits(&self, answer: u64, since: Option<Instant>) {
+        let Ok(mut stalls) = self.stalls.lock() else {
+            return;
+        };
+        let was_first = stalls.is_empty();
+        match since {
+            Some(t) => {
+                stalls.insert(answer, t);
+            }
+            None => {
+                stalls.remove(&answer);
+            }
+        }
+        drop(stalls);
+        if was_first && since.is_some() {
+            self.ending.notify_one();
+        }
+    }
+
+    /// Counts `add` more and `sub` fewer bytes of unread answers for the
+    /// caller who authenticated here (the API refuses new work from a
+    /// caller past its budget: `unread_answers`).
+    pub(super) fn unread_changed(&self, add: usize, sub: usize) {
+        let (Some(caller), Some(table)) = (self.caller.get(), self.table.upgrade()) else {
+            return;
+        };
+        let Ok(mut t) = table.lock() else {
+            return;
+        };
+        let n = t.unread.entry(caller.clone()).or_insert(0);
+        *n = (*n + add).saturating_sub(sub);
+        if *n == 0 {
+            t.unread.remove(caller);
+        }
+    }
+
+    fn close_now(&self) {
+        self.closing.store(true, Ordering::Release);
         self.ending.notify_one();
     }
 
+    /// The earliest deadline the connection is under now.
+    fn deadline(&self, now: Instant) -> Instant {
+        let l = &self.limits;
+        let mut until = if !self.began.load(Ordering::Acquire) {
+            self.opened + l.first_request
+        } else if self.in_flight.load(Ordering::Acquire) == 0 {
+            self.last_active.lock().map_or(now, |t| *t) + l.idle
+        } else {
+            now + l.idle
+        };
+        if let Ok(h) = self.head_since.lock()
+            && let Some(t) = *h
+        {
+            until = until.min(t + l.header);
+        }
+        if let Ok(stalls) = self.stalls.lock()
+            && let Some(t) = stalls.values().min()
+        {
+            until = until.min(*t + l.answer_stall);
+        }
+        until
+    }
+
     /// Resolves when the connection must end: it was closed to make room,
-    /// it did not begin a request in time, or it has had no request in
-    /// flight for its idle time.
+    /// it did not begin a request in time,
+    /// a request's headers did not arrive in time, an answer's peer took
+    /// nothing of it for too long, or it has had no request in flight for
+    /// its idle time.
     pub(super) async fn ended(&self) {
         loop {
+            if self.closing.load(Ordering::Acquire) {
+                return;
+            }
             let now = Instant::now();
-            let until = if !self.began.load(Ordering::Acquire) {
-                self.opened + self.first_request
-            } else if self.in_flight.load(Ordering::Acquire) == 0 {
-                self.last_active.lock().map_or(now, |t| *t) + self.idle
-            } else {
-                now + self.idle
-            };
+            let until = self.deadline(now);
             if until <= now {
                 return;
             }
+            // A wake-up only means "look again": a deadline may have moved.
             tokio::select! {
-                () = self.ending.notified() => return,
+                () = self.ending.notified() => {}
                 () = tokio::time::sleep_until(until.into()) => {}
-            }
-            if self.evicted.load(Ordering::Acquire) {
-                return;
             }
         }
     }
@@ -259,14 +443,14 @@ mod tests {
         let a2 = t.admit(ip(1)).expect("a2");
         // The peer is at its cap: its oldest untrusted goes.
         let a3 = t.admit(ip(1)).expect("a3");
-        assert!(a1.evicted.load(Ordering::Acquire));
+        assert!(a1.closing.load(Ordering::Acquire));
         assert_eq!(t.len(), 2);
         // A trusted connection is never the one to go.
-        a2.trust();
+        a2.trust("a");
         let a4 = t.admit(ip(1)).expect("a4");
-        assert!(a3.evicted.load(Ordering::Acquire));
-        assert!(!a2.evicted.load(Ordering::Acquire));
-        a4.trust();
+        assert!(a3.closing.load(Ordering::Acquire));
+        assert!(!a2.closing.load(Ordering::Acquire));
+        a4.trust("a");
         assert!(
             t.admit(ip(1)).is_none(),
             "only trusted ones could make room"
@@ -276,7 +460,7 @@ mod tests {
         // ...and the next one from a third peer evicts it, the oldest
         // untrusted one anywhere.
         let _c1 = t.admit(ip(3)).expect("c1");
-        assert!(b1.evicted.load(Ordering::Acquire));
+        assert!(b1.closing.load(Ordering::Acquire));
         assert_eq!(t.len(), 3);
     }
 
@@ -284,7 +468,7 @@ mod tests {
     fn closing_frees_the_place() {
         let t = Table::new(ConnectionLimits::new(1, 1));
         let a = t.admit(ip(1)).expect("a");
-        a.trust();
+        a.trust("a");
         assert!(t.admit(ip(2)).is_none());
         a.close();
         assert!(t.admit(ip(2)).is_some());
@@ -296,6 +480,8 @@ mod tests {
             per_peer: 8,
             first_request: Duration::from_millis(100),
             idle: Duration::from_millis(200),
+            header: Duration::from_millis(150),
+            answer_stall: Duration::from_millis(150),
         })
     }
 
@@ -338,5 +524,126 @@ mod tests {
         tokio::time::timeout(Duration::from_millis(100), first.ended())
             .await
             .expect("ended at once");
+    }
+
+    /// A flood from one address that reopens what it loses churns its own
+    /// connections at the total cap: a caller's fresh connection from
+    /// another address is not taken, however many arrive after it. (Closing
+    /// the oldest connection anywhere took it after three.)
+    #[test]
+    fn at_the_total_cap_the_peer_holding_the_most_pays() {
+        let t = Table::new(ConnectionLimits::new(4, 4));
+        let flood: Vec<_> = (0..3).map(|_| t.admit(ip(9)).expect("flood")).collect();
+        let caller = t.admit(ip(1)).expect("caller");
+        for _ in 0..50 {
+            let _ = t.admit(ip(9)).expect("the flood makes its own room");
+        }
+        assert!(
+            !caller.closing.load(Ordering::Acquire),
+            "the caller's connection was taken"
+        );
+        assert!(flood.iter().all(|c| c.closing.load(Ordering::Acquire)));
+        assert_eq!(t.len(), 4);
+    }
+
+    /// Spread one a peer, the flood ties with the caller's address, and the
+    /// oldest untrusted connection among the tied peers goes.
+    #[test]
+    fn among_equal_peers_the_oldest_goes() {
+        let t = Table::new(ConnectionLimits::new(3, 3));
+        let a = t.admit(ip(1)).expect("a");
+        let b = t.admit(ip(2)).expect("b");
+        let c = t.admit(ip(3)).expect("c");
+        let _d = t.admit(ip(4)).expect("d");
+        assert!(a.closing.load(Ordering::Acquire));
+        assert!(!b.closing.load(Ordering::Acquire) && !c.closing.load(Ordering::Acquire));
+        // Still one each when it arrives: the oldest, b, goes...
+        let _e = t.admit(ip(4)).expect("e");
+        assert!(b.closing.load(Ordering::Acquire));
+        // ...but now ip 4 holds two, and pays before c does.
+        let _f = t.admit(ip(5)).expect("f");
+        assert!(!c.closing.load(Ordering::Acquire), "ip 4 holds the most");
+    }
+
+    /// A kept-alive connection waits for its next request as long as its
+    /// idle time, not its header deadline; once bytes of a request head
+    /// arrive, the header deadline runs from them.
+    #[tokio::test]
+    async fn the_header_deadline_runs_from_the_first_byte_of_a_head() {
+        let table = Table::new(ConnectionLimits {
+            idle: Duration::from_secs(5),
+            ..quick().limits
+        });
+        let c = table.admit(ip(1)).expect("admitted");
+        drop(c.begin_request());
+        let quiet = tokio::time::timeout(Duration::from_millis(400), c.ended()).await;
+        assert!(
+            quiet.is_err(),
+            "an idle kept-alive connection ended at the header deadline"
+        );
+        c.head_bytes_arrived();
+        let t = Instant::now();
+        c.ended().await;
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(140) && waited < Duration::from_millis(600),
+            "{waited:?}"
+        );
+        // A complete head (the request began) clears it.
+        let c = table.admit(ip(1)).expect("admitted");
+        c.head_bytes_arrived();
+        let busy = c.begin_request();
+        let held = tokio::time::timeout(Duration::from_millis(300), c.ended()).await;
+        assert!(
+            held.is_err(),
+            "a request in flight ended at the header deadline"
+        );
+        drop(busy);
+    }
+
+    /// An answer its peer takes nothing of ends the connection, request in
+    /// flight or not; one that is taken in time does not.
+    #[tokio::test]
+    async fn an_answer_left_unread_ends_its_connection() {
+        let table = quick();
+        let c = table.admit(ip(1)).expect("admitted");
+        let _busy = c.begin_request();
+        let answer = c.next_answer_id();
+        c.answer_waits(answer, Some(Instant::now()));
+        let t = Instant::now();
+        c.ended().await;
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(140) && waited < Duration::from_millis(400),
+            "{waited:?}"
+        );
+        let c = table.admit(ip(1)).expect("admitted");
+        let _busy = c.begin_request();
+        c.answer_waits(answer, Some(Instant::now()));
+        c.answer_waits(answer, None);
+        let held = tokio::time::timeout(Duration::from_millis(300), c.ended()).await;
+        assert!(held.is_err(), "a taken answer ended its connection");
+    }
+
+    #[test]
+    fn unread_answers_are_counted_per_caller_across_connections() {
+        let t = Table::new(ConnectionLimits::new(8, 8));
+        let a1 = t.admit(ip(1)).expect("a1");
+        let a2 = t.admit(ip(2)).expect("a2");
+        let b = t.admit(ip(1)).expect("b");
+        a1.trust("alice");
+        a2.trust("alice");
+        b.trust("bob");
+        a1.unread_changed(100, 0);
+        a2.unread_changed(50, 0);
+        b.unread_changed(7, 0);
+        assert_eq!(a1.unread_answers(), 150);
+        assert_eq!(b.unread_answers(), 7);
+        a1.unread_changed(0, 100);
+        assert_eq!(a2.unread_answers(), 50);
+        // An unauthenticated connection's answers count for nobody.
+        let anon = t.admit(ip(3)).expect("anon");
+        anon.unread_changed(1_000, 0);
+        assert_eq!(anon.unread_answers(), 0);
     }
 }

@@ -32,8 +32,10 @@ use crate::wire::{self, DescribeRequest, RunRequest};
 
 mod body;
 mod browser;
+mod conn_io;
 mod connect;
 pub mod connections;
+mod delivery;
 mod mcp;
 #[cfg(test)]
 mod mutation_tests;
@@ -212,7 +214,7 @@ async fn procedure(
                 // A peer's signed call: its connection is trusted as an
                 // authenticated one is.
                 if let Some(conn) = req.extensions().get::<Arc<serve::Connection>>() {
-                    conn.trust();
+                    conn.trust(&c.id);
                 }
                 c
             }
@@ -312,7 +314,17 @@ fn authenticate(api: &Api, req: &Request) -> Result<Arc<Caller>, Box<Response>> 
     // The connection carried an authenticated request: it is no longer
     // among the first closed to make room.
     if let Some(conn) = req.extensions().get::<Arc<serve::Connection>>() {
-        conn.trust();
+        conn.trust(&caller.id);
+        // Answers a caller leaves unread hold the daemon's memory: past its
+        // budget it gets no new work until it reads them (`delivery`).
+        if conn.unread_answers() > delivery::UNREAD_ANSWERS_PER_CALLER {
+            return Err(Box::new(refusal_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                &Refusal::capacity(
+                    "this caller has left too many bytes of answers unread; read them first",
+                ),
+            )));
+        }
     }
     if !caller.may_run() {
         return Err(Box::new(refusal_response(

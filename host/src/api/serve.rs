@@ -13,15 +13,19 @@
 //!   detection included) within `connections::FIRST_REQUEST_TIMEOUT`;
 //! - a connection with no request in flight for `connections::IDLE_TIMEOUT` is closed,
 //!   HTTP/2 included;
-//! - headers must arrive within a deadline, HTTP/2 connections carry a
-//!   bounded number of streams and are pinged so dead peers are dropped.
+//! - an HTTP/1 request's headers must arrive within a deadline counted
+//!   from their first byte (`conn_io`), so a kept-alive connection may wait
+//!   for its next request for its whole idle time;
+//! - an answer its peer takes nothing of for `connections::ANSWER_STALL_TIMEOUT`
+//!   ends its connection, and answers go out in pieces (`delivery`);
+//! - HTTP/2 connections carry a bounded number of streams and are pinged
+//!   so dead peers are dropped.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -31,11 +35,11 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
+use super::conn_io::Watched;
 use super::connections::Table;
 pub use super::connections::{Connection, ConnectionLimits};
+use super::delivery::Delivery;
 
-/// A request's headers must be complete this long after its first byte.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Streams one HTTP/2 connection may have open at once.
 const MAX_H2_STREAMS: u32 = 32;
 /// How long shutdown waits for answers in progress.
@@ -54,7 +58,9 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        // hyper's would start as soon as a kept-alive connection goes idle;
+        // ours starts at a head's first byte (`conn_io`).
+        .header_read_timeout(None)
         .keep_alive(true);
     builder
         .http2()
@@ -142,17 +148,14 @@ async fn serve_one<I>(
         let busy = handle.begin_request();
         req.extensions_mut().insert(handle.clone());
         let router = router.clone();
+        let conn = handle.clone();
         async move {
             let resp = router.oneshot(req.map(Body::new)).await?;
-            // Still in flight until the whole answer has been sent.
-            Ok::<_, std::convert::Infallible>(resp.map(|b| {
-                Body::new(b.map_frame(move |f| {
-                    let _still = &busy;
-                    f
-                }))
-            }))
+            // Still in flight until the whole answer has been taken.
+            Ok::<_, std::convert::Infallible>(resp.map(|b| Delivery::new(b, busy, conn)))
         }
     });
+    let io = Watched::new(io, conn.clone());
     let conn_fut = builder.serve_connection(TokioIo::new(io), service);
     let mut conn_fut = std::pin::pin!(conn_fut);
     tokio::select! {
