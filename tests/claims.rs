@@ -121,6 +121,14 @@ async fn refused_tokens_are_logged_as_a_count_at_most_every_30_seconds() {
             .await
             .expect("sent");
         assert_eq!(r.status(), 401);
+        // Refused before its body was read: marked, so a client knows
+        // nothing ran.
+        assert_eq!(
+            r.headers()
+                .get("plimsoll-not-dispatched")
+                .and_then(|v| v.to_str().ok()),
+            Some("permission")
+        );
     }
     // An authenticated run's audit line is the sentinel: everything logged
     // before it has been read.

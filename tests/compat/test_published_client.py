@@ -289,8 +289,10 @@ def test_callers_with_tokens():
         assert r.stdout == b"authenticated\n"
         with pytest.raises(plimsoll_client.errors.PlimsollError) as refused:
             Client(d.url, "wrong-token-" + "y" * 32).run_javascript("console.log('ran')")
-        # Nothing ran, and the client was told it was not let in.
+        # Nothing ran, and the client was told so: the 401 carries the
+        # not-dispatched mark, as every refusal before the body does.
         assert "401" in str(refused.value) or "unauthenticated" in str(refused.value).lower()
+        assert refused.value.not_dispatched == "permission"
         assert not any(token in line for line in d.lines)
     finally:
         d.stop()

@@ -27,7 +27,7 @@ use axum::routing::{any, any_service, get};
 use tokio::sync::Semaphore;
 
 use crate::pipeline::{Daemon, RunError};
-use crate::refusal::{Code, Refusal};
+use crate::refusal::{Code, Reason, Refusal};
 use crate::wire::{self, DescribeRequest, RunRequest};
 
 mod body;
@@ -335,13 +335,15 @@ fn authenticate(api: &Api, req: &Request) -> Result<Arc<Caller>, Box<Response>> 
     Ok(caller)
 }
 
-/// 401, counted (never logged with what was presented).
+/// 401, counted (never logged with what was presented), and marked
+/// `permission`: it is answered before the body is read, so nothing of the
+/// request can have run, and a client may say so.
 fn unauthenticated(api: &Api) -> Response {
     api.refused.note();
     let mut r = connect_error(
         Code::Unauthenticated,
         "a valid bearer token is required",
-        None,
+        Some(Reason::Permission),
     );
     *r.status_mut() = StatusCode::UNAUTHORIZED;
     r.headers_mut()
