@@ -464,15 +464,18 @@ async fn answers_nobody_reads_end_their_connection() {
             .expect("request");
         heads.push(tokio::spawn(async move { sender.send_request(req).await }));
     }
-    // Held, never read: their bodies stay in the daemon.
+    // Held, never read: their bodies stay in the daemon. (On a busy
+    // machine some runs overlap and are refused at the run cap: those are
+    // held too, and the ones that ran are what matters.)
     let mut held = Vec::new();
     for h in heads {
         if let Ok(Ok(resp)) = h.await {
-            assert_eq!(resp.status(), 200);
             held.push(resp);
         }
     }
-    assert_eq!(held.len(), 16, "every run answered its head");
+    assert_eq!(held.len(), 16, "every request answered its head");
+    let ran = held.iter().filter(|r| r.status() == 200).count();
+    assert!(ran >= 4, "only {ran} of 16 runs were answered 200");
     let t = Instant::now();
     let closed = tokio::time::timeout(Duration::from_secs(30), conn).await;
     assert!(
@@ -485,6 +488,73 @@ async fn answers_nobody_reads_end_their_connection() {
         t.elapsed()
     );
     // And the daemon serves on.
+    served_within_a_second(
+        &format!("http://{}", d.addr),
+        &fresh_client(reqwest::Client::builder()),
+    )
+    .await;
+}
+
+/// The daemon's resident memory, in KiB.
+fn rss_kib(d: &Daemon) -> u64 {
+    let pid = d.pid().expect("daemon pid");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Tokenless connections that pipeline requests as fast as the daemon
+/// takes them and never read an answer: what the daemon buffers for them
+/// is bounded per connection (hyper's default let each hold up to about
+/// 400 KiB each way).
+#[tokio::test]
+async fn pipelining_without_reading_holds_little_per_connection() {
+    let d = daemon(&[("PLIMSOLL_MAX_CONNECTIONS", "600")]);
+    // Served once first: what start-up allocates is counted before.
+    served_within_a_second(
+        &format!("http://{}", d.addr),
+        &fresh_client(reqwest::Client::builder()),
+    )
+    .await;
+    let before = rss_kib(&d);
+    let request = b"GET /nope-0123456789abcdef HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(8_000);
+    let mut held = Vec::new();
+    for i in 0..400u32 {
+        let source = std::net::SocketAddr::from(([127, 0, 8, 1 + (i % 10) as u8], 0));
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind(source).expect("bind");
+        let s = socket
+            .connect(d.addr.parse().expect("addr"))
+            .await
+            .expect("connect");
+        let s = s.into_std().expect("std");
+        s.set_nonblocking(true).expect("nonblocking");
+        held.push((s, 0usize));
+    }
+    // Write as much as each connection takes, for a few seconds.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        for (s, sent) in &mut held {
+            if *sent < request.len() {
+                match s.write(&request[*sent..]) {
+                    Ok(n) => *sent += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => *sent = request.len(),
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let grown_mib = rss_kib(&d).saturating_sub(before) / 1024;
+    eprintln!("pipelining: the daemon grew by {grown_mib} MiB");
+    assert!(
+        grown_mib < 64,
+        "400 pipelining connections that never read grew the daemon by {grown_mib} MiB"
+    );
+    drop(held);
     served_within_a_second(
         &format!("http://{}", d.addr),
         &fresh_client(reqwest::Client::builder()),

@@ -26,8 +26,8 @@ pub fn parse<T: serde::de::DeserializeOwned>(
     name: &str,
     body: &[u8],
 ) -> Result<T, Refusal> {
-    let stated = wire::shape_of(request, body)
-        .map_err(|e| Refusal::request(format!("malformed {name}: {e}")))?;
+    let stated =
+        wire::shape_of(request, body).map_err(|e| Refusal::request(malformed(name, &e)))?;
     match stated {
         Ok(0) => {
             return Err(Refusal::new(
@@ -48,8 +48,47 @@ pub fn parse<T: serde::de::DeserializeOwned>(
         Ok(_) => {}
         Err(why) => return Err(Refusal::new(Code::InvalidArgument, Reason::Protocol, why)),
     }
-    serde_json::from_slice::<T>(body)
-        .map_err(|e| Refusal::request(format!("malformed {name}: {e}")))
+    serde_json::from_slice::<T>(body).map_err(|e| Refusal::request(malformed(name, &e)))
+}
+
+/// "malformed {name}: {why}", where `why` is the parser's account with every
+/// quoted piece of the caller's JSON left out: a value or key the caller
+/// sent never comes back (an 8 MiB string came back twice in one answer),
+/// while the names the parser expected, which are the API's own, stay.
+pub(super) fn malformed(name: &str, e: &impl std::fmt::Display) -> String {
+    let why = e.to_string();
+    // A missing or duplicate field's name is the schema's, and so is all
+    // that follows "expected" outside quotes; any other quoted piece is the
+    // caller's.
+    if why.starts_with("missing field") || why.starts_with("duplicate field") {
+        return format!("malformed {name}: {why}");
+    }
+    let mut out = String::with_capacity(why.len().min(512));
+    let mut quote: Option<char> = None;
+    for (i, c) in why.char_indices() {
+        match quote {
+            Some(q) if c == q => {
+                out.push('…');
+                out.push(c);
+                quote = None;
+            }
+            Some(_) => {}
+            None if why[i..].starts_with("expected") => {
+                out.push_str(&why[i..]);
+                return format!("malformed {name}: {out}");
+            }
+            None => {
+                out.push(c);
+                if c == '`' || c == '"' {
+                    quote = Some(c);
+                }
+            }
+        }
+    }
+    if quote.is_some() {
+        out.push('…');
+    }
+    format!("malformed {name}: {out}")
 }
 
 pub(super) fn json_ok<T: Serialize>(v: &T) -> Response {
@@ -167,5 +206,35 @@ mod tests {
         assert_eq!(r.reason, Reason::Request);
         let r = parse_run(br#"[4,"","",0,null,{"code":"1"}]"#).expect_err("refused");
         assert_eq!(r.reason, Reason::Request);
+    }
+
+    #[test]
+    fn a_parse_error_names_what_was_expected_and_nothing_that_was_sent() {
+        let canary = "CANARYzq-expected-`x`";
+        for body in [
+            format!(r#"{{"protocol":4,"javascript":{{"code":"1","{canary}":1}}}}"#),
+            format!(
+                r#"{{"protocol":4,"project":{{"steps":["x"],"files":"CANARY{}"}}}}"#,
+                "y".repeat(100_000)
+            ),
+            format!(r#"{{"protocol":4,"project":{{"steps":["x"],"files":["{canary}"]}}}}"#),
+        ] {
+            let r = parse_run(body.as_bytes()).expect_err("refused");
+            assert!(!r.message.contains("CANARY"), "{}", r.message);
+            assert!(r.message.len() < 400, "{} bytes", r.message.len());
+            assert!(
+                r.message.starts_with("malformed RunRequest: "),
+                "{}",
+                r.message
+            );
+        }
+        let r =
+            parse_run(br#"{"protocol":4,"javascript":{"code":"1","cod":1}}"#).expect_err("refused");
+        assert!(r.message.contains("expected one of"), "{}", r.message);
+        assert!(
+            r.message.contains("`code`"),
+            "the schema's names stay: {}",
+            r.message
+        );
     }
 }

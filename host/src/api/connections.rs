@@ -6,19 +6,22 @@
 //! make, so they are the ones sacrificed: when a new connection would pass
 //! its peer's cap, that peer's oldest untrusted connection is closed to make
 //! room; when it would pass the total cap, the oldest untrusted connection
-//! of the peer holding the most untrusted connections is. Only when every
-//! connection that could make room is trusted is the new one refused.
+//! of the network (an IPv4 /24, an IPv6 /64) holding the most untrusted
+//! connections is. Only when every connection that could make room is
+//! trusted is the new one refused.
 //!
 //! Why the peer with the most, and not simply the oldest anywhere: an
 //! attacker that reopens every connection it loses makes the newest
 //! connection anywhere the next-but-N to go, so a caller's fresh connection
 //! lived only as long as it took the flood to open N more (tens of
 //! milliseconds), too short for a TLS handshake or a slow network. Charged
-//! to the peer that holds the most, a flood churns its own connections and
-//! a caller's single fresh connection from another address is never the
-//! one taken. (A flood from the caller's own address still competes with
-//! it, within that address's cap: an address is all the listener knows
-//! before a request.)
+//! to the network that holds the most, a flood churns its own connections
+//! and a caller's fresh connection from another network is not the one
+//! taken. Networks rather than addresses: one address each is cheap for a
+//! flood (an IPv6 /64 is one host's, and a flood spread over as many
+//! addresses as the cap tied with the caller's and took it again). A flood
+//! from the caller's own network still competes with it: an address is
+//! all the listener knows before a request.
 //!
 //! Each connection's own deadlines (its first request, its idle time, a
 //! request's headers, an answer its peer will not take) are kept here too,
@@ -83,25 +86,43 @@ struct Inner {
     next: u64,
     open: HashMap<u64, Arc<Connection>>,
     per_peer: HashMap<IpAddr, usize>,
-    /// Untrusted connections, oldest first, per peer.
+    /// Untrusted connections, oldest first, per peer address.
     untrusted_of: HashMap<IpAddr, BTreeSet<u64>>,
-    /// Every peer holding untrusted connections, ordered so the last is the
-    /// one that pays at the total cap: the most untrusted connections, then
-    /// (for equal counts) the oldest one among them.
+    /// Untrusted connections, oldest first, per network (`network_of`).
+    untrusted_in: HashMap<IpAddr, BTreeSet<u64>>,
+    /// Every network holding untrusted connections, ordered so the last is
+    /// the one that pays at the total cap: the most untrusted connections,
+    /// then (for equal counts) the oldest one among them.
     load: BTreeSet<Load>,
     /// Bytes of answers each caller has not yet taken, over all its
     /// connections (`delivery`).
     unread: HashMap<Arc<str>, usize>,
 }
 
-/// A peer's place in `Inner::load`: its untrusted count, then its oldest
-/// untrusted connection reversed, so that among equal counts the peer with
-/// the older connection sorts last.
+/// A network's place in `Inner::load`: its untrusted count, then its oldest
+/// untrusted connection reversed, so that among equal counts the network
+/// with the older connection sorts last.
 type Load = (usize, std::cmp::Reverse<u64>, IpAddr);
 
-fn load_of(peer: IpAddr, set: &BTreeSet<u64>) -> Option<Load> {
+fn load_of(net: IpAddr, set: &BTreeSet<u64>) -> Option<Load> {
     let oldest = *set.first()?;
-    Some((set.len(), std::cmp::Reverse(oldest), peer))
+    Some((set.len(), std::cmp::Reverse(oldest), net))
+}
+
+/// The network an address is charged to at the total cap: its IPv4 /24
+/// (an IPv4-mapped IPv6 address counts as IPv4), or its IPv6 /64.
+fn network_of(ip: IpAddr) -> IpAddr {
+    let v4 = match ip {
+        IpAddr::V4(v4) => Some(v4),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+    };
+    match (v4, ip) {
+        (Some(v4), _) => IpAddr::V4(std::net::Ipv4Addr::from(u32::from(v4) & 0xffff_ff00)),
+        (None, IpAddr::V6(v6)) => IpAddr::V6(std::net::Ipv6Addr::from(
+            u128::from(v6) & !((1u128 << 64) - 1),
+        )),
+        (None, IpAddr::V4(_)) => ip,
+    }
 }
 
 impl Inner {
@@ -118,12 +139,14 @@ impl Inner {
     }
 
     fn add_untrusted(&mut self, id: u64, peer: IpAddr) {
-        let set = self.untrusted_of.entry(peer).or_default();
-        if let Some(old) = load_of(peer, set) {
+        self.untrusted_of.entry(peer).or_default().insert(id);
+        let net = network_of(peer);
+        let set = self.untrusted_in.entry(net).or_default();
+        if let Some(old) = load_of(net, set) {
             self.load.remove(&old);
         }
         set.insert(id);
-        if let Some(new) = load_of(peer, set) {
+        if let Some(new) = load_of(net, set) {
             self.load.insert(new);
         }
     }
@@ -132,25 +155,32 @@ impl Inner {
         let Some(set) = self.untrusted_of.get_mut(&peer) else {
             return;
         };
-        if !set.contains(&id) {
+        if !set.remove(&id) {
             return;
         }
-        if let Some(old) = load_of(peer, set) {
+        if set.is_empty() {
+            self.untrusted_of.remove(&peer);
+        }
+        let net = network_of(peer);
+        let Some(set) = self.untrusted_in.get_mut(&net) else {
+            return;
+        };
+        if let Some(old) = load_of(net, set) {
             self.load.remove(&old);
         }
         set.remove(&id);
-        match load_of(peer, set) {
+        match load_of(net, set) {
             Some(new) => {
                 self.load.insert(new);
             }
             None => {
-                self.untrusted_of.remove(&peer);
+                self.untrusted_in.remove(&net);
             }
         }
     }
 
     /// The untrusted connection to close at the total cap: the oldest of
-    /// the peer holding the most.
+    /// the network holding the most.
     fn total_cap_victim(&self) -> Option<u64> {
         self.load
             .last()
@@ -432,8 +462,9 @@ impl Connection {
 mod tests {
     use super::*;
 
-    fn ip(last: u8) -> IpAddr {
-        IpAddr::from([127, 0, 0, last])
+    /// An address in a network of its own (`network_of`).
+    fn ip(n: u8) -> IpAddr {
+        IpAddr::from([127, 0, n, 1])
     }
 
     #[test]
@@ -645,5 +676,32 @@ mod tests {
         let anon = t.admit(ip(3)).expect("anon");
         anon.unread_changed(1_000, 0);
         assert_eq!(anon.unread_answers(), 0);
+    }
+
+    /// A flood with one address per connection ties with the caller's
+    /// address; charged by network, it is one network holding the most.
+    #[test]
+    fn a_flood_spread_over_addresses_pays_as_one_network() {
+        let t = Table::new(ConnectionLimits::new(8, 8));
+        let caller = t.admit(IpAddr::from([127, 0, 0, 1])).expect("caller");
+        for i in 0..200u8 {
+            let _ = t
+                .admit(IpAddr::from([10, 9, 9, i]))
+                .expect("the flood makes its own room");
+        }
+        assert!(
+            !caller.closing.load(Ordering::Acquire),
+            "the caller's connection was taken"
+        );
+    }
+
+    #[test]
+    fn networks_are_ipv4_slash_24_and_ipv6_slash_64() {
+        let n = |s: &str| network_of(s.parse().expect("address"));
+        assert_eq!(n("192.0.2.77"), n("192.0.2.1"));
+        assert_ne!(n("192.0.2.77"), n("192.0.3.77"));
+        assert_eq!(n("::ffff:192.0.2.9"), n("192.0.2.200"));
+        assert_eq!(n("2001:db8:1:2:aaaa::1"), n("2001:db8:1:2::ffff"));
+        assert_ne!(n("2001:db8:1:2::1"), n("2001:db8:1:3::1"));
     }
 }

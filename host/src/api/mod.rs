@@ -388,7 +388,7 @@ fn describe(daemon: &Daemon, body: &[u8]) -> Response {
     if let Err(e) = parsed {
         return refusal_response(
             StatusCode::BAD_REQUEST,
-            &Refusal::request(format!("malformed DescribeRequest: {e}")),
+            &Refusal::request(connect::malformed("DescribeRequest", &e)),
         );
     }
     json_ok(&daemon.describe())

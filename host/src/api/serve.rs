@@ -40,6 +40,8 @@ use super::connections::Table;
 pub use super::connections::{Connection, ConnectionLimits};
 use super::delivery::Delivery;
 
+/// Bytes hyper may buffer on one HTTP/1 connection, each way.
+const H1_MAX_BUFFER: usize = 64 << 10;
 /// Streams one HTTP/2 connection may have open at once.
 const MAX_H2_STREAMS: u32 = 32;
 /// How long shutdown waits for answers in progress.
@@ -61,6 +63,13 @@ pub async fn serve(
         // hyper's would start as soon as a kept-alive connection goes idle;
         // ours starts at a head's first byte (`conn_io`).
         .header_read_timeout(None)
+        // What one connection may buffer of requests read ahead and answers
+        // not yet written: hyper's default (about 400 KiB) let a tokenless
+        // client that pipelines requests and never reads hold that much per
+        // connection, about 700 MB at 1,500 connections. A head still fits
+        // (hyper caps headers well below it) and answers go out in 16 KiB
+        // pieces (`delivery`).
+        .max_buf_size(H1_MAX_BUFFER)
         .keep_alive(true);
     builder
         .http2()
