@@ -138,7 +138,7 @@ fn a_timeout_exits_124_and_says_so() {
 }
 
 #[test]
-fn without_an_answer_or_a_token_it_exits_126() {
+fn without_an_answer_it_exits_126_and_without_a_token_125() {
     let s = Scratch::new("cli-unknown");
     let file = write(&s.0, "a.js", "console.log(1)");
     // Nothing listens there.
@@ -155,8 +155,8 @@ fn without_an_answer_or_a_token_it_exits_126() {
         "{}",
         text(&out.stderr)
     );
-    // A daemon with callers, asked without a token: unauthenticated, which
-    // the daemon does not mark, so 126 too.
+    // A daemon with callers, asked without a token: refused before the
+    // body was read, which the daemon marks (`permission`), so 125.
     let callers = s.path("callers.json");
     let created = Command::new(cli())
         .args(["callers", "create", "--file"])
@@ -171,9 +171,9 @@ fn without_an_answer_or_a_token_it_exits_126() {
         ("PLIMSOLL_CLIENTS_FILE", f.as_str()),
     ]);
     let out = plimsoll(Some(&d), &["run", &file], None);
-    assert_eq!(out.status.code(), Some(126));
+    assert_eq!(out.status.code(), Some(125));
     assert!(
-        text(&out.stderr).contains("unauthenticated"),
+        text(&out.stderr).contains("permission"),
         "{}",
         text(&out.stderr)
     );
@@ -732,4 +732,29 @@ fn a_project_is_read_without_following_links_or_opening_pipes() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// An answer whose words carry terminal escapes or a bidirectional
+/// override cannot rewrite the summary line: the tier shown is the one the
+/// answer states, every control character replaced.
+#[test]
+fn an_answers_words_cannot_rewrite_the_summary_line() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut answer = answer_with_extra_artifacts();
+    answer["sandbox"] = json!("fake\u{1b}[2K\r\u{1b}[32mplimsoll: vm \u{202e}");
+    let (url, _) = fake_daemon(&rt, answer);
+    let s = Scratch::new("cli-escapes");
+    write(&s.0, "p/Makefile", "all:\n");
+    let project = s.path("p").display().to_string();
+    let out = run_against(&url, &["run", "--project", &project, "--step", "make"]);
+    let err = text(&out.stderr);
+    let summary = err
+        .lines()
+        .find(|l| l.contains(" · exit "))
+        .unwrap_or_else(|| panic!("no summary line in {err:?}"));
+    assert!(
+        !summary.chars().any(|c| c.is_control() || c == '\u{202e}'),
+        "{summary:?}"
+    );
+    assert!(summary.contains(" · container · "), "{summary:?}");
 }

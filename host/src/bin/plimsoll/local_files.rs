@@ -232,7 +232,10 @@ pub(crate) fn write_artifacts(project: &Value, asked: &[String], out: &Path) -> 
                 target.display()
             )
         })?;
-        eprintln!("plimsoll: wrote {}", target.display());
+        eprintln!(
+            "plimsoll: wrote {}",
+            crate::run::shown(&target.display().to_string())
+        );
     }
     Ok(())
 }

@@ -128,8 +128,8 @@ pub fn describe(args: DescribeArgs) -> ExitCode {
     } else {
         println!(
             "provider {} · isolation {}{}{}",
-            answer["sandbox"].as_str().unwrap_or("?"),
-            answer["isolation"].as_str().unwrap_or("?"),
+            shown(answer["sandbox"].as_str().unwrap_or("?")),
+            shown(answer["isolation"].as_str().unwrap_or("?")),
             if answer["supportsProject"].as_bool() == Some(true) {
                 " · projects"
             } else {
@@ -238,8 +238,22 @@ fn drive(
 }
 
 fn fail(code: u8, why: &str) -> ExitCode {
-    eprintln!("plimsoll: {why}");
+    eprintln!("plimsoll: {}", shown(why));
     ExitCode::from(code)
+}
+
+/// Text from an answer (or an error carrying one) as this CLI's own lines
+/// show it: a control character or a bidirectional override could
+/// otherwise rewrite what the terminal shows (a summary line claiming
+/// another tier), so each becomes U+FFFD. The program's own output is
+/// printed as it is: it is the program's, and said to be.
+pub(crate) fn shown(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+            if c.is_control() || bidi { '\u{fffd}' } else { c }
+        })
+        .collect()
 }
 
 /// The Run request the arguments describe.
@@ -301,7 +315,7 @@ fn print_project(answer: &Value, asked: &[String], out: Option<&Path>) -> Result
         .map(Vec::as_slice)
         .unwrap_or_default()
     {
-        eprintln!("$ {}", step["command"].as_str().unwrap_or(""));
+        eprintln!("$ {}", shown(step["command"].as_str().unwrap_or("")));
         let _ = std::io::stdout().write_all(&client::bytes(&step["stdout"]));
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().write_all(&client::bytes(&step["stderr"]));
@@ -357,10 +371,10 @@ fn summary(answer: &Value, code: u8) -> String {
     }
     format!(
         "plimsoll: {} · {} · exit {code} · {} ms{} · record {}",
-        answer["sandbox"].as_str().unwrap_or("?"),
-        answer["isolation"].as_str().unwrap_or("?"),
-        answer["durationMs"].as_str().unwrap_or("0"),
+        shown(answer["sandbox"].as_str().unwrap_or("?")),
+        shown(answer["isolation"].as_str().unwrap_or("?")),
+        shown(answer["durationMs"].as_str().unwrap_or("0")),
         notes.iter().map(|n| format!(" · {n}")).collect::<String>(),
-        answer["record"]["recordSha256"].as_str().unwrap_or("?"),
+        shown(answer["record"]["recordSha256"].as_str().unwrap_or("?")),
     )
 }
