@@ -746,7 +746,21 @@ fn an_answers_words_cannot_rewrite_the_summary_line() {
     let s = Scratch::new("cli-escapes");
     write(&s.0, "p/Makefile", "all:\n");
     let project = s.path("p").display().to_string();
-    let out = run_against(&url, &["run", "--project", &project, "--step", "make"]);
+    // An --out of its own: nothing is asked for, and a CLI that wrote the
+    // answer's artifacts anyway must not litter the working directory.
+    let out_dir = s.path("out").display().to_string();
+    let out = run_against(
+        &url,
+        &[
+            "run",
+            "--project",
+            &project,
+            "--step",
+            "make",
+            "--out",
+            &out_dir,
+        ],
+    );
     let err = text(&out.stderr);
     let summary = err
         .lines()
