@@ -262,3 +262,17 @@ fn is_loopback(url: &str) -> bool {
         None => false,
     }
 }
+
+/// Text from an answer (or an error carrying one) as this CLI's own lines
+/// show it: a control character or a bidirectional override could
+/// otherwise rewrite what the terminal shows (a summary line claiming
+/// another tier), so each becomes U+FFFD. The program's own output is
+/// printed as it is: it is the program's, and said to be.
+pub(crate) fn shown(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+            if c.is_control() || bidi { '\u{fffd}' } else { c }
+        })
+        .collect()
+}

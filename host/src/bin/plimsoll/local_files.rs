@@ -234,7 +234,7 @@ pub(crate) fn write_artifacts(project: &Value, asked: &[String], out: &Path) -> 
         })?;
         eprintln!(
             "plimsoll: wrote {}",
-            crate::run::shown(&target.display().to_string())
+            client::shown(&target.display().to_string())
         );
     }
     Ok(())

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::client::{self, Api, Failure};
+use crate::client::{self, Api, Failure, shown};
 use crate::local_files::{check_artifact_names, project_files, read_snippet, write_artifacts};
 
 pub const EXIT_NOT_DISPATCHED: u8 = 125;
@@ -240,20 +240,6 @@ fn drive(
 fn fail(code: u8, why: &str) -> ExitCode {
     eprintln!("plimsoll: {}", shown(why));
     ExitCode::from(code)
-}
-
-/// Text from an answer (or an error carrying one) as this CLI's own lines
-/// show it: a control character or a bidirectional override could
-/// otherwise rewrite what the terminal shows (a summary line claiming
-/// another tier), so each becomes U+FFFD. The program's own output is
-/// printed as it is: it is the program's, and said to be.
-pub(crate) fn shown(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-            if c.is_control() || bidi { '\u{fffd}' } else { c }
-        })
-        .collect()
 }
 
 /// The Run request the arguments describe.
