@@ -134,17 +134,7 @@ pub async fn first_sight(daemon: &Daemon, f: &Forward) -> Sight {
             );
             Sight::Replayed
         }
-        FirstSight::Unknown => {
-            let shed = Shed::StoreUnavailable;
-            daemon
-                .metrics()
-                .shed
-                .with_label_values(&[shed.label()])
-                .inc();
-            Sight::Refused(Box::new(error_response(
-                Refusal::capacity(shed.text()).into(),
-            )))
-        }
+        FirstSight::Unknown => Sight::Refused(Box::new(store_unavailable(daemon))),
     }
 }
 
@@ -210,15 +200,7 @@ pub async fn owner_home(
     let url = match replicas.owner_home(&caller.id, owner).await {
         Home::Here(place) => return Ok(Some(place)),
         Home::Elsewhere(url) => url,
-        Home::Unavailable => {
-            let shed = Shed::StoreUnavailable;
-            daemon
-                .metrics()
-                .shed
-                .with_label_values(&[shed.label()])
-                .inc();
-            return Err(error_response(Refusal::capacity(shed.text()).into()));
-        }
+        Home::Unavailable => return Err(store_unavailable(daemon)),
         Home::Unsigned => {
             tracing::warn!(
                 "the store names a holder of an owner's sessions that the replicas did not sign"
@@ -308,4 +290,16 @@ fn relayed(status: u16, headers: Vec<(String, Vec<u8>)>, body: Bytes) -> Respons
         }
     }
     resp
+}
+
+/// The shared store did not answer: counted as shed and refused, marked
+/// `capacity`, as admission refuses when it cannot count.
+fn store_unavailable(daemon: &Daemon) -> Response {
+    let shed = Shed::StoreUnavailable;
+    daemon
+        .metrics()
+        .shed
+        .with_label_values(&[shed.label()])
+        .inc();
+    error_response(Refusal::capacity(shed.text()).into())
 }
