@@ -13,15 +13,19 @@ use serde_json::{Value, json};
 
 const TOKEN: &str = "connections-test-token-0123456789abcdef";
 
-/// `hold.py` holding connections to `addr` (`host:port`) until dropped.
-struct Held {
+/// A load script from `load/` (`hold.py`, `churn.py`) run against `addr`
+/// (`host:port`) until told to finish: it says `ready` once under way, and
+/// its last line is a word and a count.
+struct LoadScript {
     child: Child,
 }
 
-impl Held {
-    fn start(addr: &str, plan: &Value) -> Held {
+impl LoadScript {
+    fn start(script: &str, addr: &str, plan: &Value, ready: &str) -> LoadScript {
         let (host, port) = addr.rsplit_once(':').expect("host:port");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("load/hold.py");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("load")
+            .join(script);
         let mut child = Command::new("python3")
             .arg(script)
             .args([host, port])
@@ -29,34 +33,64 @@ impl Held {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .expect("python3 hold.py");
+            .expect("python3 load script");
         let mut line = String::new();
         BufReader::new(child.stdout.as_mut().expect("stdout"))
             .read_line(&mut line)
-            .expect("hold.py output");
-        assert!(line.starts_with("held "), "hold.py said {line:?}");
-        Held { child }
+            .expect("load script output");
+        assert!(line.starts_with(ready), "the load script said {line:?}");
+        LoadScript { child }
     }
 
-    /// Lets go, and returns how many the server had closed by then.
-    fn release(mut self) -> usize {
+    /// Closes its stdin, and returns the count on its last line, which
+    /// must begin with `word`.
+    fn finish(mut self, word: &str) -> usize {
         drop(self.child.stdin.take());
         let mut out = String::new();
         BufReader::new(self.child.stdout.as_mut().expect("stdout"))
             .read_line(&mut out)
-            .expect("hold.py output");
+            .expect("load script output");
         let _ = self.child.wait();
         out.trim()
-            .strip_prefix("closed ")
-            .and_then(|n| n.parse().ok())
-            .expect("closed N")
+            .strip_prefix(word)
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("expected {word:?} N, got {out:?}"))
     }
 }
 
-impl Drop for Held {
+impl Drop for LoadScript {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `hold.py` holding connections to `addr` until released.
+struct Held(LoadScript);
+
+impl Held {
+    fn start(addr: &str, plan: &Value) -> Held {
+        Held(LoadScript::start("hold.py", addr, plan, "held "))
+    }
+
+    /// Lets go, and returns how many the server had closed by then.
+    fn release(self) -> usize {
+        self.0.finish("closed")
+    }
+}
+
+/// `churn.py` against `addr`: a flood that reopens every connection the
+/// server closes, until stopped (or its own time limit).
+struct Churn(LoadScript);
+
+impl Churn {
+    fn start(addr: &str, plan: &Value) -> Churn {
+        Churn(LoadScript::start("churn.py", addr, plan, "churning\n"))
+    }
+
+    /// Stops it, and returns how many connections it had to reopen.
+    fn stop(self) -> usize {
+        self.0.finish("reopened")
     }
 }
 
@@ -244,54 +278,6 @@ async fn a_connection_that_never_begins_a_request_is_closed() {
         waited >= Duration::from_secs(4) && waited < Duration::from_secs(13),
         "closed after {waited:?}"
     );
-}
-
-/// `churn.py` against `addr`: a flood that reopens every connection the
-/// server closes, until stopped (or its own time limit).
-struct Churn {
-    child: Child,
-}
-
-impl Churn {
-    fn start(addr: &str, plan: &Value) -> Churn {
-        let (host, port) = addr.rsplit_once(':').expect("host:port");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("load/churn.py");
-        let mut child = Command::new("python3")
-            .arg(script)
-            .args([host, port])
-            .arg(plan.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3 churn.py");
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().expect("stdout"))
-            .read_line(&mut line)
-            .expect("churn.py output");
-        assert_eq!(line.trim(), "churning", "churn.py said {line:?}");
-        Churn { child }
-    }
-
-    /// Stops it, and returns how many connections it had to reopen.
-    fn stop(mut self) -> usize {
-        drop(self.child.stdin.take());
-        let mut out = String::new();
-        BufReader::new(self.child.stdout.as_mut().expect("stdout"))
-            .read_line(&mut out)
-            .expect("churn.py output");
-        let _ = self.child.wait();
-        out.trim()
-            .strip_prefix("reopened ")
-            .and_then(|n| n.parse().ok())
-            .expect("reopened N")
-    }
-}
-
-impl Drop for Churn {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Connects, waits `gap` (a slow network, a TLS handshake) without sending
