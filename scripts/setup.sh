@@ -17,7 +17,6 @@ command -v clang >/dev/null || need_apt+=(clang)
 command -v llvm-ar >/dev/null || need_apt+=(llvm)
 [ -d /usr/include/wasm32-wasi ] || need_apt+=(wasi-libc)
 command -v dockerd >/dev/null || need_apt+=(docker.io)
-command -v runsc >/dev/null || need_apt+=(runsc)
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
 # The E2B adapter tests make a test CA and a server certificate for fake-e2b.
 command -v openssl >/dev/null || need_apt+=(openssl)
@@ -31,6 +30,45 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
+
+# gVisor: the runsc the workload corpus passed under, from Debian's
+# bookworm-backports (Debian 12's own, from 2022, fails `ls` and `stat` in
+# every sandbox: its statx answers EINVAL). Backports are pinned to
+# priority 1 for every other package, so nothing else on the system moves;
+# runsc alone is pinned to this exact version, and checked after.
+RUNSC_VERSION="0.0~20240729.0-4~bpo12+2"
+RUNSC_STATES="runsc version 0.0~20240729.0"
+if [ "$(dpkg-query -W -f '${Version}' runsc 2>/dev/null || true)" != "$RUNSC_VERSION" ]; then
+  echo "setup: installing runsc $RUNSC_VERSION from bookworm-backports"
+  mirror="$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)"
+  [ -n "$mirror" ] || mirror="$(awk '$1 == "deb" && $3 == "bookworm" {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)"
+  [ -n "$mirror" ] || mirror="http://deb.debian.org/debian"
+  cat > /etc/apt/sources.list.d/plimsoll-bookworm-backports.sources <<SOURCES
+Types: deb
+URIs: $mirror
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+  cat > /etc/apt/preferences.d/plimsoll-runsc <<PREFS
+Package: *
+Pin: release n=bookworm-backports
+Pin-Priority: 1
+
+Package: runsc
+Pin: version $RUNSC_VERSION
+Pin-Priority: 1001
+PREFS
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "runsc=$RUNSC_VERSION" >/dev/null
+fi
+[ "$(dpkg-query -W -f '${Version}' runsc)" = "$RUNSC_VERSION" ] || {
+  echo "setup: runsc is not $RUNSC_VERSION" >&2; exit 1
+}
+[ "$(/usr/bin/runsc --version | head -1)" = "$RUNSC_STATES" ] || {
+  echo "setup: /usr/bin/runsc does not state $RUNSC_STATES" >&2; exit 1
+}
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
   echo "setup: adding the wasm32-wasip2 Rust target"

@@ -83,6 +83,9 @@ async fn runc_is_the_container_tier_and_runs_snippets_and_projects() {
         format!("docker-image:{}", plimsoll_tests::sandbox_image())
     );
     assert_eq!(info.body["resources"]["pids"], 256);
+    // runc's version, as the engine reports it, is stated.
+    let runtime = info.body["runtime"].as_str().expect("runtime stated");
+    assert!(runtime.starts_with("runc "), "{runtime}");
 
     let a = js(
         &d,
@@ -219,6 +222,15 @@ async fn runsc_is_verified_as_the_kernel_tier() {
     let d = docker("runsc", &[]);
     let info = call(&d, "Describe", &json!({})).await;
     assert_eq!(info.body["isolation"], "kernel", "{:?}", info.body);
+    // The gVisor release the kernel tier rests on is stated, and it is the
+    // one the workload corpus was proven with or newer.
+    let runtime = info.body["runtime"].as_str().expect("runtime stated");
+    let release: u32 = runtime
+        .strip_prefix("runsc 0.0~")
+        .and_then(|v| v.get(..8))
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("{runtime}"));
+    assert!(release >= 20_240_729, "{runtime}");
     let mut req = js_run("console.log(require('os').release())");
     req["minimumIsolation"] = json!("kernel");
     let a = call(&d, "Run", &req).await;
@@ -231,9 +243,11 @@ async fn runsc_is_verified_as_the_kernel_tier() {
     // The startup evidence names the runtime and every argument the engine
     // passes it.
     assert!(
-        d.log_lines().iter().any(|l| l.contains("runtime runsc at")
-            && l.contains("--network=none")
-            && l.contains("--host-uds=open")),
+        d.log_lines()
+            .iter()
+            .any(|l| l.contains(&format!("runtime {runtime} at"))
+                && l.contains("--network=none")
+                && l.contains("--host-uds=open")),
         "the runtime's arguments are not in the startup evidence"
     );
     assert_no_leftovers(d);
@@ -595,4 +609,37 @@ fn startup_refuses_what_it_cannot_verify() {
     );
     assert_ne!(code, Some(0));
     assert!(text.contains("SANDBOX_DOCKER_RUNTIME"), "{text}");
+}
+
+/// A runtime that answers statx with EINVAL, as Debian 12's runsc does,
+/// breaks `ls -la` and `stat` in every sandbox: the daemon must refuse to
+/// start, naming the command, rather than serve a tier where an agent's
+/// first command fails. The runtime's behaviour is reproduced for real
+/// under runc, with a seccomp profile (the shipped one, statx made to fail
+/// with EINVAL) given through the operator's own setting.
+#[test]
+fn a_runtime_that_breaks_ls_is_refused_at_start() {
+    let mut profile: Value =
+        serde_json::from_str(include_str!("../plugins/docker/seccomp.json")).expect("profile");
+    let rules = profile["syscalls"].as_array_mut().expect("syscalls");
+    for rule in rules.iter_mut() {
+        if let Some(names) = rule["names"].as_array_mut() {
+            names.retain(|n| n != "statx");
+        }
+    }
+    rules.push(json!({"names": ["statx"], "action": "SCMP_ACT_ERRNO", "errnoRet": 22}));
+    let dir = plimsoll_tests::Scratch::new("statx-einval");
+    let path = dir.path("statx-einval.json");
+    std::fs::write(&path, profile.to_string()).expect("profile written");
+    let image = plimsoll_tests::sandbox_image();
+    let (code, text) = plimsoll_tests::run_to_exit(
+        &[],
+        &[
+            ("SANDBOX_PROVIDER", "docker"),
+            ("SANDBOX_DOCKER_IMAGE", image.as_str()),
+            ("SANDBOX_DOCKER_SECCOMP", path.to_str().expect("utf-8 path")),
+        ],
+    );
+    assert!(code.is_some_and(|c| c != 0), "{code:?}: {text}");
+    assert!(text.contains("`ls -la` fails inside the sandbox"), "{text}");
 }

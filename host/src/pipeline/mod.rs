@@ -281,6 +281,7 @@ impl Daemon {
             pids: r.pids,
             disk_mb: r.disk_mb,
         });
+        d.runtime = self.provider.runtime().unwrap_or_default();
         d.policy = ev.policy;
         d
     }

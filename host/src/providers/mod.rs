@@ -123,6 +123,13 @@ pub trait Provider: Send + Sync {
         None
     }
 
+    /// The container runtime behind the tier and its version, as verified
+    /// at start (`runsc 0.0~20240729.0`), for providers that run
+    /// containers on this host's engine.
+    fn runtime(&self) -> Option<String> {
+        None
+    }
+
     /// A refusal for every run, for a daemon that has no way to run
     /// anything.
     fn refuses_everything(&self) -> Option<Refusal> {

@@ -129,6 +129,12 @@ impl Provider for PluginProvider {
         })
     }
 
+    fn runtime(&self) -> Option<String> {
+        self.backend()
+            .map(|b| b.facts().runtime_version.clone())
+            .filter(|v| !v.is_empty())
+    }
+
     fn ready(&self) -> Result<(), NotReady> {
         PluginProvider::ready(self)
     }

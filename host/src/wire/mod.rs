@@ -392,6 +392,10 @@ pub struct DescribeResponse {
     pub project_environment: Option<PayloadEnvironment>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resources: Option<RunResources>,
+    /// The container runtime and its version the host verified at start
+    /// (this daemon's own field; clients that do not know it skip it).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub runtime: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub policy: String,
     #[serde(skip_serializing_if = "is_false")]

@@ -29,6 +29,7 @@ mod envelope;
 mod lifecycle;
 mod owner;
 mod pool;
+mod runtime_version;
 mod session;
 pub mod settings;
 mod smoke;
@@ -121,6 +122,12 @@ impl DockerEngine {
             .map_err(|e| format!("docker info: {}", short(&e)))?;
 
         let runtime = verify_runtime(&settings, &info)?;
+        // The gVisor the kernel tier rests on must be one the workload
+        // corpus passed under (runtime_version.rs).
+        let runsc_version = match &runtime.path {
+            Some(path) => runtime_version::runsc_version(path).await?,
+            None => String::new(),
+        };
         let pids = if settings.gvisor() {
             pids_cgroup_root(&info)?
         } else {
@@ -138,6 +145,7 @@ impl DockerEngine {
             image_env,
             guest_uid: settings.guest_uid,
             runtime: settings.runtime.clone(),
+            runtime_version: runtime.stated(&runsc_version),
             languages: vec![],
             tier,
             checks: vec![],
@@ -162,7 +170,7 @@ impl DockerEngine {
         };
         let (mut checks, languages) = engine.smoke().await?;
         let v = Arc::make_mut(&mut engine.verified);
-        checks.extend(v.runtime.describe());
+        checks.push(v.runtime.describe(&runsc_version));
         v.facts.checks = checks;
         v.facts.languages = languages;
         for check in &engine.verified.facts.checks {
@@ -247,7 +255,7 @@ impl DockerEngine {
         if runtime != self.verified.runtime {
             return Err(NotReady::new(
                 "runtime_changed",
-                "the engine's runtime no longer resolves to the executable and arguments verified at start",
+                "the engine's runtime no longer resolves to the executable, version and arguments verified at start",
             ));
         }
         let image = self

@@ -1,7 +1,9 @@
 //! The smoke test: one container created exactly as runs are, proving from
 //! inside what the tier rests on (the user, a read-only root, which mounts
 //! accept writes and how big they are, loopback as the only interface, the
-//! process limit, the interpreters). The report is judged by a pure
+//! process limit, the interpreters), and that the first things an agent
+//! runs work there (`ls -la`, `stat`, `find`: a runtime that answers
+//! statx with EINVAL breaks the first two). The report is judged by a pure
 //! function, tested on recorded reports from both runtimes.
 
 use std::collections::HashMap;
@@ -97,6 +99,11 @@ awk -F: 'NR > 2 { gsub(/ /, "", $1); print "iface " $1 }' /proc/net/dev
 for f in /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/pids.max; do
   if [ -r "$f" ]; then echo "pids $(cat "$f")"; break; fi
 done
+cd /work && printf 'plimsoll\n' > smoke.txt
+if ls -la /work 2>/dev/null | grep -q ' smoke\.txt$'; then echo "works ls -la"; fi
+if [ "$(stat -c %s /work/smoke.txt 2>/dev/null)" = 9 ]; then echo "works stat"; fi
+if [ "$(find /work -name smoke.txt 2>/dev/null)" = /work/smoke.txt ]; then echo "works find"; fi
+rm -f /work/smoke.txt
 if node -e 'process.stdout.write("node-ran\n")' 2>/dev/null | grep -qx node-ran; then echo "lang javascript"; fi
 if python3 -c 'print("python-ran")' 2>/dev/null | grep -qx python-ran; then echo "lang python"; fi
 "#;
@@ -212,8 +219,24 @@ fn judge_smoke(report: &str, want: &Expectations) -> Result<Vec<String>, String>
         }
         checks.push(format!("process limit {pids} on the container's cgroup"));
     }
+
+    let works = field("works ");
+    for command in ORDINARY_COMMANDS {
+        if !works.iter().any(|w| w == command) {
+            return Err(format!(
+                "`{command}` fails inside the sandbox: this runtime or image breaks what agents run first (Debian 12's runsc answers statx with EINVAL)"
+            ));
+        }
+    }
+    checks.push(format!(
+        "ordinary commands work: {}",
+        ORDINARY_COMMANDS.join(", ")
+    ));
     Ok(checks)
 }
+
+/// The corpus commands the smoke test runs on a file it wrote in /work.
+const ORDINARY_COMMANDS: [&str; 3] = ["ls -la", "stat", "find"];
 
 fn smoke_languages(report: &str) -> Vec<String> {
     report
@@ -253,6 +276,9 @@ writable /work
 writable /tmp
 iface lo
 pids 256
+works ls -la
+works stat
+works find
 lang javascript
 lang python
 ";
@@ -270,7 +296,29 @@ writable /work
 writable /dev/shm
 iface lo
 pids max
+works ls -la
+works stat
+works find
 lang javascript
+lang python
+";
+
+    /// Recorded under Debian 12's runsc (0.0~20221219.0): statx answers
+    /// EINVAL, so `ls -la` and `stat` fail; `find` does not call it.
+    const RUNSC_2022: &str = "user 61000:61000
+mount 8 8 0:8 / / ro  - 9p none ro,trans=fd
+mount 9 8 0:6 / /dev rw  - tmpfs none rw,mode=0755
+mount 11 8 0:10 / /tmp rw,noexec  - tmpfs none rw,size=16m
+mount 13 8 0:12 / /work rw,noexec  - tmpfs none rw,mode=1777,size=128m
+mount 15 9 0:14 / /dev/shm rw,noexec  - tmpfs none rw,mode=1777,size=16777216
+writable /tmp
+writable /work
+writable /dev/shm
+iface lo
+pids max
+works find
+lang javascript
+lang python
 ";
 
     fn want(gvisor: bool) -> Expectations {
@@ -289,7 +337,18 @@ lang javascript
         judge_smoke(RUNC, &want(false)).expect("runc report");
         judge_smoke(RUNSC, &want(true)).expect("runsc report");
         assert_eq!(smoke_languages(RUNC), ["javascript", "python"]);
-        assert_eq!(smoke_languages(RUNSC), ["javascript"]);
+        assert_eq!(smoke_languages(RUNSC), ["javascript", "python"]);
+    }
+
+    #[test]
+    fn a_runtime_that_breaks_ls_is_refused() {
+        let e = judge_smoke(RUNSC_2022, &want(true)).expect_err("2022 runsc passed");
+        assert!(e.contains("`ls -la` fails inside the sandbox"), "{e}");
+        for command in ORDINARY_COMMANDS {
+            let report = RUNC.replacen(&format!("works {command}\n"), "", 1);
+            let e = judge_smoke(&report, &want(false)).expect_err(command);
+            assert!(e.contains(&format!("`{command}` fails")), "{e}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! sandbox's process limit lives, and the image, pinned by ID with nothing
 //! in it that changes how programs load.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -46,24 +46,62 @@ pub const ALLOWED_RUNSC_ARGS: &[&str] = &[
     "--platform=ptrace",
 ];
 
-/// What the runtime resolved to: for gVisor, the executable and the
-/// arguments the engine passes it. Compared on every readiness probe.
+/// What the runtime resolved to: for gVisor, the executable (and the file
+/// it is) and the arguments the engine passes it; for runc, the version
+/// the engine reports. Compared on every readiness probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct RuntimeEvidence {
     pub(super) path: Option<PathBuf>,
     pub(super) args: Vec<String>,
+    /// The runsc executable as a file: replaced or rewritten since start
+    /// (a package upgrade or downgrade), it is no longer the one whose
+    /// version was read.
+    pub(super) file: Option<FileIdentity>,
+    /// runc's version as the engine reports it (its commit field).
+    pub(super) engine_version: String,
+}
+
+/// Device, inode, size and modification time of an executable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+}
+
+impl FileIdentity {
+    fn of(meta: &std::fs::Metadata) -> FileIdentity {
+        FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        }
+    }
 }
 
 impl RuntimeEvidence {
+    /// The runtime and its version, as Describe states it: `runsc
+    /// 0.0~20240729.0` (the version read at start), `runc 1.1.5`.
+    pub(super) fn stated(&self, runsc_version: &str) -> String {
+        match &self.path {
+            Some(_) => format!("runsc {runsc_version}"),
+            None if self.engine_version.is_empty() => "runc".to_string(),
+            None => format!("runc {}", self.engine_version),
+        }
+    }
+
     /// A line for the operator's log and the startup evidence.
-    pub(super) fn describe(&self) -> Option<String> {
-        self.path.as_ref().map(|p| {
-            format!(
-                "runtime runsc at {} with arguments [{}]",
+    pub(super) fn describe(&self, runsc_version: &str) -> String {
+        match &self.path {
+            Some(p) => format!(
+                "runtime runsc {runsc_version} at {} with arguments [{}]",
                 p.display(),
                 self.args.join(" ")
-            )
-        })
+            ),
+            None => format!("runtime {} (the engine's default)", self.stated("")),
+        }
     }
 }
 
@@ -84,9 +122,17 @@ pub(super) fn verify_runtime(
                     "the docker engine's default runtime is {default:?}, not runc; set SANDBOX_DOCKER_RUNTIME to a runtime plimsoll verifies"
                 ));
             }
+            let engine_version = info
+                .runc_commit
+                .as_ref()
+                .and_then(|c| c.id.as_deref())
+                .map(|v| crate::text::sanitize(v, 64))
+                .unwrap_or_default();
             Ok(RuntimeEvidence {
                 path: None,
                 args: vec![],
+                file: None,
+                engine_version,
             })
         }
         "runsc" => {
@@ -95,7 +141,7 @@ pub(super) fn verify_runtime(
                 return Err("the docker engine does not register the runtime runsc".into());
             };
             let path = rt.path.clone().unwrap_or_default();
-            let resolved = resolve_executable(&path)
+            let (resolved, file) = resolve_executable(&path)
                 .ok_or_else(|| format!("the engine's runsc runtime points at {path:?}, which is not an executable on this host"))?;
             if resolved.file_name().and_then(|n| n.to_str()) != Some("runsc") {
                 return Err(format!(
@@ -108,6 +154,8 @@ pub(super) fn verify_runtime(
             Ok(RuntimeEvidence {
                 path: Some(resolved),
                 args,
+                file: Some(file),
+                engine_version: String::new(),
             })
         }
         other => Err(format!(
@@ -133,7 +181,7 @@ pub(super) fn check_runsc_args(args: &[String]) -> Result<(), String> {
 
 /// A path as the engine would run it: absolute, or searched on PATH; then
 /// symlinks resolved, and it must be an executable file.
-fn resolve_executable(path: &str) -> Option<PathBuf> {
+fn resolve_executable(path: &str) -> Option<(PathBuf, FileIdentity)> {
     if path.is_empty() {
         return None;
     }
@@ -154,7 +202,8 @@ fn resolve_executable(path: &str) -> Option<PathBuf> {
     };
     let real = std::fs::canonicalize(candidate).ok()?;
     let meta = std::fs::metadata(&real).ok()?;
-    (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(real)
+    (meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        .then(|| (real, FileIdentity::of(&meta)))
 }
 
 /// Where gVisor sandboxes' process limits go: the host's pids cgroup under

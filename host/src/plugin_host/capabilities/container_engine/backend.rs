@@ -74,6 +74,9 @@ pub struct BackendFacts {
     pub guest_uid: u32,
     /// The OCI runtime ("" is the engine's default, runc).
     pub runtime: String,
+    /// The runtime and its version as verified at start, for Describe:
+    /// `runsc 0.0~20240729.0`, `runc 1.1.5+ds1-1+deb12u1`.
+    pub runtime_version: String,
     /// Interpreters the backend's smoke test ran.
     pub languages: Vec<String>,
     /// The tier the backend's evidence stands behind.

@@ -42,6 +42,7 @@ impl Fake {
                 image_env: vec!["PATH=/bin".into()],
                 guest_uid: 61000,
                 runtime: String::new(),
+                runtime_version: String::new(),
                 languages: vec!["javascript".into()],
                 tier: Tier::Container,
                 checks: vec![],
