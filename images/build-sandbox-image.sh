@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds the guest image runs use, locally: no image registry is reachable
 # from this machine, and a locally built image is one whose contents we can
-# name. Debian bookworm, minbase, with python3 (its standard library, json
-# and http.client included: the grant client needs them) and node; nothing
-# else.
+# name. Debian bookworm, minbase (coreutils, findutils, grep, sed, mawk,
+# tar, gzip, diffutils, dash), with python3 (its standard library, json and
+# http.client included: the grant client needs them), node, and the tools
+# the workload corpus (tests/workloads) shows agents reach for: git, procps
+# (ps), xz-utils, bzip2, unzip and patch. docs/image.md says what is in it
+# and why; nothing else is.
 #
 # node is the upstream Linux build of node 24 (24.22.3, of the line in
 # long-term support until April 2028; 18, used before, reached its end of
@@ -65,7 +68,7 @@ actual="sha512-$(openssl dgst -sha512 -binary "$node_dir/node.tgz" | base64 -w0)
 tar -C "$node_dir" -xzf "$node_dir/node.tgz" package/bin/node package/LICENSE
 
 # libstdc++ is the one library the upstream node needs that minbase lacks.
-debootstrap --variant=minbase --include=python3,libstdc++6 bookworm "$root" "$mirror" >"$root.log" 2>&1 || {
+debootstrap --variant=minbase --include=python3,libstdc++6,git,procps,xz-utils,bzip2,unzip,patch bookworm "$root" "$mirror" >"$root.log" 2>&1 || {
   tail -20 "$root.log" >&2; rm -f "$root.log"; exit 1
 }
 rm -f "$root.log"

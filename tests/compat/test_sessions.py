@@ -335,7 +335,8 @@ def test_docker_cells_projects_and_workspace(docker):
         assert r.stdout_text == "'hello'\n"
         # No process a call starts outlives it.
         s.run_project({}, ["(sleep 300 &) ; echo started"])
-        r = s.run_project({}, ["ps -eo comm | grep -c '^sleep' || true"])
+        # ps must exist and run: without it a count of 0 would prove nothing.
+        r = s.run_project({}, ["ps -eo comm > procs.txt && grep -c '^sleep' procs.txt || true"])
         assert r.steps[0].stdout_text.strip() == "0", r.steps[0].stdout_text
 
         ws = Workspace(s, timeout=30)
