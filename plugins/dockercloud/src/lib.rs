@@ -49,7 +49,10 @@ const NAME: &str = "dockercloud";
 /// running when it expires is cut off, so a run ends well inside it.
 pub const MAX_RUN_MS: u32 = 270_000;
 /// Where a snippet is written; it runs with no working directory given.
-const SNIPPET: &str = "/tmp/plimsoll-snippet.cjs";
+/// A `.js` file with no package.json: node reads it as CommonJS unless it
+/// uses module syntax (top-level `await`, `import`), as `node -` does on
+/// the docker tiers; `.cjs` would make top-level `await` a syntax error.
+const SNIPPET: &str = "/tmp/plimsoll-snippet.js";
 
 struct DockerCloud;
 

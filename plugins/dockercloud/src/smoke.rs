@@ -78,8 +78,8 @@ pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
         "the wrapper ends a command at its time limit",
     );
     checks.check(
-        flood.stdout.len() == CAP as usize && flood.stdout_truncated,
-        "the wrapper cuts output at exactly the cap",
+        flood.stdout.len() == CAP as usize && flood.stdout_truncated && flood.exit_code == 0,
+        "the wrapper cuts output at exactly the cap, and the writer's exit status survives the cut",
     );
     Ok(PreflightReport {
         passed: checks.passed(),
@@ -116,7 +116,8 @@ fn probe(
         CAP,
         wire::after_ms(3_500).min(deadline),
     )?;
-    let flood = sandbox.run(&["yes"], None, CAP, deadline)?;
+    // More than the cap, from a program that then exits 0 on its own.
+    let flood = sandbox.run(&["head", "-c", "200000", "/dev/zero"], None, CAP, deadline)?;
     Ok((out, slept, flood))
 }
 

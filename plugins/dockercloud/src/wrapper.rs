@@ -1,10 +1,12 @@
 //! Every command runs inside the VM under a small POSIX shell wrapper: the
 //! service's exec takes no time limit and no output limit, so the wrapper
 //! brings both. It runs the command under `timeout -s KILL <secs>`, passes
-//! each stream through its own `head -c <cap>` (the guest gets SIGPIPE past
-//! it, so a flood ends the process rather than filling the answer), and
-//! since POSIX sh has no pipefail, carries the command's status out through
-//! a file (125 when none was written).
+//! each stream through its own `head -c <cap>` and throws away the rest
+//! inside the VM (so the answer never carries more than the cap, and a
+//! program that prints past it is not killed by SIGPIPE: its exit status is
+//! its own, as on every other tier), and since POSIX sh has no pipefail,
+//! carries the command's status out through a file (125 when none was
+//! written).
 
 use base64::Engine;
 use serde_json::Value;
@@ -19,7 +21,7 @@ use crate::bindings::plimsoll::provider::types::ProcessOutput;
 pub const SCRIPT: &str = r#"limit=$1; cap=$2; shift 2
 status=/tmp/.plimsoll-status.$$
 rm -f "$status"
-{ { timeout -s KILL "$limit" "$@"; echo $? >"$status"; } 2>&1 1>&3 3>&- | head -c "$cap" 1>&2; } 3>&1 | head -c "$cap"
+{ { timeout -s KILL "$limit" "$@"; echo $? >"$status"; } 2>&1 1>&3 3>&- | { head -c "$cap" 1>&2; cat >/dev/null; }; } 3>&1 | { head -c "$cap"; cat >/dev/null; }
 if [ -s "$status" ]; then code=$(cat "$status"); rm -f "$status"; exit "$code"; fi
 exit 125"#;
 

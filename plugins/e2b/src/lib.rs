@@ -126,7 +126,9 @@ fn snippet(
     limit: u32,
     deadline: Instant,
 ) -> Result<ProcessOutput, RunError> {
-    let file = format!("{WORK_DIR}/plimsoll-snippet.cjs");
+    // `.js`, not `.cjs`: node then reads a snippet with module syntax
+    // (top-level `await`) as a module, as `node -` does on the docker tiers.
+    let file = format!("{WORK_DIR}/plimsoll-snippet.js");
     envd.upload(&[(file.clone(), code.as_bytes())], deadline)?;
     envd.run(
         &Command {
