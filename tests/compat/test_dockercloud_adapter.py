@@ -26,6 +26,7 @@ import pytest
 from plimsoll_client import Client
 from plimsoll_client.errors import PlimsollError
 
+import workloads
 from test_published_client import ROOT, Daemon, plimsolld_bin
 
 sys.path.insert(0, str(ROOT / "tests" / "fakes" / "e2b"))
@@ -336,3 +337,8 @@ def test_the_exchange_does_not_trust_the_plugins_extra_ca(fake, certs):
     assert "the token exchange could not be reached" in done.stderr, done.stderr[-2000:]
     assert fake.state()["exchanges"] == before
 
+
+def test_the_workload_corpus(daemon):
+    """What agents ordinarily run works here as on every tier, and what the
+    sandbox forbids fails as documented (docs/workloads.md)."""
+    workloads.prove("dockercloud", daemon.url, minimum_isolation="vm")

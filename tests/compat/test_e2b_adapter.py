@@ -24,6 +24,7 @@ import pytest
 from plimsoll_client import Client
 from plimsoll_client.errors import PlimsollError
 
+import workloads
 from test_published_client import ROOT, Daemon, plimsolld_bin
 
 sys.path.insert(0, str(ROOT / "tests" / "fakes" / "e2b"))
@@ -338,3 +339,9 @@ def test_the_key_reaches_envd_unless_the_operator_names_its_origins(fake, certs)
     finally:
         d.stop()
         fake.envd.api_keys_seen = 0
+
+
+def test_the_workload_corpus(daemon):
+    """What agents ordinarily run works here as on every tier, and what the
+    sandbox forbids fails as documented (docs/workloads.md)."""
+    workloads.prove("e2b", daemon.url, minimum_isolation="vm")

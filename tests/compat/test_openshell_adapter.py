@@ -25,6 +25,7 @@ import pytest
 from plimsoll_client import Client
 from plimsoll_client.errors import PlimsollError
 
+import workloads
 from test_published_client import ROOT, Daemon, plimsolld_bin
 
 sys.path.insert(0, str(ROOT / "tests" / "fakes" / "e2b"))
@@ -251,3 +252,8 @@ def test_the_sweeper_deletes_expired_sandboxes_of_ours_and_nothing_else(fake, pk
         for name in (current, foreign):
             fake._remove(fake.sandboxes[name])
 
+
+def test_the_workload_corpus(daemon):
+    """What agents ordinarily run works here as on every tier, and what the
+    sandbox forbids fails as documented (docs/workloads.md)."""
+    workloads.prove("openshell", daemon.url, minimum_isolation="container")
