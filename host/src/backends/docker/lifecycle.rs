@@ -220,12 +220,7 @@ impl DockerEngine {
             }
         };
         if let PidsCgroup::Host { root, .. } = &self.pids {
-            // Empty once the sandbox is gone; a busy one is left and named.
-            if let Err(e) = root.remove_dir(name_or_id)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
-                tracing::debug!(error = %e, "removing a sandbox's host cgroup failed");
-            }
+            release_cgroup(root, name_or_id).await;
         }
         removed
     }
@@ -326,6 +321,32 @@ impl DockerEngine {
 }
 
 /// Makes the sandbox's host cgroup `id` under `root` and writes its
+/// How long a sandbox's host cgroup may stay busy after its container's
+/// forced removal was answered.
+const CGROUP_RELEASE: Duration = Duration::from_secs(5);
+
+/// Removes a sandbox's host cgroup once its last task has left. gVisor's
+/// own processes can outlive the engine's answer to a forced removal by a
+/// moment, and a cgroup cannot go while a task is in it (EBUSY), so a busy
+/// one is tried again for a few seconds; one still busy after that is
+/// named in the log, and the sweep removes it once it is empty.
+pub(super) async fn release_cgroup(root: &crate::dirs::Dir, id: &str) {
+    let until = Instant::now() + CGROUP_RELEASE;
+    loop {
+        match root.remove_dir(id) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => {
+                tracing::warn!(cgroup = %id, error = %e, "a sandbox's host cgroup could not be removed; the sweep tries again");
+                return;
+            }
+        }
+    }
+}
+
 /// process limit, through handles: a symlink at `id` is refused, never
 /// followed.
 pub(super) fn limit_pids(root: &crate::dirs::Dir, id: &str, pids: i64) -> std::io::Result<()> {

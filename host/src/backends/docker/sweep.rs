@@ -5,11 +5,12 @@
 //! takes a container from a daemon that still runs, so a second daemon on
 //! the same engine never loses one it is using.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use bollard::query_parameters::ListContainersOptionsBuilder;
 
+use super::verify::PidsCgroup;
 use super::{DockerEngine, EXPIRES_LABEL, LABEL, PROCESS_LABEL, owner, short, unix_now};
 
 /// How often the pool is topped up and aged, and readiness re-checked.
@@ -91,6 +92,46 @@ impl DockerEngine {
                 removed += 1;
             }
         }
+        self.sweep_cgroups().await;
         Ok(removed)
+    }
+
+    /// Under gVisor: host cgroups of sandboxes whose container is gone and
+    /// that no task is in any more (one whose release timed out). The
+    /// directories are listed before the containers, and a cgroup is made
+    /// only after its container exists, so a cgroup of a container being
+    /// set up now is never taken. The engine's own cgroups of containers it
+    /// removed are gone already; a busy one cannot be removed at all.
+    async fn sweep_cgroups(&self) {
+        let PidsCgroup::Host { root, .. } = &self.pids else {
+            return;
+        };
+        let names: Vec<String> = match root.entries() {
+            Ok(entries) => entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+                .collect(),
+            Err(_) => return,
+        };
+        if names.is_empty() {
+            return;
+        }
+        let options = ListContainersOptionsBuilder::default().all(true).build();
+        let Ok(live) = self.docker.list_containers(Some(options)).await else {
+            return;
+        };
+        let live: HashSet<String> = live.into_iter().filter_map(|c| c.id).collect();
+        for name in names.iter().filter(|n| !live.contains(*n)) {
+            match root.remove_dir(name) {
+                Ok(()) => {
+                    tracing::info!(cgroup = %name, "swept a sandbox's host cgroup left behind")
+                }
+                Err(e) => {
+                    tracing::debug!(cgroup = %name, error = %e, "a left host cgroup is still busy")
+                }
+            }
+        }
     }
 }
