@@ -22,6 +22,14 @@ const CPU: &str = "1";
 const LABEL_OWNER: (&str, &str) = ("plimsoll.run", "1");
 const LABEL_DEADLINE: &str = "plimsoll.deadline";
 const POLL_MS: u64 = 50;
+/// The sandbox's main process, named explicitly: one that never exits and
+/// needs no terminal. The gateway turns an omitted command into a login
+/// shell on a pseudo-terminal (`/bin/bash -l`, `tty` true) before it
+/// stores the sandbox, and any end of the main process, exit 0 included,
+/// makes the sandbox terminal (COMPLETED or ERROR). The work itself runs
+/// in execs; this process only holds the sandbox open.
+const MAIN_PROCESS: [&str; 2] = ["sleep", "infinity"];
+const MAIN_PROCESS_TTY: bool = false;
 
 pub struct Gateway {
     pub origin: String,
@@ -132,6 +140,7 @@ impl Gateway {
             match sandbox.status.as_ref().map_or(0, |s| s.phase) {
                 PHASE_READY => break sandbox,
                 PHASE_PROVISIONING | PHASE_STARTING | 0 => {}
+                phase @ (PHASE_ERROR | PHASE_COMPLETED) => return fail(terminal(&sandbox, phase)),
                 phase => return fail(format!("the sandbox reached phase {phase}, not ready")),
             }
             if wire::remaining_ms(deadline) < POLL_MS {
@@ -291,7 +300,7 @@ impl Gateway {
 }
 
 /// What every sandbox is created with: the image with its limits, the
-/// policy, no credential providers, the image's own main process.
+/// policy, no credential providers, and `MAIN_PROCESS` without a terminal.
 fn spec() -> SandboxSpec {
     let text = |s: &str| Value {
         kind: Some(Kind::StringValue(s.into())),
@@ -322,7 +331,19 @@ fn spec() -> SandboxSpec {
         }),
         policy: Some(policy::sandbox_policy()),
         providers: Vec::new(),
-        command: Vec::new(),
+        command: MAIN_PROCESS.iter().map(|s| s.to_string()).collect(),
+        tty: MAIN_PROCESS_TTY,
+    }
+}
+
+/// Why a sandbox that went terminal (ERROR or COMPLETED) before it was
+/// ready failed: its main process ended, with the exit the gateway states,
+/// or the sandbox itself failed.
+fn terminal(s: &Sandbox, phase: i32) -> String {
+    match (phase, s.status.as_ref().and_then(|st| st.exit_code)) {
+        (_, Some(code)) => format!("the sandbox's main process ended with exit {code}"),
+        (PHASE_COMPLETED, None) => "the sandbox's main process ended".into(),
+        _ => "the sandbox failed (phase ERROR)".into(),
     }
 }
 
@@ -350,8 +371,10 @@ fn read_back(
     if !spec.providers.is_empty() {
         return Err("the sandbox has credential providers attached".into());
     }
-    if !spec.command.is_empty() {
-        return Err("the sandbox runs a main process nobody asked for".into());
+    // Compared exactly: a sandbox running a process nobody asked for (the
+    // gateway's login shell, say) is refused.
+    if spec.command != asked.command || spec.tty != asked.tty {
+        return Err("the sandbox's main process is not the one asked for".into());
     }
     Ok(())
 }

@@ -3,8 +3,10 @@
 //!
 //! Per run: the gateway must have exactly one compute driver, docker, that
 //! enforces memory and CPU limits; a sandbox is created with labels, the
-//! image, limits and a deny-all sandbox policy, polled until ready, and
-//! everything read back (metadata, spec, and the policy in force by value
+//! image, limits, a deny-all sandbox policy and its own main process (one
+//! that never exits and needs no terminal), polled until ready (a sandbox
+//! whose main process ended is a failure), and everything read back
+//! (metadata, spec with that main process, and the policy in force by value
 //! and by OpenShell's policy hash, admitted, agent proposals off); each
 //! command runs over the interactive exec stream with stdin in frames and
 //! the exit event authoritative, cancelled at the deadline; the sandbox is

@@ -84,8 +84,12 @@ pub struct SandboxSpec {
     pub policy: Option<SandboxPolicy>,
     #[prost(string, repeated, tag = "8")]
     pub providers: Vec<String>,
+    /// The sandbox's main process, launched once; no shell parsing.
     #[prost(string, repeated, tag = "12")]
     pub command: Vec<String>,
+    /// Whether the main process gets a pseudo-terminal.
+    #[prost(bool, tag = "13")]
+    pub tty: bool,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -171,11 +175,18 @@ pub struct ObjectMeta {
 pub struct SandboxStatus {
     #[prost(int32, tag = "6")]
     pub phase: i32,
+    /// Present once the main process has ended (128 + n for signal n).
+    #[prost(int32, optional, tag = "9")]
+    pub exit_code: Option<i32>,
 }
 
 pub const PHASE_PROVISIONING: i32 = 1;
 pub const PHASE_READY: i32 = 2;
+/// Terminal: the sandbox failed, or its main process ended nonzero.
+pub const PHASE_ERROR: i32 = 3;
 pub const PHASE_STARTING: i32 = 8;
+/// Terminal: the main process ended with exit 0.
+pub const PHASE_COMPLETED: i32 = 9;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct GetSandboxRequest {

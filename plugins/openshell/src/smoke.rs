@@ -46,7 +46,7 @@ pub fn preflight(gw: &Gateway) -> Result<PreflightReport, String> {
         .map_err(|e| format!("the probe sandbox failed its checks: {}", describe(&e)))?;
     checks.check(
         true,
-        "the sandbox reads back as created, its own policy in force and admitted, proposals off",
+        "the sandbox reads back as created (its main process the one asked for), its own policy in force and admitted, proposals off",
     );
     let token = format!("{:016x}", wasi::random::random::get_random_u64());
     let ran = project::put(

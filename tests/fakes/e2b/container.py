@@ -6,6 +6,9 @@ labelled with the fake instance's ID, so a crashed fake's containers can be
 found and removed by label. `--init` reaps orphans, so a killed command's
 children do not linger as zombies. No network unless the fake was told to
 allow egress: that is what makes "egress denied" true rather than claimed.
+A caller that names the sandbox's own main process (fake-openshell) gets
+that process in place of `sleep infinity`, and a container that stays once
+it ends, so how it ended can be read.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import subprocess
 
 LABEL = "io.plimsoll.fake-e2b"
 DEFAULT_USER = "user"  # E2B's default user; the fake creates it in each container
+DEFAULT_UID = 1000
 USERS = {"root": "/root", "user": "/home/user"}  # who envd can act as, and their homes
 
 
@@ -49,14 +53,31 @@ class Docker:
     # ---- container lifecycle -------------------------------------------------
 
     def create(self, image: str, sandbox_id: str, *, network: str,
-               env: "dict[str, str]", container_signs: bool = False) -> str:
-        args = ["run", "-d", "--rm", "--init", "--network", network,
-                "--label", f"{LABEL}={self.instance_id}",
-                "--label", f"{LABEL}.sandbox={sandbox_id}"]
+               env: "dict[str, str]", container_signs: bool = False,
+               main: "list[str] | None" = None, tty: bool = False) -> str:
+        """A prepared container; its ID.
+
+        By default its main process is `sleep infinity` and docker removes
+        it when it stops. With `main` (an argv), that argv is the main
+        process instead, run as the default user's uid with its stdin held
+        open (nothing writes to it, nothing closes it) and, with `tty`, on a
+        pseudo-terminal: the container ends when it ends. Such a container
+        is kept once it ends, so `wait` can say how it ended; `remove` takes
+        it away. A main process that ends before the container is prepared
+        is not an error here: the container is returned, ended."""
+        args = ["run", "-d"] + (["--rm"] if main is None else []) + [
+            "--init", "--network", network,
+            "--label", f"{LABEL}={self.instance_id}",
+            "--label", f"{LABEL}.sandbox={sandbox_id}"]
         for key, value in env.items():
             args += ["-e", f"{key}={value}"]
-        done = self._run(args + [image, "sleep", "infinity"])
+        if main is not None:
+            args += ["-i", "-u", f"{DEFAULT_UID}:{DEFAULT_UID}"] + (["-t"] if tty else [])
+        done = self._run(args + [image, *(main if main is not None else ["sleep", "infinity"])])
         if done.returncode != 0:
+            if main is not None:
+                # A main process that cannot start leaves a created container.
+                self._remove_labelled(f"{LABEL}.sandbox={sandbox_id}")
             raise ContainerError("docker", done.stderr.decode(errors="replace").strip())
         container = done.stdout.decode().strip()
         # E2B runs commands as "user" (home /home/user) unless told otherwise.
@@ -65,11 +86,13 @@ class Docker:
         # (this host's own CPU flags show a hypervisor truthfully). The
         # create_container_signs fault keeps it, for tests that need a
         # sandbox that is plainly a container.
-        prepare = f"/usr/sbin/useradd -m -u 1000 -s /bin/bash {DEFAULT_USER}"
+        prepare = f"/usr/sbin/useradd -m -u {DEFAULT_UID} -s /bin/bash {DEFAULT_USER}"
         if not container_signs:
             prepare += " && rm -f /.dockerenv"
-        done = self._run(["exec", container, "/bin/sh", "-c", prepare])
+        done = self._run(["exec", "-u", "root", container, "/bin/sh", "-c", prepare])
         if done.returncode != 0:
+            if main is not None and not self.running(container):
+                return container
             self.remove(container)
             raise ContainerError("docker", "cannot prepare the sandbox: "
                                  + done.stderr.decode(errors="replace").strip())
@@ -80,7 +103,10 @@ class Docker:
 
     def remove_all(self) -> "list[str]":
         """Every container this fake instance made (by label), removed."""
-        done = self._run(["ps", "-aq", "--filter", f"label={LABEL}={self.instance_id}"])
+        return self._remove_labelled(f"{LABEL}={self.instance_id}")
+
+    def _remove_labelled(self, label: str) -> "list[str]":
+        done = self._run(["ps", "-aq", "--filter", f"label={label}"])
         ids = done.stdout.decode().split()
         if ids:
             self._run(["rm", "-f", *ids])
@@ -89,6 +115,21 @@ class Docker:
     def running(self, container: str) -> bool:
         done = self._run(["ps", "-q", "--no-trunc", "--filter", f"id={container}"])
         return container in done.stdout.decode()
+
+    def wait(self, container: str) -> "int | None":
+        """Blocks until the container's main process has ended; its exit
+        status as docker states it (128 + n after signal n), or None when
+        docker cannot say (the container is gone)."""
+        try:
+            done = self._run(["wait", container], timeout=None)
+        except OSError:
+            return None
+        out = done.stdout.decode().strip()
+        return int(out) if done.returncode == 0 and out.isdigit() else None
+
+    def kill(self, container: str) -> None:
+        """SIGKILL to the container's main process (by way of its init)."""
+        self._run(["kill", "--signal", "KILL", container], timeout=30)
 
     # ---- processes ------------------------------------------------------------
 

@@ -8,23 +8,33 @@ messages are its own tables (messages.py), field numbers as OpenShell
 publishes them; test_fake_openshell.py proves them by driving the fake
 with the stubs in OpenShell's own Python package.
 
-Sandboxes live in memory and move PROVISIONING -> READY; each is a real
-container (`--network none`), and an exec runs the command in it for real
-as the sandbox user (stdin from the stream's frames, stdout and stderr as
-they come, then the exit; a cancelled call kills the command's process
-group). GetSandboxConfig answers the policy the sandbox was created with
-and its hash, computed as the client computes it. Requests are checked as
-the gateway checks them (a name, a command, the workspace), and the fake
-counts live sandboxes. Knobs (`KNOBS`) make it misbehave the ways a
+Sandboxes live in memory and move PROVISIONING -> READY. A create is
+stored as the gateway stores it (an omitted main process becomes a login
+shell on a terminal; fields these tables do not know are gone), and what
+GetSandbox answers is that stored spec. Each sandbox is a real container
+(`--network none`) whose main process is the stored command: when it ends,
+the sandbox is terminal, COMPLETED for exit 0 and ERROR otherwise, with the
+exit code. An exec runs the command in it for real as the sandbox user,
+through bash as the gateway does (`bash -lc`, or `bash -c` with
+`no_login_shell`), in `/sandbox` unless a working directory is given (stdin
+from the stream's frames, stdout and stderr as they come, then the exit; a
+cancelled call kills the command's process group). GetSandboxConfig
+answers the policy the sandbox was created with and its hash, computed as
+the client computes it. Requests are checked as the gateway checks them (a
+spec, a name, a command, the workspace, a page), and the fake counts live
+sandboxes. README.md says, field by field, what the gateway does and what
+the fake does. Knobs (`KNOBS`) make it misbehave the ways a
 gateway can. It shares the container runner and the knob table with
 fake-e2b.
 """
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import re
 import secrets
+import shlex
 import subprocess
 import sys
 import threading
@@ -38,13 +48,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "e2b"))
 sys.path.insert(0, str(HERE))
 import messages as m  # noqa: E402
-from container import Docker  # noqa: E402
+from container import ContainerError, Docker  # noqa: E402
 from faults import Faults  # noqa: E402
 from protowire import WireError, decode, encode  # noqa: E402
 
 SERVICE = "openshell.v1.OpenShell"
 DEFAULT_IMAGE = "plimsoll/sandbox:bookworm"
 SANDBOX_USER = "user"  # the gateway's choice, not the client's
+# What the gateway stores for an omitted main process, with a terminal.
+SCRATCH_SHELL = ["/bin/bash", "-l"]
+# The gateway's workspace root: an exec's directory when it names none.
+# Here root's and not writable by the sandbox user (the least the adapter
+# can live with: it writes only under /tmp).
+WORKSPACE_ROOT = "/sandbox"
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,17}[a-z0-9])?$")
 
 KNOBS: "dict[str, dict]" = {
@@ -61,23 +77,46 @@ KNOBS: "dict[str, dict]" = {
     "provisioning_reads": {"reads": 3},  # READY only after N reads
     "run_as_root": {},                  # the sandbox's commands run as root
     "stdout_flood": {"mib": 56},        # an exec streams this much stdout, never ending
+    "main_process_swapped": {},         # the stored (and run) main process is the
+                                        # login shell on a terminal, whatever was asked
+    "main_process_killed": {},          # the main process is killed (SIGKILL) at create:
+                                        # the sandbox is ERROR, exit code 137
 }
 
 
 class Sandbox:
-    def __init__(self, sid: str, request: dict, container: str) -> None:
-        self.id, self.request, self.container = sid, request, container
-        self.name = request["name"]
+    def __init__(self, sid: str, name: str, labels: "dict[str, str]", spec: dict,
+                 container: str) -> None:
+        self.id, self.name, self.labels, self.container = sid, name, labels, container
+        self.spec = spec  # as stored: what GetSandbox answers and what runs
         self.pending_reads = 1
         self.vanish_at: "float | None" = None
+        # The main process's exit status once it ended (128 + n for signal n).
+        self.exit_code: "int | None" = None
         self.processes: "list[subprocess.Popen]" = []
         self.flags: "set[str]" = set()
 
+    def phase(self, *, read: bool = False) -> int:
+        """The phase now; `read` counts this as one of the reads a slow
+        start needs before READY."""
+        if self.vanish_at:
+            return m.PHASE["DELETING"]
+        if self.exit_code is not None:
+            return m.PHASE["COMPLETED"] if self.exit_code == 0 else m.PHASE["ERROR"]
+        if self.pending_reads > 0:
+            if read:
+                self.pending_reads -= 1
+            return m.PHASE["PROVISIONING"]
+        return m.PHASE["READY"]
+
     def to_message(self, phase: int, spec: "dict | None" = None) -> dict:
+        status: dict = {"phase": phase}
+        if self.exit_code is not None:
+            status["exit_code"] = self.exit_code
         return {"metadata": {"id": self.id, "name": self.name,
-                             "labels": self.request.get("labels", {}), "workspace": "default"},
-                "spec": spec if spec is not None else self.request.get("spec", {}),
-                "status": {"phase": phase}}
+                             "labels": self.labels, "workspace": "default"},
+                "spec": spec if spec is not None else self.spec,
+                "status": status}
 
 
 class FakeOpenShell:
@@ -159,7 +198,7 @@ class FakeOpenShell:
         """A ready sandbox made by someone else, with these labels and no
         container; returns its name."""
         name = "planted-" + secrets.token_hex(4)
-        s = Sandbox("sb-" + secrets.token_hex(8), {"name": name, "labels": labels}, "")
+        s = Sandbox("sb-" + secrets.token_hex(8), name, labels, self._stored({}), "")
         s.pending_reads = 0
         with self._lock:
             self.sandboxes[name] = s
@@ -206,6 +245,28 @@ class FakeOpenShell:
         if (req.get("workspace_scope") or {}).get("workspace") != "default":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "workspace_scope must name a workspace")
 
+    def _stored(self, asked: dict, *, swapped: bool = False) -> dict:
+        """The spec as the gateway stores it at create: a copy with only the
+        fields these tables know (a gateway that decodes the request into
+        its own messages and rebuilds the sandbox from them keeps nothing
+        else), an omitted command made the login shell on a terminal (a
+        given command and its `tty` kept as sent), and an empty image made
+        the default one."""
+        spec = decode(m.SandboxSpec, encode(m.SandboxSpec, asked))
+        if swapped or not spec.get("command"):
+            spec["command"], spec["tty"] = list(SCRATCH_SHELL), True
+        template = spec.setdefault("template", {})
+        if not template.get("image"):
+            template["image"] = self.image
+        return spec
+
+    def _watch(self, s: Sandbox) -> None:
+        """Records how the sandbox's main process ended, when it does."""
+        code = self.docker.wait(s.container)
+        with self._lock:
+            if code is not None and s.exit_code is None and self.sandboxes.get(s.name) is s:
+                s.exit_code = code
+
     def _find(self, name: str, context) -> Sandbox:
         with self._lock:
             s = self.sandboxes.get(name)
@@ -231,6 +292,8 @@ class FakeOpenShell:
     def _create(self, raw: bytes, context) -> bytes:
         req = decode(m.CreateSandboxRequest, raw)
         self._workspace(req, context)
+        if "spec" not in req:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec is required")
         name = req.get("name", "")
         if not name:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name is required")
@@ -239,35 +302,48 @@ class FakeOpenShell:
         with self._lock:
             if name in self.sandboxes:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, "sandbox already exists")
+        spec = self._stored(req["spec"],
+                            swapped=self.faults.take("main_process_swapped") is not None)
         network = "bridge" if self.faults.take("egress_open") is not None else "none"
-        container = self.docker.create(self.image, name, network=network, env={},
-                                       container_signs=True)
-        s = Sandbox("sb-" + secrets.token_hex(8), req, container)
+        # The stored command is the container's main process.
+        try:
+            container = self.docker.create(self.image, name, network=network, env={},
+                                           container_signs=True, main=spec["command"],
+                                           tty=bool(spec.get("tty")))
+        except ContainerError as e:
+            context.abort(grpc.StatusCode.INTERNAL, f"the sandbox could not start: {e.message}")
+        s = Sandbox("sb-" + secrets.token_hex(8), name, req.get("labels", {}), spec, container)
+        try:
+            self.docker.make_dir(container, "root", WORKSPACE_ROOT)
+        except ContainerError:
+            pass  # the main process already ended; the sandbox is terminal
         if self.faults.take("run_as_root") is not None:
             s.flags.add("root")
         if knob := self.faults.take("provisioning_reads"):
             s.pending_reads = knob["reads"]
+        # The create answers the sandbox as stored: provisioning.
+        answer = encode(m.SandboxResponse, {"sandbox": s.to_message(m.PHASE["PROVISIONING"])})
+        if self.faults.take("main_process_killed") is not None:
+            self.docker.kill(container)
+            s.exit_code = self.docker.wait(container)
         with self._lock:
             self.sandboxes[name] = s
             self.counts["created"] += 1
-        return encode(m.SandboxResponse, {"sandbox": s.to_message(m.PHASE["PROVISIONING"])})
+        if s.exit_code is None:
+            threading.Thread(target=self._watch, args=(s,), daemon=True).start()
+        return answer
 
     def _get(self, raw: bytes, context) -> bytes:
         req = decode(m.GetSandboxRequest, raw)
         self._workspace(req, context)
         s = self._find(req.get("name", ""), context)
-        if s.vanish_at:
-            phase = m.PHASE["DELETING"]
-        elif s.pending_reads > 0:
-            s.pending_reads -= 1
-            phase = m.PHASE["PROVISIONING"]
-        else:
-            phase = m.PHASE["READY"]
+        with self._lock:
+            phase = s.phase(read=True)
         spec = None
         # The change shows once the sandbox is ready, where a client reads
         # it back.
         if phase == m.PHASE["READY"] and self.faults.take("readback_changed") is not None:
-            spec = decode(m.SandboxSpec, encode(m.SandboxSpec, s.request.get("spec", {})))
+            spec = decode(m.SandboxSpec, encode(m.SandboxSpec, s.spec))
             fs = spec.setdefault("policy", {}).setdefault("filesystem", {})
             fs["read_write"] = list(fs.get("read_write", [])) + ["/"]
         return encode(m.SandboxResponse, {"sandbox": s.to_message(phase, spec)})
@@ -278,7 +354,7 @@ class FakeOpenShell:
         s = self._find(req.get("name", ""), context)
         with self._lock:
             self.counts["config_reads"] += 1
-        policy = (s.request.get("spec") or {}).get("policy", {})
+        policy = s.spec.get("policy", {})
         proposals = {"key": "agent_policy_proposals_enabled",
                      "value": {"value": {"bool_value": self.faults.take("proposals_on") is not None},
                                "scope": 1}}
@@ -292,18 +368,29 @@ class FakeOpenShell:
     def _list(self, raw: bytes, context) -> bytes:
         req = decode(m.ListSandboxesRequest, raw)
         self._workspace(req, context)
-        wanted = dict(term.split("=", 1) for term in req.get("label_selector", "").split(",")
-                      if "=" in term)
+        if req.get("page_size", 0) < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_size must not be negative")
+        size = min(req.get("page_size") or 100, 1000)
+        selector = req.get("label_selector", "")
+        # A token is bound to the request that produced it (all but the
+        # page size): another selector with it is refused.
+        bound = hashlib.sha256(selector.encode()).hexdigest()[:16]
+        start = 0
+        if token := req.get("page_token", ""):
+            offset, _, tag = token.partition(".")
+            if tag != bound or not offset.isdigit():
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              "page_token does not belong to this request")
+            start = int(offset)
+        wanted = dict(term.split("=", 1) for term in selector.split(",") if "=" in term)
         with self._lock:
             found = [s for s in self.sandboxes.values()
-                     if all(s.request.get("labels", {}).get(k) == v for k, v in wanted.items())]
-        size = min(req.get("page_size") or 100, 1000)
-        start = int(req.get("page_token") or 0)
-        page = found[start:start + size]
+                     if all(s.labels.get(k) == v for k, v in wanted.items())]
+            page = [s.to_message(s.phase()) for s in found[start:start + size]]
         more = start + size < len(found)
         return encode(m.ListSandboxesResponse, {
-            "sandboxes": [s.to_message(m.PHASE["READY"]) for s in page],
-            "next_page_token": str(start + size) if more else ""})
+            "sandboxes": page,
+            "next_page_token": f"{start + size}.{bound}" if more else ""})
 
     def _delete(self, raw: bytes, context) -> bytes:
         req = decode(m.DeleteSandboxRequest, raw)
@@ -347,13 +434,24 @@ class FakeOpenShell:
         if not command:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "command is required")
         s = self._find(start.get("sandbox", ""), context)
-        if s.pending_reads > 0 or s.vanish_at or self.faults.take("not_ready") is not None:
+        if (s.phase() != m.PHASE["READY"]
+                or self.faults.take("not_ready") is not None):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "sandbox is not ready")
         with self._lock:
             self.counts["execs"] += 1
         user = "root" if "root" in s.flags else SANDBOX_USER
-        proc = self.docker.spawn(s.container, command[0], command[1:], user=user,
-                                 cwd=start.get("workdir") or "/tmp", env={}, stdin=True)
+        # As the gateway runs it: one shell string (environment, then the
+        # quoted argv, after a `cd` into the working directory when one is
+        # given), through a login shell unless `no_login_shell`, started in
+        # the workspace root.
+        words = [f"{k}={shlex.quote(v)}" for k, v in sorted(start.get("environment", {}).items())]
+        words += [shlex.quote(arg) for arg in command]
+        line = " ".join(words)
+        if start.get("workdir"):
+            line = f"cd {shlex.quote(start['workdir'])} && {line}"
+        shell = "-c" if start.get("no_login_shell") else "-lc"
+        proc = self.docker.spawn(s.container, "/bin/bash", [shell, line], user=user,
+                                 cwd=WORKSPACE_ROOT, env={}, stdin=True)
         s.processes.append(proc)
         pid = int(proc.stdout.readline().strip() or 0)
         events: "queue.Queue" = queue.Queue()
@@ -395,8 +493,14 @@ class FakeOpenShell:
                     return
                 yield chunk
             return
-        timeout = self.faults.take("exec_timeout")
-        ends = time.time() + timeout["seconds"] if timeout else None
+        # The gateway's own timeout (the request's, or the knob's, whichever
+        # is sooner); absent, none.
+        limits = []
+        if timeout := self.faults.take("exec_timeout"):
+            limits.append(timeout["seconds"])
+        if (given := start.get("execution_timeout")) is not None:
+            limits.append(given.get("seconds", 0) + given.get("nanos", 0) / 1e9)
+        ends = time.time() + min(limits) if limits else None
         open_streams = 2
         while open_streams:
             try:

@@ -69,13 +69,17 @@ ObjectMeta = M("openshell.datamodel.v1.ObjectMeta", [
     F(4, "labels", MAP_SS),
     F(7, "workspace", STRING),
 ])
-SandboxStatus = M("openshell.v1.SandboxStatus", [F(6, "phase", ENUM)])
+SandboxStatus = M("openshell.v1.SandboxStatus", [
+    F(6, "phase", ENUM),
+    F(9, "exit_code", INT32, presence=True),  # set once the main process ended
+])
 Sandbox = M("openshell.v1.Sandbox", [
     F(1, "metadata", MESSAGE, message=ObjectMeta),
     F(2, "spec", MESSAGE, message=SandboxSpec),
     F(3, "status", MESSAGE, message=SandboxStatus),
 ])
-PHASE = {"PROVISIONING": 1, "READY": 2, "ERROR": 3, "DELETING": 4}
+PHASE = {"PROVISIONING": 1, "READY": 2, "ERROR": 3, "DELETING": 4, "STARTING": 8,
+         "COMPLETED": 9}
 
 CreateSandboxRequest = M("openshell.v1.CreateSandboxRequest", [
     F(1, "spec", MESSAGE, message=SandboxSpec),
