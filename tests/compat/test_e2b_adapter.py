@@ -13,10 +13,13 @@ left behind, counted by the fake after every test.
 
 from __future__ import annotations
 
+import json
 import os
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -89,12 +92,14 @@ def wait_no_sandboxes(fake: FakeE2B, within: float) -> None:
 @pytest.fixture(autouse=True)
 def no_leaks(fake):
     """After every test, no sandbox is left: deleted by the plugin, or (the
-    tests that say so) reaped by the service's own timeout, waited for."""
+    tests that say so) reaped by the service's own timeout, waited for. And
+    the plugin never called the deprecated listing (`GET /sandboxes`)."""
     fake.clear_faults()
     yield
     fake.clear_faults()
     assert fake.live_count() == 0, f"sandboxes left: {fake.state()['live']}"
     assert fake.state()["envd_api_keys_seen"] == 0, "the API key went to a sandbox's envd"
+    assert fake.state()["listings"]["deprecated"] == 0, "the deprecated listing was called"
 
 
 # ---- runs ------------------------------------------------------------------------------
@@ -204,12 +209,16 @@ def test_busy_that_stays_busy_fails_with_nothing_created(daemon, fake, knob):
 def test_a_bad_create_answer_fails_and_the_sandbox_is_deleted(daemon, fake, knob):
     before = fake.state()
     fake.set_fault(knob)
+    # Pages of one: a lookup by nonce reads to the end of the listing.
+    fake.set_fault("list_page_size", count=None, size=1)
     assert_unmarked_error(daemon)
     after = fake.state()
     # The sandbox existed; the plugin found it (by its nonce label when the
-    # answer had no ID) and deleted it.
+    # answer had no ID, through GET /v2/sandboxes) and deleted it.
     assert after["creates"] == before["creates"] + 1
     assert after["deletes"] == before["deletes"] + 1
+    looked_up = after["listings"]["v2"] - before["listings"]["v2"]
+    assert looked_up == (1 if knob == "create_no_sandbox_id" else 0)
 
 
 @pytest.mark.parametrize("knob", ["envd_not_found", "start_cut"])
@@ -272,6 +281,69 @@ def test_paid_seconds_count_and_past_the_allowance_nothing_is_created(fake, cert
         assert fake.state()["creates"] == before
     finally:
         d.stop()
+
+
+# ---- sweeping at start -------------------------------------------------------------------
+
+OURS = {"created-by": "plimsoll"}
+
+
+def seed(fake: FakeE2B, certs: Path, metadata: dict) -> str:
+    """A sandbox made through E2B's API with these labels, as another
+    instance (or someone else) left it; its own timeout is far off."""
+    body = json.dumps({"templateID": "base", "timeout": 600, "metadata": metadata}).encode()
+    request = urllib.request.Request(fake.url + "/v2/sandboxes", data=body, method="POST",
+                                     headers={"X-API-Key": API_KEY,
+                                              "Content-Type": "application/json"})
+    context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    with urllib.request.urlopen(request, context=context, timeout=60) as answer:
+        return json.loads(answer.read())["sandboxID"]
+
+
+def test_the_start_sweeps_expired_sandboxes_of_ours_across_pages(fake, certs):
+    now = int(time.time())
+    past = {**OURS, "plimsoll-deadline": str(now - 60)}
+    expired = [seed(fake, certs, {**past, "plimsoll-nonce": f"n{i}"}) for i in range(4)]
+    expired.append(seed(fake, certs, OURS))  # no deadline: counted as past it
+    fake.pause(expired[0])  # paused: the deprecated listing (running only) would miss it
+    in_use = seed(fake, certs, {**OURS, "plimsoll-deadline": str(now + 600)})
+    others = [seed(fake, certs, {"created-by": "someone-else",
+                                 "plimsoll-deadline": str(now - 60)}),
+              seed(fake, certs, {"owner": "t"})]
+    # Six of ours in pages of two: three pages, all read before a delete.
+    fake.set_fault("list_page_size", count=None, size=2)
+    before = fake.state()
+    d = Daemon(daemon_env(fake, certs))
+    try:
+        after = fake.state()
+        assert set(after["live"]) == {in_use, *others}
+        assert after["listings"]["v2"] - before["listings"]["v2"] == 3
+        # The five, and the smoke test's own sandbox (made after the sweep).
+        assert after["deletes"] - before["deletes"] == 5 + 1
+        assert any("swept 5 expired sandbox(es) of ours" in line for line in d.lines)
+    finally:
+        d.stop()
+        for sandbox_id in [*expired, in_use, *others]:
+            fake.registry.remove(sandbox_id)
+
+
+def test_a_listing_that_never_ends_stops_the_start_and_deletes_nothing(fake, certs):
+    expired = seed(fake, certs, {**OURS, "plimsoll-deadline": "1"})
+    fake.set_fault("list_endless", count=None)
+    before = fake.state()
+    env = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": "127.0.0.1:0",
+           "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1",
+           **daemon_env(fake, certs)}
+    try:
+        done = subprocess.run([plimsolld_bin()], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode != 0, "the daemon started on a listing it could not finish"
+        assert "went on past 50 pages of 100 sandboxes" in done.stderr, done.stderr[-2000:]
+        after = fake.state()
+        assert after["listings"]["v2"] - before["listings"]["v2"] == 50
+        assert after["live"] == [expired] and after["deletes"] == before["deletes"]
+    finally:
+        fake.registry.remove(expired)
 
 
 # ---- sessions ----------------------------------------------------------------------------

@@ -5,6 +5,8 @@
 //! which no run or session of ours can still be using it (so any instance's
 //! sweeper may reap it without tracking what other instances hold).
 
+use std::collections::HashSet;
+
 use serde_json::{Value, json};
 use wasi::clocks::monotonic_clock::Instant;
 use wasi::http::types::Method;
@@ -26,6 +28,26 @@ const ANSWER_BYTES: usize = 1 << 20;
 /// Seconds past a run's own budget the service keeps the sandbox, as the
 /// backstop that reaps it if every delete of ours is lost.
 const TTL_MARGIN_S: u64 = 10;
+/// Sandboxes asked for per listing page: the most E2B's `limit` takes.
+const LIST_LIMIT: u32 = 100;
+/// Most pages one listing follows. A listing still unfinished after this
+/// many fails (and a sweep then deletes nothing) rather than follow a
+/// cursor that may never end.
+const LIST_PAGES: usize = 50;
+/// Longest page cursor this plugin sends back.
+const MAX_TOKEN: usize = 1024;
+
+/// A control-plane answer: the status, the parsed body, and the headers
+/// this plugin reads.
+struct Answer {
+    status: u16,
+    body: Value,
+    /// `Retry-After`, in seconds.
+    retry_after: Option<u64>,
+    /// `X-Next-Token`: the cursor of a listing's next page; `None` when the
+    /// header is absent or empty (the last page).
+    next_token: Option<String>,
+}
 
 /// Where the service is: the API origin, and the edge that routes a request
 /// to a sandbox's envd by its `E2b-Sandbox-Id` header.
@@ -81,7 +103,12 @@ impl Service {
         let mut retried = false;
         loop {
             let answer = self.call(Method::Post, "/sandboxes", body.as_bytes(), deadline);
-            let (status, parsed, retry_after) = match answer {
+            let Answer {
+                status,
+                body: parsed,
+                retry_after,
+                ..
+            } = match answer {
                 Ok(a) => a,
                 // The request may have created a sandbox whose answer was
                 // lost: find it by its nonce and delete it.
@@ -148,7 +175,10 @@ impl Service {
         let deadline = wire::cleanup_deadline();
         for _ in 0..3 {
             match self.call(Method::Delete, &format!("/sandboxes/{id}"), b"", deadline) {
-                Ok((200 | 204 | 404, _, _)) => return true,
+                Ok(Answer {
+                    status: 200 | 204 | 404,
+                    ..
+                }) => return true,
                 Err(Failure::Deadline) => return false,
                 _ => {}
             }
@@ -165,55 +195,86 @@ impl Service {
             b"",
             wire::cleanup_deadline(),
         ) {
-            Ok((200, _, _)) => Some(true),
-            Ok((404, _, _)) => Some(false),
+            Ok(Answer { status: 200, .. }) => Some(true),
+            Ok(Answer { status: 404, .. }) => Some(false),
             _ => None,
         }
     }
 
-    /// Sandboxes carrying every `labels` pair, as `(id, metadata)`.
+    /// Sandboxes carrying every `labels` pair, as `(id, metadata)`, from
+    /// every page of E2B's listing (`GET /v2/sandboxes`), running and paused.
+    /// Fails, rather than answer with part of the list, when a page fails or
+    /// the pages do not end within `LIST_PAGES`.
     pub fn list(&self, labels: &[(&str, &str)]) -> Result<Vec<(String, Value)>, String> {
-        let filter = labels
-            .iter()
-            .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
-            .collect::<Vec<_>>()
-            .join("&");
-        let path = format!("/sandboxes?metadata={}", encode(&filter));
-        let (status, v, _) = self
-            .call(Method::Get, &path, b"", wire::cleanup_deadline())
-            .map_err(|e| format!("{e:?}"))?;
-        if status != 200 {
-            return Err(format!("listing answered {status}"));
-        }
+        // `state` is named although E2B's SDK says an omitted one means
+        // both: the API's spec gives no default for it, and a paused
+        // sandbox of ours must not be missed. Form style, unexploded, as the
+        // spec declares it: one comma-separated value.
+        let first = format!(
+            "/v2/sandboxes?metadata={}&state=running,paused&limit={LIST_LIMIT}",
+            encode(&metadata_filter(labels))
+        );
         let mut found = Vec::new();
-        for s in v.as_array().map(Vec::as_slice).unwrap_or_default() {
-            // The service filtered; check again here rather than trust it
-            // with what gets deleted.
-            let meta = &s["metadata"];
-            if let Some(id) = s["sandboxID"].as_str().filter(|s| valid_id(s))
-                && labels.iter().all(|(k, v)| meta[*k].as_str() == Some(*v))
-            {
-                found.push((id.to_string(), meta.clone()));
+        let mut seen = HashSet::new();
+        let mut token: Option<String> = None;
+        for page in 1..=LIST_PAGES {
+            let path = match &token {
+                Some(t) => format!("{first}&nextToken={}", encode(t)),
+                None => first.clone(),
+            };
+            let a = self
+                .call(Method::Get, &path, b"", wire::cleanup_deadline())
+                .map_err(|e| format!("listing page {page} failed: {e:?}"))?;
+            if a.status != 200 {
+                return Err(format!("listing page {page} answered {}", a.status));
+            }
+            let Some(items) = a.body.as_array() else {
+                return Err(format!("listing page {page} was not a JSON array"));
+            };
+            for s in items {
+                // The service filtered; check again here rather than trust
+                // it with what gets deleted.
+                let meta = &s["metadata"];
+                if let Some(id) = s["sandboxID"].as_str().filter(|s| valid_id(s))
+                    && labels.iter().all(|(k, v)| meta[*k].as_str() == Some(*v))
+                    && seen.insert(id.to_string())
+                {
+                    found.push((id.to_string(), meta.clone()));
+                }
+            }
+            match a.next_token {
+                None => return Ok(found),
+                Some(next) if next.len() > MAX_TOKEN => {
+                    return Err(format!("listing page {page}: its cursor is too long"));
+                }
+                Some(next) if token.as_deref() == Some(next.as_str()) => {
+                    return Err(format!("listing page {page}: its cursor did not move"));
+                }
+                Some(next) => token = Some(next),
             }
         }
-        Ok(found)
+        Err(format!(
+            "the listing went on past {LIST_PAGES} pages of {LIST_LIMIT} sandboxes"
+        ))
     }
 
     /// Deletes every sandbox of ours whose labelled deadline has passed,
-    /// whichever instance made it. Returns how many were deleted.
+    /// whichever instance made it. Returns how many were deleted. Every page
+    /// is read before the first delete (deleting under an open cursor is not
+    /// documented as safe); a listing that fails deletes nothing.
     pub fn sweep(&self) -> Result<usize, String> {
         let now = wall_seconds();
-        let mut deleted = 0;
-        for (id, meta) in self.list(&[LABEL_OWNER])? {
-            let expired = meta[LABEL_DEADLINE]
-                .as_str()
-                .and_then(|s| s.parse::<u64>().ok())
-                .is_none_or(|d| d < now);
-            if expired && self.delete(&id) {
-                deleted += 1;
-            }
-        }
-        Ok(deleted)
+        let ours = self.list(&[LABEL_OWNER])?;
+        Ok(ours
+            .iter()
+            .filter(|(_, meta)| {
+                meta[LABEL_DEADLINE]
+                    .as_str()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .is_none_or(|d| d < now)
+            })
+            .filter(|(id, _)| self.delete(id))
+            .count())
     }
 
     fn reap_nonce(&self, nonce: &str) {
@@ -224,14 +285,14 @@ impl Service {
         }
     }
 
-    /// One control-plane call: status, parsed body, `Retry-After` seconds.
+    /// One control-plane call, its answer read whole.
     fn call(
         &self,
         method: Method,
         path: &str,
         body: &[u8],
         deadline: Instant,
-    ) -> Result<(u16, Value, Option<u64>), Failure> {
+    ) -> Result<Answer, Failure> {
         let mut headers = vec![];
         if !body.is_empty() {
             headers.push(("content-type", b"application/json".to_vec()));
@@ -247,10 +308,33 @@ impl Service {
             deadline,
         )?;
         let retry_after = r.header("retry-after").and_then(|s| s.trim().parse().ok());
+        let next_token = r
+            .header("x-next-token")
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string);
         let bytes = r.read_all(ANSWER_BYTES, deadline)?;
-        let parsed = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        Ok((r.status, parsed, retry_after))
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Ok(Answer {
+            status: r.status,
+            body,
+            retry_after,
+            next_token,
+        })
     }
+}
+
+/// The value of the listing's `metadata` query parameter: `key=value` pairs
+/// joined by `&`, each key and value URL-encoded, as the spec asks (the
+/// caller encodes the whole again as a query value). E2B's SDKs encode each
+/// key and value once more; for the labels this plugin uses (unreserved
+/// characters only) both give the same bytes.
+fn metadata_filter(labels: &[(&str, &str)]) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 /// A refused create, by the service's status: the plugin's claim that

@@ -1,6 +1,13 @@
 """E2B's API (spec/openapi.yml): sandboxes created, listed, described,
 timed and killed; every request needs the team's `X-API-Key`.
 
+Listing also comes in two versions. `GET /v2/sandboxes` is the current one:
+running and paused sandboxes, filtered, newest first, in pages of at most
+100 chained by the `X-Next-Token` header. `GET /sandboxes` is deprecated
+("Use GET /v2/sandboxes instead."): running sandboxes only, one answer. The
+fake counts the calls to each, so a test can show a client stays off the
+deprecated one.
+
 Create comes in two versions. `POST /sandboxes` takes the published spec's
 `NewSandbox`; `POST /v2/sandboxes` takes `NewSandboxV2`, which the official
 SDK (2.63.0) sends: the same fields less `secure`, plus lifecycle, IAM and
@@ -10,13 +17,16 @@ strictly: a field neither version defines is refused with 400.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as _dt
 import ipaddress
+import json
 import re
 import secrets
 import threading
 import time
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import unquote_plus
 
 from container import ContainerError
 from httpio import BadRequest, Exchange
@@ -120,6 +130,9 @@ class ControlPlane:
         self.domain, self.allow_egress = domain, allow_egress
         self._idempotent: "dict[str, str]" = {}  # Idempotency-Key -> sandbox ID
         self._idempotent_lock = threading.Lock()
+        # Listing requests served, by version ("deprecated": GET /sandboxes).
+        self.listings = {"v2": 0, "deprecated": 0}
+        self._listings_lock = threading.Lock()
 
     def serve(self, ex: Exchange) -> None:
         if ex.header("X-API-Key") != self.api_key:
@@ -253,35 +266,49 @@ class ControlPlane:
                 "sandboxID": sandbox.id, "clientID": "fake-e2b",
                 "startedAt": _rfc3339(sandbox.started_at), "endAt": _rfc3339(sandbox.end_at),
                 "cpuCount": 2, "memoryMB": 512, "diskSizeMB": 1024, "metadata": sandbox.metadata,
-                "state": "running", "envdVersion": sandbox.envd_version}
+                "state": sandbox.state, "envdVersion": sandbox.envd_version}
 
     def list(self, ex: Exchange, v2: bool) -> None:
-        wanted = {}
-        if ex.arg("metadata"):
-            # "k=v&k2=v2", each key and value URL-encoded once more.
-            wanted = {unquote(k): unquote(v) for k, v in parse_qsl(ex.arg("metadata"))}
+        with self._listings_lock:
+            self.listings["v2" if v2 else "deprecated"] += 1
+        try:
+            wanted = _metadata_filter(ex.arg("metadata"))
+            query = _v2_query(ex) if v2 else None
+        except Invalid as e:
+            return _error(ex, 400, str(e))
         sandboxes = [s for s in self.registry.all()
                      if all(s.metadata.get(k) == v for k, v in wanted.items())]
+        if query is None:  # the deprecated listing: "List all running sandboxes."
+            running = [s for s in sandboxes if s.state == "running"]
+            return ex.json(200, [self._listed(s) for s in running])
+        sandboxes = [s for s in sandboxes
+                     if (query["template"] is None or query["template"] == s.template_id)
+                     and (query["started_after"] is None
+                          or s.started_at >= query["started_after"])]
         headers = {}
-        if v2:
-            states = set(filter(None, (ex.arg("state") or "").split(",")))
-            if states - {"running", "paused"}:
-                return _error(ex, 400, f"invalid state filter {ex.arg('state')!r}")
-            if states and "running" not in states:
-                sandboxes = []  # nothing is ever paused here
-            if ex.arg("order") == "desc":
-                sandboxes.reverse()
-            try:
-                limit = int(ex.arg("limit") or 100)
-                start = int(ex.arg("nextToken") or 0)
-            except ValueError:
-                return _error(ex, 400, "limit and nextToken must be integers")
-            if not 1 <= limit <= 100 or start < 0:
-                return _error(ex, 400, "limit must be within 1..100")
-            if start + limit < len(sandboxes):
-                headers["X-Next-Token"] = str(start + limit)
-            sandboxes = sandboxes[start:start + limit]
-        ex.json(200, [self._listed(s) for s in sandboxes], headers)
+        if "running" in query["states"]:  # counted before the state filter's other half
+            headers["X-Total-Running"] = str(sum(s.state == "running" for s in sandboxes))
+        sandboxes = [s for s in sandboxes if s.state in query["states"]]
+        # By start time, newest first unless asked otherwise; ties by ID.
+        desc = query["order"] == "desc"
+        sandboxes.sort(key=lambda s: (-s.started_at if desc else s.started_at, s.id))
+        if query["after"] is not None:
+            started, sandbox_id = query["after"]
+            cursor = (-started if desc else started, sandbox_id)
+            sandboxes = [s for s in sandboxes
+                         if (-s.started_at if desc else s.started_at, s.id) > cursor]
+        # The page-size knob: pages smaller than asked for (the API may
+        # answer fewer than `limit`; a client follows X-Next-Token anyway).
+        fault = self.faults.take("list_page_size")
+        limit = min(query["limit"], fault["size"]) if fault else query["limit"]
+        page = sandboxes[:limit]
+        if len(sandboxes) > limit:
+            headers["X-Next-Token"] = _cursor(page[-1].started_at, page[-1].id)
+        if self.faults.take("list_endless") is not None:
+            # A cursor that never runs out: far in the future, so a page
+            # after it starts again from the newest (or, ascending, is empty).
+            headers["X-Next-Token"] = _cursor(time.time() + 10**9, secrets.token_hex(8))
+        ex.json(200, [self._listed(s) for s in page], headers)
 
     def get(self, ex: Exchange, sandbox_id: str) -> None:
         sandbox = self.registry.get(sandbox_id)
@@ -337,10 +364,99 @@ class ControlPlane:
     def connect(self, ex: Exchange, sandbox_id: str) -> None:
         v2 = ex.path.startswith("/v2/")
         found = self._timed(ex, sandbox_id, CONNECT_V2_BODY if v2 else CONNECT_BODY)
-        if found:  # a running sandbox: the end time is only ever extended
+        if found:  # the end time is only ever extended; a paused sandbox resumes
             sandbox, body = found
+            sandbox.state = "running"
             sandbox.end_at = max(sandbox.end_at, time.time() + body.get("timeout", 300))
             ex.json(200, self._created(sandbox))
+
+
+# ---- listing's query ------------------------------------------------------------------
+
+STATES = ("running", "paused")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _unescape(text: str, what: str) -> str:
+    """One query-unescaping ('+' is a space); a malformed escape is refused."""
+    if _BAD_ESCAPE.search(text):
+        raise Invalid(f"metadata: invalid URL escape in the {what}")
+    try:
+        return unquote_plus(text, errors="strict")
+    except UnicodeDecodeError:
+        raise Invalid(f"metadata: the {what} is not UTF-8 once unescaped") from None
+
+
+def _metadata_filter(raw: "str | None") -> "dict[str, str]":
+    """The `metadata` parameter (already decoded once, as every query value
+    is): `k=v&k2=v2`, each key and value URL-encoded. E2B's SDKs
+    percent-encode each key and value and then encode the pairs again as a
+    query string, and E2B's API undoes exactly that: the whole is unescaped,
+    split into `k=v` pairs (anything else is refused), and each key and value
+    unescaped. Keys and values of unreserved characters read the same either
+    way, so a client that encodes them once, as the spec's sentence reads,
+    gets the same answer for those."""
+    if raw is None:
+        return {}
+    wanted = {}
+    for pair in _unescape(raw, "query").split("&"):
+        parts = pair.split("=")
+        if len(parts) != 2:
+            raise Invalid(f"metadata: {pair!r} is not one key=value pair")
+        wanted[_unescape(parts[0], "key")] = _unescape(parts[1], "value")
+    return wanted
+
+
+def _cursor(started_at: float, sandbox_id: str) -> str:
+    """An opaque page cursor: the last listed sandbox's start time and ID."""
+    raw = json.dumps([started_at, sandbox_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _uncursor(token: str) -> "tuple[float, str]":
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        started, sandbox_id = json.loads(raw)
+        if isinstance(started, (int, float)) and not isinstance(started, bool) \
+                and isinstance(sandbox_id, str):
+            return float(started), sandbox_id
+    except (binascii.Error, ValueError, TypeError):
+        pass
+    raise Invalid("nextToken: not a cursor this API issued")
+
+
+def _v2_query(ex: Exchange) -> dict:
+    """`GET /v2/sandboxes`'s parameters other than metadata, checked against
+    the spec; anything outside it is refused with 400."""
+    state = ex.arg("state")
+    # `state` is a form-style, unexploded array: `running,paused`. Omitted,
+    # both states (the spec names no default; the SDK documents both).
+    states = STATES if state is None else tuple(state.split(","))
+    if not states or any(s not in STATES for s in states):
+        raise Invalid(f"state: {state!r} is not a list of running, paused")
+    order = ex.arg("order") or "desc"  # "Defaults to desc (newest first)."
+    if order not in ("asc", "desc"):
+        raise Invalid(f"order: {order!r} is not asc or desc")
+    limit_arg = ex.arg("limit")
+    try:
+        limit = 100 if limit_arg is None else int(limit_arg)
+    except ValueError:
+        raise Invalid("limit: not an integer") from None
+    if not 1 <= limit <= 100:  # minimum 1, maximum 100, default 100
+        raise Invalid(f"limit: {limit} is outside 1..100")
+    token = ex.arg("nextToken")
+    started_after = ex.arg("startedAfter")
+    if started_after is not None:
+        try:
+            moment = _dt.datetime.fromisoformat(started_after)
+        except ValueError:
+            raise Invalid("startedAfter: not an RFC 3339 date-time") from None
+        if moment.tzinfo is None:
+            raise Invalid("startedAfter: an RFC 3339 date-time needs its offset")
+        started_after = moment.timestamp()
+    return {"states": states, "order": order, "limit": limit,
+            "after": _uncursor(token) if token else None,
+            "started_after": started_after, "template": ex.arg("template")}
 
 
 def _valid_destination(entry: str, *, allow_domains: bool) -> bool:

@@ -61,7 +61,8 @@ class Envd:
 
     def serve(self, ex: Exchange, sandbox_id: str, port: int) -> None:
         sandbox = self.registry.get(sandbox_id)
-        if sandbox is None or self.faults.take("envd_not_found") is not None:
+        if sandbox is None or sandbox.state != "running" \
+                or self.faults.take("envd_not_found") is not None:
             return ex.json(502, SANDBOX_NOT_FOUND)
         if port != ENVD_PORT:
             # Only envd is served; nothing else listens in a fake sandbox.

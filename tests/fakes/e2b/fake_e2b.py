@@ -239,8 +239,17 @@ class FakeE2B:
                 "live_count": len(live),
                 "containers": {s.id: s.container for s in live},
                 **self.registry.counts, "faults": self.faults.snapshot(),
+                "paused": [s.id for s in live if s.state == "paused"],
+                "listings": dict(self.control.listings),
                 "connections": self._server.connections if self._server else 0,
                 "envd_api_keys_seen": self.envd.api_keys_seen}
+
+    def pause(self, sandbox_id: str) -> None:
+        """Marks a live sandbox paused, as E2B's pause would leave it (for
+        tests of listings and the state filter; the API's pause route is
+        not served)."""
+        if not self.registry.pause(sandbox_id):
+            raise KeyError(sandbox_id)
 
     def set_fault(self, name: str, count: "int | None" = 1, **params) -> None:
         self.faults.set(name, count, **params)

@@ -22,6 +22,9 @@ KNOBS: "dict[str, dict]" = {
     "create_old_envd": {"version": "0.0.1"},   # 201 naming an old envdVersion
     "create_network_ignored": {},              # the sandbox gets a network despite the lock
     "create_container_signs": {},              # the sandbox shows a container's marker
+    # Control plane, on GET /v2/sandboxes.
+    "list_page_size": {"size": 2},             # pages of at most `size`, whatever `limit` says
+    "list_endless": {},                        # every page names a next page (a fresh cursor)
     # Control plane, on DELETE /sandboxes/{id}.
     "delete_404": {"remove": True},            # 404; remove=false keeps the sandbox
     # envd.

@@ -156,6 +156,10 @@ class Sandbox:
         self.envd_version: str = spec["envd_version"]
         self.started_at = time.time()
         self.end_at = self.started_at + spec["timeout"]
+        # "running", or "paused" once a test paused it (Registry.pause): a
+        # paused sandbox is listed as such, its timeout does not run, and
+        # envd is unreachable until a connect resumes it.
+        self.state = "running"
         self.removed = False
         self._lock = threading.Lock()
         self._processes: "dict[int, Process]" = {}
@@ -214,6 +218,16 @@ class Registry:
         with self._lock:
             return sorted(self._sandboxes.values(), key=lambda s: s.started_at)
 
+    def pause(self, sandbox_id: str) -> bool:
+        """Marks a live sandbox paused (the API's pause route is not served:
+        this is for tests of listings). Its container is left as it is."""
+        with self._lock:
+            sandbox = self._sandboxes.get(sandbox_id)
+            if sandbox is None:
+                return False
+            sandbox.state = "paused"
+            return True
+
     def remove(self, sandbox_id: str, *, expired: bool = False) -> bool:
         """Kill a sandbox: forget it first (so envd answers "not found" at
         once), then remove its container, which ends its commands."""
@@ -229,7 +243,8 @@ class Registry:
     def _reap(self) -> None:
         while not self._stop.wait(0.1):
             now = time.time()
-            for sandbox in [s for s in self.all() if s.end_at <= now]:
+            for sandbox in [s for s in self.all()
+                            if s.end_at <= now and s.state == "running"]:
                 self.remove(sandbox.id, expired=True)
 
     def stop(self) -> None:

@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -275,6 +276,109 @@ def test_sdk_command_timeout_ends_the_stream(fake, sdk):
     with pytest.raises(TimeoutException):
         sbx.commands.run("sleep 20", timeout=1)  # Connect-Timeout-Ms: 1000
     assert time.monotonic() - started < 5
+
+
+def list_all(paginator) -> "tuple[list, int]":
+    """Every page of an SDK paginator, followed as its docstring says:
+    (the sandboxes, how many pages)."""
+    items, pages = [], 0
+    while paginator.has_next:
+        items += paginator.next_items()
+        pages += 1
+        assert pages <= 20, "the listing never ended"
+    return items, pages
+
+
+def test_sdk_lists_every_page_by_metadata_and_state(fake, sdk):
+    from e2b import Sandbox, SandboxQuery, SandboxState
+
+    # A value the SDK has to encode: a space, '&', '=', '%', '+', non-ASCII.
+    odd = "a b&c=d%e+\u00fc"
+    labels = {"suite": "listing", "odd": odd}
+    ours = [create(fake, timeout=120, metadata=labels)["sandboxID"] for _ in range(4)]
+    create(fake, timeout=120, metadata={"suite": "listing"})  # one label short
+    create(fake, timeout=120, metadata={"suite": "other", "odd": odd})
+    fake.pause(ours[1])
+    newest_first = ours[::-1]
+    before = fake.state()["listings"]
+
+    # Pages of one (the knob): the SDK follows X-Next-Token to the end.
+    fake.set_fault("list_page_size", count=None, size=1)
+    query = SandboxQuery(metadata=labels)
+    listed, pages = list_all(Sandbox.list(query=query, **sdk_opts(fake)))
+    # No state asked for: running and paused, newest first.
+    assert [s.sandbox_id for s in listed] == newest_first and pages == 4
+    assert [s.state for s in listed] == [
+        SandboxState.PAUSED if i == ours[1] else SandboxState.RUNNING for i in newest_first]
+    assert all(s.metadata == labels for s in listed)
+
+    # The state filter, each way; the order, reversed.
+    running = SandboxQuery(metadata=labels, state=[SandboxState.RUNNING])
+    listed, pages = list_all(Sandbox.list(query=running, **sdk_opts(fake)))
+    assert [s.sandbox_id for s in listed] == [i for i in newest_first if i != ours[1]]
+    assert pages == 3
+    paused = SandboxQuery(metadata=labels, state=[SandboxState.PAUSED])
+    listed, pages = list_all(Sandbox.list(query=paused, **sdk_opts(fake)))
+    assert [s.sandbox_id for s in listed] == [ours[1]] and pages == 1
+    listed, pages = list_all(Sandbox.list(query=query, order="asc", **sdk_opts(fake)))
+    assert [s.sandbox_id for s in listed] == ours and pages == 4
+
+    # Without the knob a page holds the SDK's `limit`.
+    fake.clear_faults("list_page_size")
+    listed, pages = list_all(Sandbox.list(query=query, limit=3, **sdk_opts(fake)))
+    assert [s.sandbox_id for s in listed] == newest_first and pages == 2
+
+    # One request per page, all of them to the current listing.
+    after = fake.state()["listings"]
+    assert after["v2"] - before["v2"] == 4 + 3 + 1 + 4 + 2
+    assert after["deprecated"] == before["deprecated"]
+
+
+def test_listing_on_the_wire(fake):
+    first = create(fake, timeout=2, metadata={"k": "v"})
+    fake.pause(first["sandboxID"])
+    second = create(fake, timeout=60, metadata={"k": "v"})
+    ids = [second["sandboxID"], first["sandboxID"]]  # newest first
+
+    # The defaults: both states, newest first, every match on one page.
+    status, head, body = api(fake, "GET", "/v2/sandboxes?metadata=k%3Dv")
+    assert status == 200 and [s["sandboxID"] for s in body] == ids
+    assert [s["state"] for s in body] == ["running", "paused"]
+    assert head["X-Total-Running"] == "1" and head["X-Next-Token"] is None
+    # Running ones not asked for: no X-Total-Running.
+    status, head, body = api(fake, "GET", "/v2/sandboxes?state=paused")
+    assert [s["sandboxID"] for s in body] == ids[1:] and head["X-Total-Running"] is None
+
+    # `limit` makes the pages; X-Next-Token chains them, absent on the last.
+    status, head, body = api(fake, "GET", "/v2/sandboxes?limit=1")
+    assert [s["sandboxID"] for s in body] == ids[:1] and head["X-Next-Token"]
+    status, head, body = api(fake, "GET",
+                             f"/v2/sandboxes?limit=1&nextToken={quote(head['X-Next-Token'])}")
+    assert [s["sandboxID"] for s in body] == ids[1:] and head["X-Next-Token"] is None
+
+    # Outside what the spec allows: 400.
+    for query in ("limit=0", "limit=101", "limit=x", "state=", "state=running,stopped",
+                  "order=newest", "nextToken=garbage", "startedAfter=yesterday",
+                  "metadata=k", "metadata=k%3Dv%3Dw", "metadata=k%3D%25zz"):
+        status, _, body = api(fake, "GET", f"/v2/sandboxes?{query}")
+        assert (status, body["code"]) == (400, 400), query
+
+    # The deprecated listing still answers, running sandboxes only, and
+    # every call to it is counted.
+    before = fake.state()["listings"]["deprecated"]
+    status, _, body = api(fake, "GET", "/sandboxes?metadata=k%3Dv")
+    assert status == 200 and [s["sandboxID"] for s in body] == ids[:1]
+    assert fake.state()["listings"]["deprecated"] == before + 1
+
+    # Paused: its timeout does not run and envd is out of reach, until a
+    # connect resumes it.
+    time.sleep(2.5)
+    assert first["sandboxID"] in fake.state()["live"]
+    assert envd(fake, "GET", "/health", envd_headers(first))[0] == 502
+    path = f"/sandboxes/{first['sandboxID']}/connect"
+    assert api(fake, "POST", path, {"timeout": 30})[0] == 200
+    assert envd(fake, "GET", "/health", envd_headers(first))[0] == 204
+    assert api(fake, "GET", "/v2/sandboxes?state=paused")[2] == []
 
 
 # ---- 2. authentication and request validation -----------------------------------------------
