@@ -19,6 +19,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -64,6 +65,18 @@ def session_containers(pid: int) -> list[str]:
     return out.split()
 
 
+def post_marked(url: str, procedure: str, body: dict) -> tuple[int, dict, "str | None"]:
+    """`post`, with the answer's not-dispatched mark (None when unmarked)."""
+    req = urllib.request.Request(
+        f"{url}/plimsoll.v1.SandboxService/{procedure}", json.dumps(body).encode(),
+        {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.load(r), r.headers.get("plimsoll-not-dispatched")
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e), e.headers.get("plimsoll-not-dispatched")
+
+
 def post(url: str, procedure: str, body: dict) -> tuple[int, dict]:
     req = urllib.request.Request(
         f"{url}/plimsoll.v1.SandboxService/{procedure}", json.dumps(body).encode(),
@@ -74,6 +87,20 @@ def post(url: str, procedure: str, body: dict) -> tuple[int, dict]:
     except urllib.error.HTTPError as e:
         return e.code, json.load(e)
 
+
+# Counts processes named sleep by reading /proc, skipping ones that end
+# while it reads.
+COUNT_SLEEP = """import os
+n = 0
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                n += f.read().strip() == "sleep"
+        except OSError:
+            pass
+print(n)
+"""
 
 WASM_SESSIONS = {"SANDBOX_PROVIDER": "wasm", "SANDBOX_MAX_SESSIONS": "4",
                  "SANDBOX_MAX_SESSIONS_PER_CALLER": "3", "PLIMSOLL_LOG_FORMAT": "json"}
@@ -227,7 +254,10 @@ def test_owner_cap_replaces_the_least_recently_used():
         d.stop()
 
 
-def _open_and_hold(url: str, hold: float, out) -> None:
+def _open_and_hold(url: str, hold: float, out, start) -> None:
+    # Every process opens at once: spawned processes come up staggered on a
+    # two-core machine, and without the barrier they would not race at all.
+    start.wait(60)
     try:
         s = Client(url).open_session()
     except PlimsollError as e:
@@ -246,7 +276,8 @@ def test_caps_are_exact_under_racing_processes(daemon_cap, caller_cap, expected)
     try:
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
-        procs = [ctx.Process(target=_open_and_hold, args=(d.url, 3.0, out)) for _ in range(10)]
+        start = ctx.Barrier(10)
+        procs = [ctx.Process(target=_open_and_hold, args=(d.url, 3.0, out, start)) for _ in range(10)]
         for p in procs:
             p.start()
         answers = [out.get(timeout=60) for _ in procs]
@@ -264,21 +295,28 @@ def test_racing_calls_on_one_session_are_serialized(wasm):
     s = Client(wasm.url).open_session()
     s.run_cell("var n = 0", language="javascript")
     sid = s._id
+    # Eight calls released together, each busy for 300 ms, so they overlap:
+    # one runs, one waits its turn, the rest are refused.
+    start = threading.Barrier(8)
     def bump():
-        return post(wasm.url, "SessionRun", {
+        start.wait(30)
+        return post_marked(wasm.url, "SessionRun", {
             "protocol": 4, "sessionId": sid,
-            "cell": {"language": "javascript", "code": "n += 1; n"}})
+            "cell": {"language": "javascript",
+                     "code": "{ const t0 = Date.now(); while (Date.now() - t0 < 300) {} } n += 1; n"}})
     from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: bump(), range(8)))
-    done = [b for st, b in results if st == 200]
-    busy = [b for st, b in results if st != 200]
+    done = [b for st, b, _ in results if st == 200]
+    busy = [(b, mark) for st, b, mark in results if st != 200]
+    assert busy, "no call found the session busy: the calls never overlapped"
     seen = sorted(int(base64.b64decode(b["run"]["cell"]["stdout"])) for b in done)
     assert seen == list(range(1, len(done) + 1)), seen
     sequences = sorted(int(b["run"]["record"]["sequence"]) for b in done)
     assert sequences == list(range(2, len(done) + 2))
-    # A call that found one waiting already is refused as busy, marked.
-    assert all(b.get("code") == "resource_exhausted" or b.get("code") == "unavailable" for b in busy), busy
+    # A call that found one waiting already is refused as capacity, marked
+    # as not dispatched.
+    assert all(b.get("code") == "resource_exhausted" and mark == "capacity" for b, mark in busy), busy
     status, closed = post(wasm.url, "CloseSession", {"protocol": 4, "sessionId": sid})
     assert status == 200 and int(closed["calls"]) == 1 + len(done)
 
@@ -333,11 +371,15 @@ def test_docker_cells_projects_and_workspace(docker):
         # Files persist between calls and kinds.
         r = s.run_cell("open('a.txt').read()", language="python")
         assert r.stdout_text == "'hello'\n"
-        # No process a call starts outlives it.
-        s.run_project({}, ["(sleep 300 &) ; echo started"])
-        # ps must exist and run: without it a count of 0 would prove nothing.
-        r = s.run_project({}, ["ps -eo comm > procs.txt && grep -c '^sleep' procs.txt || true"])
-        assert r.steps[0].stdout_text.strip() == "0", r.steps[0].stdout_text
+        # No process a call starts outlives it. The count scans /proc itself
+        # (no tool of the image in between), and is first seen to count a
+        # live sleep inside the call that starts it, so a count of 0 later
+        # means the process is gone, not that the probe is blind.
+        r = s.run_project({"count_sleep.py": COUNT_SLEEP},
+                          ["(sleep 300 &) ; sleep 0.3; python3 count_sleep.py"])
+        assert (r.steps[0].exit_code, r.steps[0].stdout_text, r.steps[0].stderr_text) == (0, "1\n", ""), r.steps[0]
+        r = s.run_project({}, ["python3 count_sleep.py; rc=$?; rm -f count_sleep.py; exit $rc"])
+        assert (r.steps[0].exit_code, r.steps[0].stdout_text, r.steps[0].stderr_text) == (0, "0\n", ""), r.steps[0]
 
         ws = Workspace(s, timeout=30)
         assert ws.root.startswith("/")
