@@ -23,6 +23,8 @@ import urllib.request
 import httpx2
 import pytest
 
+from plimsoll_client import Client
+
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -264,10 +266,28 @@ def test_describe_runs_nothing_and_states_the_tier(wasm):
 
 
 def test_unknown_arguments_are_refused_and_nothing_runs(wasm):
+    # `trace_id` is a field the API knows (`traceId`) and no tool's schema
+    # names. Were it passed through instead of refused, the run would go
+    # ahead and its audit line would carry this tag: the sentinel.
+    tag = f"mcp-unknown-arg-{time.monotonic_ns()}"
+
     async def body(s):
-        return await s.call_tool("run_javascript", {"code": "console.log(1)", "protocol": 3})
+        return await s.call_tool("run_javascript", {"code": "console.log(1)", "trace_id": tag})
+    def sentinel() -> int:
+        """Runs a snippet with a trace ID of its own and waits for its audit
+        line: lines arrive in order, so every earlier one is in by then."""
+        mark = f"sentinel-{time.monotonic_ns()}"
+        Client(wasm.url, TOKEN, insecure_http=True).run_javascript("0", trace_id=mark)
+        deadline = time.monotonic() + 10
+        while not any(a.get("trace_id") == mark for a in wasm.audit()):
+            assert time.monotonic() < deadline, "the sentinel's audit line never arrived"
+            time.sleep(0.02)
+        return len(wasm.audit())
+    before = sentinel()
     r = run(with_session(http(wasm.url), body))
-    assert r.is_error and r.structured_content["notDispatched"] == "request"
+    assert r.is_error and r.structured_content["notDispatched"] == "request", r
+    after = sentinel()
+    assert not [a for a in wasm.audit()[before:after] if a.get("trace_id") == tag]
 
 
 def test_the_log_holds_no_code_output_or_session_id(wasm):
