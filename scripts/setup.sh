@@ -31,44 +31,42 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-# gVisor: the runsc the workload corpus passed under, from Debian's
-# bookworm-backports (Debian 12's own, from 2022, fails `ls` and `stat` in
-# every sandbox: its statx answers EINVAL). Backports are pinned to
-# priority 1 for every other package, so nothing else on the system moves;
-# runsc alone is pinned to this exact version, and checked after.
-RUNSC_VERSION="0.0~20240729.0-4~bpo12+2"
-RUNSC_STATES="runsc version 0.0~20240729.0"
-if [ "$(dpkg-query -W -f '${Version}' runsc 2>/dev/null || true)" != "$RUNSC_VERSION" ]; then
-  echo "setup: installing runsc $RUNSC_VERSION from bookworm-backports"
-  mirror="$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)"
-  [ -n "$mirror" ] || mirror="$(awk '$1 == "deb" && $3 == "bookworm" {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)"
-  [ -n "$mirror" ] || mirror="http://deb.debian.org/debian"
-  cat > /etc/apt/sources.list.d/plimsoll-bookworm-backports.sources <<SOURCES
+# gVisor: a runsc no older than the release the workload corpus passed under
+# (20240729), from Debian's bookworm-backports (Debian 12's own, from 2022,
+# fails `ls` and `stat` in every sandbox: its statx answers EINVAL). Only
+# runsc is pinned to backports; every other package keeps the priority apt
+# gives backports (installed only when asked for by name), so nothing else
+# on the system moves, and later runsc fixes from backports still arrive.
+RUNSC_MIN_RELEASE=20240729
+runsc_release() {
+  /usr/bin/runsc --version 2>/dev/null | sed -n '1s/^runsc version \(0\.0~\|release-\)\{0,1\}\([0-9]\{8\}\).*/\2/p'
+}
+# The suite and the pin are written every time (an older setup pinned
+# every backports package down; this replaces it).
+mirror="$(awk '/^URIs:/ && $2 ~ /debian\/?$/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)"
+[ -n "$mirror" ] || mirror="http://deb.debian.org/debian"
+cat > /etc/apt/sources.list.d/plimsoll-bookworm-backports.sources <<SOURCES
 Types: deb
 URIs: $mirror
 Suites: bookworm-backports
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SOURCES
-  cat > /etc/apt/preferences.d/plimsoll-runsc <<PREFS
-Package: *
-Pin: release n=bookworm-backports
-Pin-Priority: 1
-
+cat > /etc/apt/preferences.d/plimsoll-runsc <<'PREFS'
 Package: runsc
-Pin: version $RUNSC_VERSION
-Pin-Priority: 1001
+Pin: release n=bookworm-backports
+Pin-Priority: 990
 PREFS
+if [ "$(runsc_release || true)" \< "$RUNSC_MIN_RELEASE" ]; then
+  echo "setup: installing runsc from bookworm-backports"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "runsc=$RUNSC_VERSION" >/dev/null
+  apt-get install -y -qq --no-install-recommends runsc/bookworm-backports >/dev/null
 fi
-[ "$(dpkg-query -W -f '${Version}' runsc)" = "$RUNSC_VERSION" ] || {
-  echo "setup: runsc is not $RUNSC_VERSION" >&2; exit 1
-}
-[ "$(/usr/bin/runsc --version | head -1)" = "$RUNSC_STATES" ] || {
-  echo "setup: /usr/bin/runsc does not state $RUNSC_STATES" >&2; exit 1
-}
+release="$(runsc_release || true)"
+if [ -z "$release" ] || [ "$release" \< "$RUNSC_MIN_RELEASE" ]; then
+  echo "setup: /usr/bin/runsc states release '${release:-none}', older than $RUNSC_MIN_RELEASE" >&2; exit 1
+fi
 
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
   echo "setup: adding the wasm32-wasip2 Rust target"

@@ -303,24 +303,6 @@ lang javascript
 lang python
 ";
 
-    /// Recorded under Debian 12's runsc (0.0~20221219.0): statx answers
-    /// EINVAL, so `ls -la` and `stat` fail; `find` does not call it.
-    const RUNSC_2022: &str = "user 61000:61000
-mount 8 8 0:8 / / ro  - 9p none ro,trans=fd
-mount 9 8 0:6 / /dev rw  - tmpfs none rw,mode=0755
-mount 11 8 0:10 / /tmp rw,noexec  - tmpfs none rw,size=16m
-mount 13 8 0:12 / /work rw,noexec  - tmpfs none rw,mode=1777,size=128m
-mount 15 9 0:14 / /dev/shm rw,noexec  - tmpfs none rw,mode=1777,size=16777216
-writable /tmp
-writable /work
-writable /dev/shm
-iface lo
-pids max
-works find
-lang javascript
-lang python
-";
-
     fn want(gvisor: bool) -> Expectations {
         Expectations {
             user: "61000:61000".into(),
@@ -342,7 +324,10 @@ lang python
 
     #[test]
     fn a_runtime_that_breaks_ls_is_refused() {
-        let e = judge_smoke(RUNSC_2022, &want(true)).expect_err("2022 runsc passed");
+        // Under Debian 12's runsc (0.0~20221219.0) statx answers EINVAL, so
+        // `ls -la` and `stat` fail there and only `find` reports working.
+        let runsc_2022 = RUNSC.replacen("works ls -la\nworks stat\n", "", 1);
+        let e = judge_smoke(&runsc_2022, &want(true)).expect_err("2022 runsc passed");
         assert!(e.contains("`ls -la` fails inside the sandbox"), "{e}");
         for command in ORDINARY_COMMANDS {
             let report = RUNC.replacen(&format!("works {command}\n"), "", 1);

@@ -75,7 +75,7 @@ impl DockerEngine {
             .await
             .map_err(|e| short(&e))?;
         let now = unix_now();
-        let mut removed = 0;
+        let mut leftovers = Vec::new();
         for c in found {
             let labels = c.labels.as_ref();
             let orphaned = labels
@@ -88,10 +88,17 @@ impl DockerEngine {
                 // not one this host made whole; it is old enough to go.
                 .unwrap_or(0);
             let Some(id) = c.id else { continue };
-            if (expires <= now || orphaned) && self.remove(&id).await {
-                removed += 1;
+            if expires <= now || orphaned {
+                leftovers.push(id);
             }
         }
+        // Removed together: a removal can wait seconds for a busy cgroup,
+        // and this loop also keeps readiness current.
+        let removed = futures_util::future::join_all(leftovers.iter().map(|id| self.remove(id)))
+            .await
+            .into_iter()
+            .filter(|r| *r)
+            .count();
         self.sweep_cgroups().await;
         Ok(removed)
     }
@@ -100,8 +107,10 @@ impl DockerEngine {
     /// that no task is in any more (one whose release timed out). The
     /// directories are listed before the containers, and a cgroup is made
     /// only after its container exists, so a cgroup of a container being
-    /// set up now is never taken. The engine's own cgroups of containers it
-    /// removed are gone already; a busy one cannot be removed at all.
+    /// set up now is never taken; and one is removed only when two sweeps
+    /// a minute apart both found it so, which leaves alone a cgroup another
+    /// manager sharing this parent made a moment before its container. A
+    /// busy one cannot be removed at all.
     async fn sweep_cgroups(&self) {
         let PidsCgroup::Host { root, .. } = &self.pids else {
             return;
@@ -123,7 +132,11 @@ impl DockerEngine {
             return;
         };
         let live: HashSet<String> = live.into_iter().filter_map(|c| c.id).collect();
-        for name in names.iter().filter(|n| !live.contains(*n)) {
+        let now: HashSet<String> = names.into_iter().filter(|n| !live.contains(n)).collect();
+        let Ok(mut suspects) = self.cgroup_suspects.lock() else {
+            return;
+        };
+        for name in now.intersection(&suspects) {
             match root.remove_dir(name) {
                 Ok(()) => {
                     tracing::info!(cgroup = %name, "swept a sandbox's host cgroup left behind")
@@ -133,5 +146,6 @@ impl DockerEngine {
                 }
             }
         }
+        *suspects = now;
     }
 }

@@ -142,7 +142,7 @@ pub(super) fn verify_runtime(
             };
             let path = rt.path.clone().unwrap_or_default();
             let (resolved, file) = resolve_executable(&path)
-                .ok_or_else(|| format!("the engine's runsc runtime points at {path:?}, which is not an executable on this host"))?;
+                .ok_or_else(|| format!("the engine's runsc runtime points at {path:?}, which is not an executable on this host owned by root and writable by no one else"))?;
             if resolved.file_name().and_then(|n| n.to_str()) != Some("runsc") {
                 return Err(format!(
                     "the engine's runsc runtime resolves to {}, not an executable named runsc",
@@ -202,7 +202,10 @@ fn resolve_executable(path: &str) -> Option<(PathBuf, FileIdentity)> {
     };
     let real = std::fs::canonicalize(candidate).ok()?;
     let meta = std::fs::metadata(&real).ok()?;
-    (meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    // The host runs this file itself (`--version`), so it must be one only
+    // root can have put there: owned by root, writable by no one else.
+    let trusted = meta.uid() == 0 && meta.permissions().mode() & 0o022 == 0;
+    (meta.is_file() && meta.permissions().mode() & 0o111 != 0 && trusted)
         .then(|| (real, FileIdentity::of(&meta)))
 }
 
@@ -266,6 +269,29 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn only_a_runtime_file_no_one_but_its_owner_can_write_is_resolved() {
+        let dir = std::env::temp_dir().join(format!("plimsoll-rt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let exe = dir.join("runsc");
+        std::fs::write(&exe, b"#!/bin/sh\n").expect("file");
+        let path = exe.to_str().expect("utf-8");
+        let mode = |m: u32| {
+            std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(m)).expect("chmod")
+        };
+        mode(0o755);
+        // The suite runs as root, which owns what it writes.
+        let owned_by_root = std::fs::metadata(&exe).expect("meta").uid() == 0;
+        assert_eq!(resolve_executable(path).is_some(), owned_by_root);
+        for writable in [0o775, 0o757, 0o777] {
+            mode(writable);
+            assert!(resolve_executable(path).is_none(), "{writable:o}");
+        }
+        mode(0o644);
+        assert!(resolve_executable(path).is_none(), "not executable");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
