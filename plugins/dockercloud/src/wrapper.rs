@@ -4,8 +4,11 @@
 //! each stream through its own `head -c <cap>` and throws away the rest
 //! inside the VM (so the answer never carries more than the cap, and a
 //! program that prints past it is not killed by SIGPIPE: its exit status is
-//! its own, as on every other tier), and since POSIX sh has no pipefail,
-//! carries the command's status out through a file (125 when none was
+//! its own, as on every other tier). The readers get the time limit and one
+//! second more (so a command ended at its limit closes their input first),
+//! so a process that leaves the command's process group and keeps the
+//! pipes open cannot hold the exec past it. Since POSIX sh has no pipefail,
+//! the command's status comes out through a file (125 when none was
 //! written).
 
 use base64::Engine;
@@ -21,7 +24,8 @@ use crate::bindings::plimsoll::provider::types::ProcessOutput;
 pub const SCRIPT: &str = r#"limit=$1; cap=$2; shift 2
 status=/tmp/.plimsoll-status.$$
 rm -f "$status"
-{ { timeout -s KILL "$limit" "$@"; echo $? >"$status"; } 2>&1 1>&3 3>&- | { head -c "$cap" 1>&2; cat >/dev/null; }; } 3>&1 | { head -c "$cap"; cat >/dev/null; }
+drain() { timeout -s KILL "$((limit + 1))" sh -c 'head -c "$0"; exec cat >/dev/null' "$cap"; }
+{ { timeout -s KILL "$limit" "$@"; echo $? >"$status"; } 2>&1 1>&3 3>&- | drain 1>&2; } 3>&1 | drain
 if [ -s "$status" ]; then code=$(cat "$status"); rm -f "$status"; exit "$code"; fi
 exit 125"#;
 

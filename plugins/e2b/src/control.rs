@@ -231,6 +231,13 @@ impl Service {
             let Some(items) = a.body.as_array() else {
                 return Err(format!("listing page {page} was not a JSON array"));
             };
+            if items.len() > LIST_LIMIT as usize {
+                // More than was asked for: not E2B's listing, and what is
+                // kept from it must stay bounded.
+                return Err(format!(
+                    "listing page {page} held more than {LIST_LIMIT} sandboxes"
+                ));
+            }
             for s in items {
                 // The service filtered; check again here rather than trust
                 // it with what gets deleted.

@@ -128,8 +128,18 @@ fn snippet(
 ) -> Result<ProcessOutput, RunError> {
     // `.js`, not `.cjs`: node then reads a snippet with module syntax
     // (top-level `await`) as a module, as `node -` does on the docker tiers.
-    let file = format!("{WORK_DIR}/plimsoll-snippet.js");
-    envd.upload(&[(file.clone(), code.as_bytes())], deadline)?;
+    // An empty package.json beside it ends node's search for one, so a
+    // package.json a session's earlier call left higher up (with a `type`)
+    // cannot change how the snippet is read.
+    let dir = format!("{WORK_DIR}/.plimsoll-snippet");
+    let file = format!("{dir}/snippet.js");
+    envd.upload(
+        &[
+            (format!("{dir}/package.json"), b"{}\n".as_slice()),
+            (file.clone(), code.as_bytes()),
+        ],
+        deadline,
+    )?;
     envd.run(
         &Command {
             cmd: "node",
