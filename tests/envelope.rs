@@ -112,8 +112,8 @@ async fn common(d: &Daemon) {
 async fn the_envelope_holds_from_inside_under_runc() {
     let d = docker("");
     common(&d).await;
-    // runc: the container's own cgroup says it, the seccomp profile is in
-    // force (filter mode, and a call it refuses is refused), and the IPC
+    // runc: the container's own cgroup says it, the shipped seccomp profile
+    // is in force (filter mode, and calls only it refuses are refused), and the IPC
     // namespace is the container's own. (Under gVisor the Sentry keeps IPC
     // to itself and shows no namespace link.)
     let a = steps(
@@ -125,9 +125,10 @@ async fn the_envelope_holds_from_inside_under_runc() {
             r#"echo seccomp $(awk '$1 == "Seccomp:" {print $2}' /proc/self/status); python3 -c '
 import ctypes, errno
 libc = ctypes.CDLL(None, use_errno=True)
-for name, call in (("unshare", lambda: libc.unshare(0x10000000)), ("io_uring", lambda: libc.syscall(425, 1, None))):
+for name, call in (("unshare", lambda: libc.unshare(0x10000000)), ("io_uring", lambda: libc.syscall(425, 1, None)),
+                   ("shmget", lambda: libc.shmget(0, 4096, 0o1600)), ("ptrace", lambda: libc.ptrace(0, 0, None, None))):
     r = call()
-    print(name, r, errno.errorcode.get(ctypes.get_errno(), "none"))
+    print(name, r, errno.errorcode.get(ctypes.get_errno(), "none") if r == -1 else "allowed")
 '"#,
         ],
     )
@@ -153,6 +154,11 @@ for name, call in (("unshare", lambda: libc.unshare(0x10000000)), ("io_uring", l
     assert_eq!(field(&sec, "seccomp"), "2", "{sec}");
     assert_eq!(field(&sec, "unshare"), "-1 EPERM", "{sec}");
     assert_eq!(field(&sec, "io_uring"), "-1 EPERM", "{sec}");
+    // Docker's own default profile refuses the two above as well; these two
+    // it allows (a SysV shared memory segment, PTRACE_TRACEME), and only the
+    // shipped profile refuses them, so they tell the profiles apart.
+    assert_eq!(field(&sec, "shmget"), "-1 EPERM", "{sec}");
+    assert_eq!(field(&sec, "ptrace"), "-1 EPERM", "{sec}");
     let pid = d.pid().expect("pid");
     drop(d);
     assert_eq!(plimsoll_tests::containers_of(pid), 0);

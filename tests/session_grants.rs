@@ -169,6 +169,21 @@ async fn granted_calls_in_a_docker_session(runtime: &str) {
         "{:?}",
         a.body
     );
+    // And a cell that goes to the socket itself is answered 403, with
+    // nothing reaching the upstream.
+    let probe = "import socket\n\
+        s = socket.socket(socket.AF_UNIX)\n\
+        s.connect('/run/plimsoll/host.sock')\n\
+        s.sendall(b'GET /items/1 HTTP/1.0\\r\\nHost: h\\r\\n\\r\\n')\n\
+        print(s.recv(4096).decode().split(' ')[1])\n";
+    let a = session_call(
+        &d,
+        &sid,
+        json!({"cell": {"language": "python", "code": probe}}),
+    )
+    .await;
+    assert_eq!(stdout_of(&a.body["run"]["cell"]), "403\n", "{:?}", a.body);
+    assert_eq!(log.lock().unwrap().len(), 2, "a cell reached the upstream");
 
     for line in d.log_lines() {
         assert!(
@@ -183,7 +198,7 @@ async fn granted_calls_in_a_docker_session(runtime: &str) {
     )
     .await;
     assert_eq!(closed.status, 200);
-    assert_eq!(closed.body["calls"], "4");
+    assert_eq!(closed.body["calls"], "5");
     let pid = d.pid().expect("pid");
     drop(d);
     let _ = std::fs::remove_file(&path);

@@ -76,13 +76,41 @@ async fn three_replicas_hold_a_caller_to_one_concurrency_cap_and_one_rate() {
     // bob has buckets and places of his own.
     assert_eq!(run(&ds[2], &tokens[1], "1").await.status, 200);
     // The store holds counters under caller IDs, and nothing else: no
-    // token, no code.
+    // token and no code, in its key names or in any value.
+    // (bob runs the canary: alice's bucket is spent.)
+    let canary = "store-canary-5f1d";
+    assert_eq!(
+        run(&ds[0], &tokens[1], &format!("console.log('{canary}')"))
+            .await
+            .status,
+        200
+    );
     let keys = redis.command(&["KEYS", "*"]).expect("keys");
     assert!(!keys.is_empty());
     for key in keys.lines() {
         assert!(key.starts_with("plimsoll:"), "{key}");
-        assert!(!tokens.iter().any(|t| key.contains(t.as_str())), "{key}");
+        let value = stored_value(&redis, key);
+        for secret in tokens.iter().map(String::as_str).chain([canary]) {
+            assert!(!key.contains(secret), "{key}");
+            assert!(!value.contains(secret), "{key} holds {value}");
+        }
     }
+}
+
+/// Everything one key holds, whatever its type, as text.
+fn stored_value(redis: &RedisServer, key: &str) -> String {
+    let kind = redis.command(&["TYPE", key]).expect("type");
+    let read: &[&str] = match kind.as_str() {
+        "string" => &["GET", key],
+        "hash" => &["HGETALL", key],
+        "zset" => &["ZRANGE", key, "0", "-1", "WITHSCORES"],
+        "set" => &["SMEMBERS", key],
+        "list" => &["LRANGE", key, "0", "-1"],
+        // Gone between KEYS and TYPE (an expiring lease): nothing held.
+        "none" => return String::new(),
+        other => panic!("{key} is a {other}, which this check cannot read"),
+    };
+    redis.command(read).unwrap_or_default()
 }
 
 /// `n` runs of `code` sent at once, spread round the replicas, each on a

@@ -218,7 +218,12 @@ async fn output_is_capped_per_stream_with_flags() {
 
 #[tokio::test]
 async fn runs_share_nothing() {
-    let d = wasm_daemon();
+    // One run at a time: the second run lands in the slot the first used,
+    // so what the first left there is what the second would see.
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("SANDBOX_MAX_CONCURRENT", "1"),
+    ]);
     let a = call(
         &d,
         "Run",
