@@ -7,7 +7,8 @@ sandbox's endpoint under `/endpoints/<uid>/v1` (named in the sandbox's
 `core.endpoint.uri` at a second host name, `localhost`, so a client can keep
 the two origins apart). Each sandbox is a real container
 (`--network none`, docker's marker file removed, like fake-e2b's), and
-every exec runs the command in it for real.
+every exec runs the command in it for real. The create's start argv is the
+container's main process; when it ends, the sandbox has failed.
 
 Every request is checked against the shapes Docker publishes (shapes.py)
 and so is every answer the fake gives; a mismatch is recorded in
@@ -15,20 +16,29 @@ and so is every answer the fake gives; a mismatch is recorded in
 way the API refuses it (400 invalidArgument). Rules the document states
 beyond shapes are enforced too: a management call needs a bearer the
 exchange issued and not yet expired; the endpoint takes only a scoped
-credential minted for that sandbox (a management token there is refused
-and counted); a delete needs the sandbox's current ETag in `If-Match`
-(absent 428, stale 412, `*` refused) and answers 204 for an absent sandbox;
-an `Idempotency-Key` replays its create; an unknown route answers a
-non-JSON 404. Knobs (`KNOBS`) make it misbehave the ways the real service
-can. It shares the HTTP plumbing, the container runner, the certificates
-and the knob table with fake-e2b.
+credential minted for that sandbox, and only for the operations its
+permissions cover (a management token there is refused and counted); a
+delete needs the sandbox's current ETag in `If-Match` (absent 428, stale
+412, `*` refused), answers 202 with the deleting sandbox, which disappears
+a moment later, and 204 for an absent one; an `Idempotency-Key` replays
+the first answer to its create; the timeout's clock starts when the sandbox
+first runs; an unknown route answers a non-JSON 404. Where the document
+leaves a choice open the fake takes the one least convenient for a client
+(README.md, "What Docker documents and what the fake does"). Knobs (`KNOBS`)
+make it misbehave the ways the real service can. It shares the HTTP
+plumbing, the container runner, the certificates and the knob table with
+fake-e2b.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as _dt
+import itertools
 import json
+import platform as _platform
+import posixpath
+import re
 import secrets
 import subprocess
 import sys
@@ -41,7 +51,7 @@ from urllib.parse import parse_qs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2b"))
 import shapes  # noqa: E402
-from container import Docker  # noqa: E402
+from container import ContainerError, Docker  # noqa: E402
 from fake_e2b import _Handler, _Server, _TlsServer  # noqa: E402
 from faults import Faults  # noqa: E402
 from httpio import Exchange  # noqa: E402
@@ -50,6 +60,24 @@ DEFAULT_IMAGE = "plimsoll/sandbox:bookworm"
 # What the service's own capture keeps of an exec's output (both streams).
 EXEC_CAPTURE = 4 << 20
 TOKEN_TTL = 900
+# A list's page when none is asked for, and the most one page holds: a
+# larger pageSize is cut to it (the document leaves both to the backend).
+LIST_PAGE = 50
+# The initial TTL when a create enables timeouts but names none (the
+# document says "the advertised action default"; nothing here advertises one).
+DEFAULT_TIMEOUT = "300s"
+# How long, at least, a deleted sandbox still reads as deleting.
+DELETING_SECONDS = 0.3
+# The operations the endpoint serves, by their operation IDs.
+CAPABILITIES = ["download", "exec", "upload"]
+# What each endpoint operation needs the credential to grant.
+NEEDS = {"exec": "sandboxesExec", "upload": "sandboxesFilesWrite",
+         "download": "sandboxesFilesRead"}
+# Platforms the fake places a sandbox on (its containers run on this host).
+PLATFORMS = {("linux", "amd64"), ("linux", "arm64")}
+PLACED = {"os": "linux",
+          "architecture": {"aarch64": "arm64", "arm64": "arm64"}.get(_platform.machine(), "amd64")}
+LIST_FIELDS = ("name", "display_name", "uid", "status", "agent")
 
 KNOBS: "dict[str, dict]" = {
     "token_refused": {},                 # the exchange answers 401
@@ -72,6 +100,16 @@ KNOBS: "dict[str, dict]" = {
     "container_signs": {},               # the sandbox shows a container's marker
     "egress_open": {},                   # the sandbox gets a network
     "exec_ignores_workdir": {},          # an exec that names a workingDir runs in /
+    "delete_204": {},                    # the delete finishes at once: 204, gone
+}
+
+# Exit statuses of the small in-container file scripts below (and one for a
+# path refused before any script runs), and the download error each means.
+_ABSENT, _NOT_REGULAR, _NO_PARENT, _NOT_CANONICAL = 44, 45, 46, -1
+_FILE_FAILURES = {
+    _ABSENT: ("notFound", "no such file"),
+    _NOT_REGULAR: ("failedPrecondition", "path_authority_nonregular_object: not a regular file"),
+    _NOT_CANONICAL: ("invalidArgument", "not a canonical absolute path"),
 }
 
 
@@ -80,21 +118,59 @@ def _b64url(data: bytes) -> str:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return _stamp(time.time())
+
+
+def _stamp(epoch: float) -> str:
+    when = _dt.datetime.fromtimestamp(epoch, _dt.timezone.utc)
+    return when.isoformat().replace("+00:00", "Z")
+
+
+def _seconds(duration: str) -> float:
+    return float(duration[:-1])
+
+
+def _canonical(path: str) -> bool:
+    """An absolute path with no `.`, `..`, empty or trailing part."""
+    return (path.startswith("/") and not path.startswith("//")
+            and posixpath.normpath(path) == path)
+
+
+_SEQUENCE = itertools.count(1)
 
 
 class Sandbox:
     def __init__(self, uid: str, request: dict, container: str, endpoint: str) -> None:
         self.uid, self.request, self.container = uid, request, container
         self.endpoint = endpoint
+        self.seq = next(_SEQUENCE)  # creation order, for listing
         self.display_name = request.get("displayName", "")
         self.created_at = _now()
         self.revision = 1
         self.status = "running"
         self.pending_reads = 0
-        self.credentials: "dict[str, float]" = {}
+        self.failure: "dict | None" = None
+        # token -> (expiry, the permissions it grants)
+        self.credentials: "dict[str, tuple[float, frozenset]]" = {}
         self.labels = dict(request.get("labels") or {})
         self.flags: "set[str]" = set()
+        # Omitted: the platform the sandbox was placed on, this host's.
+        self.platform = dict(request.get("platform") or PLACED)
+        timeouts = (request.get("features") or {}).get("timeouts")
+        # The accepted initial TTL (None: no deadline feature), and the
+        # deadline, armed only once the sandbox first runs.
+        self.timeout = None if timeouts is None else (timeouts.get("timeout") or DEFAULT_TIMEOUT)
+        self.auto_resume = bool((timeouts or {}).get("autoResume"))
+        self.expires: "float | None" = None
+
+    def arm(self) -> None:
+        """First readiness: the deadline starts now (once)."""
+        if self.timeout is not None and self.expires is None:
+            self.expires = time.time() + _seconds(self.timeout)
+
+    def fail(self, code: str, message: str) -> None:
+        self.status, self.revision = "failed", self.revision + 1
+        self.failure, self.expires = {"code": code, "message": message, "details": []}, None
 
     @property
     def etag(self) -> str:
@@ -113,7 +189,9 @@ class FakeDockerCloud:
         self.faults = Faults(KNOBS)
         self._lock = threading.Lock()
         self.sandboxes: "dict[str, Sandbox]" = {}
-        self.idempotency: "dict[str, tuple[str, str]]" = {}  # key -> (body, uid)
+        # key -> (body, status, answer, etag): the first result, replayed as it was
+        self.idempotency: "dict[str, tuple[str, int, dict, str]]" = {}
+        self.page_tokens: "set[str]" = set()
         self.tokens: "dict[str, float]" = {}                 # management JWT -> expiry
         self.counts = {"created": 0, "deleted": 0, "exchanges": 0, "mints": 0,
                        "execs": 0, "management_token_on_endpoint": 0,
@@ -194,29 +272,51 @@ class FakeDockerCloud:
         s = Sandbox(uid, {"displayName": f"planted-{uid[:6]}", "labels": labels,
                           "resources": {"cpus": 1, "memoryMib": 2048}}, "",
                     f"{self.endpoint_origin}/endpoints/{uid}")
+        s.arm()
         with self._lock:
             self.sandboxes[uid] = s
         return uid
 
     def _reap_expired(self) -> None:
-        """The service's backstop: a sandbox past its timeout is deleted."""
+        """The service's backstop: a sandbox past its armed deadline is
+        deleted (onTimeout delete, the only action the fake takes)."""
         while not self._stopping.wait(0.5):
             now = time.time()
             with self._lock:
                 expired = [s for s in self.sandboxes.values()
-                           if now > s.request.get("_expires", float("inf"))]
+                           if s.expires is not None and now > s.expires]
             for s in expired:
-                self._remove(s)
-                with self._lock:
-                    self.counts["ttl_reaped"] += 1
+                self._remove(s, reaped=True)
 
-    def _remove(self, s: Sandbox) -> None:
+    def _remove(self, s: Sandbox, reaped: bool = False) -> None:
         with self._lock:
-            if self.sandboxes.pop(s.uid, None) is None:
+            if self.sandboxes.get(s.uid) is not s:
                 return
+            del self.sandboxes[s.uid]
             self.counts["deleted"] += 1
+            self.counts["ttl_reaped"] += reaped
         if s.container:
             self.docker.remove(s.container)
+
+    def _finish_delete(self, s: Sandbox) -> None:
+        """A delete's work: the container goes, then (no sooner than
+        DELETING_SECONDS after the delete) the sandbox."""
+        began = time.time()
+        if s.container:
+            self.docker.remove(s.container)
+        time.sleep(max(0.0, began + DELETING_SECONDS - time.time()))
+        with self._lock:
+            if self.sandboxes.get(s.uid) is s:
+                del self.sandboxes[s.uid]
+                self.counts["deleted"] += 1
+
+    def _watch(self, s: Sandbox) -> None:
+        """The start argv is the sandbox's main process: when it ends, the
+        sandbox has failed (nothing restarts it)."""
+        code = self.docker.wait(s.container)
+        with self._lock:
+            if self.sandboxes.get(s.uid) is s and s.status in ("creating", "running"):
+                s.fail("aborted", f"the sandbox's main process exited (status {code})")
 
     # ---- answers, each checked against the published shapes -----------------------
 
@@ -323,7 +423,7 @@ class FakeDockerCloud:
             if rest == [] and ex.method == "GET":
                 return self._get(ex, s)
             if rest == [] and ex.method == "DELETE":
-                return self._delete(ex, s)
+                return self._delete(ex, s, parse_qs(ex.raw_query))
             if s is None:
                 return self._error(ex, 404, "notFound", "sandbox not found")
             if rest == ["network-policies"] and ex.method == "GET":
@@ -334,17 +434,19 @@ class FakeDockerCloud:
 
     def _sandbox_json(self, s: Sandbox) -> dict:
         req = s.request
-        resources = dict(req.get("resources") or {"cpus": 1, "memoryMib": 2048})
-        if "memoryMib" in resources:
-            # 64-bit integers travel as strings, as the document says.
-            resources["memoryMib"] = str(resources["memoryMib"] * (2 if "bigger" in s.flags else 1))
-        capabilities = ["createProcess", "download", "exec", "list", "mkdir", "readFile",
-                        "upload", "writeFile"]
-        if "no_exec" in s.flags:
-            capabilities.remove("exec")
+        capabilities = [c for c in CAPABILITIES if not (c == "exec" and "no_exec" in s.flags)]
         core = {"status": s.status, "createdAt": s.created_at, "etag": s.etag,
-                "resources": resources, "platform": req.get("platform") or {},
-                "labels": s.labels, "imageRef": req.get("imageRef", "")}
+                "platform": s.platform, "labels": s.labels}
+        # Present only when chosen: the fake chooses no size of its own.
+        if req.get("resources"):
+            resources = dict(req["resources"])
+            if resources.get("memoryMib") is not None:
+                # 64-bit integers travel as strings, as the document says.
+                resources["memoryMib"] = str(int(resources["memoryMib"])
+                                             * (2 if "bigger" in s.flags else 1))
+            core["resources"] = resources
+        if "imageRef" in req:
+            core["imageRef"] = req["imageRef"]
         if s.status == "running":
             core["endpoint"] = {
                 "uri": s.endpoint, "protocol": "http", "credentialAudience": "sandbox-endpoint",
@@ -352,11 +454,36 @@ class FakeDockerCloud:
                 "capabilities": capabilities,
                 "authentication": {"scheme": "scopedBearer", "defaultTtl": "300s",
                                    "maxTtl": "300s"}}
+        features: dict = {"lifecycle": {"stopMemoryOutcome": "discard",
+                                        "canCaptureMemory": False},
+                          "outputRetention": {"minBytes": "65536"}}
+        if s.timeout is not None:
+            timeouts = {"onTimeout": "delete", "autoResume": s.auto_resume,
+                        "initialTimeout": s.timeout, "resumeTimeout": s.timeout}
+            if s.expires is not None and s.status == "running":
+                timeouts["expiresAt"] = _stamp(s.expires)
+            features["timeouts"] = timeouts
         out = {"uid": s.uid, "name": f"sandboxes/{s.uid}", "core": core,
-               "displayName": "someone-else" if "wrong_name" in s.flags else s.display_name}
-        if s.status == "failed":
-            out["failure"] = {"code": "internal", "message": "the VM did not boot"}
+               "displayName": "someone-else" if "wrong_name" in s.flags else s.display_name,
+               "effectiveFeatures": features}
+        if s.status == "failed" and s.failure:
+            out["failure"] = s.failure
         return out
+
+    def _refusal(self, body: dict) -> "str | None":
+        """What in a well-shaped create the fake refuses, and why."""
+        platform = body.get("platform")
+        if platform and (platform["os"], platform["architecture"]) not in PLATFORMS:
+            return "the platform is not one this service places sandboxes on"
+        if body.get("agent"):
+            return "no agent profile is supported here"
+        timeouts = (body.get("features") or {}).get("timeouts")
+        if timeouts is not None:
+            if timeouts.get("onTimeout") not in (None, "delete"):
+                return "this service applies only the delete action at a timeout"
+            if timeouts.get("timeout") and _seconds(timeouts["timeout"]) <= 0:
+                return "the timeout must be positive"
+        return None
 
     def _create(self, ex: Exchange) -> None:
         raw = ex.read_body()
@@ -364,6 +491,7 @@ class FakeDockerCloud:
             body = json.loads(raw or b"null")
         except ValueError:
             return self._error(ex, 400, "invalidArgument", "the body is not JSON")
+        # Unknown fields are refused before the replay lookup.
         found = self._check("request POST /v1/sandboxes", shapes.CREATE_REQUEST, body)
         if found:
             return self._error(ex, 400, "invalidArgument", "; ".join(found)[:500])
@@ -375,11 +503,13 @@ class FakeDockerCloud:
                 return self._error(ex, 409, "failedPrecondition",
                                    "The Idempotency-Key was already used with a different payload.")
             if seen:
-                with self._lock:
-                    s = self.sandboxes.get(seen[1])
-                if s is not None:
-                    return self._answer(ex, 201, shapes.SANDBOX, self._sandbox_json(s),
-                                        {"ETag": s.etag})
+                # The first result, as it was (even if the sandbox changed
+                # or is gone since).
+                _, status, answer, etag = seen
+                schema = shapes.CREATE_ACCEPTED if status == 202 else shapes.CREATE_DONE
+                return self._answer(ex, status, schema, answer, {"ETag": etag})
+        if why := self._refusal(body):
+            return self._error(ex, 400, "invalidArgument", why)
         if knob := self.faults.take("create_429"):
             return self._error(ex, 429, "resourceExhausted",
                                "Maximum running sandboxes quota reached (10)",
@@ -387,60 +517,98 @@ class FakeDockerCloud:
         uid = secrets.token_hex(10)
         signs = self.faults.take("container_signs") is not None
         network = "bridge" if self.faults.take("egress_open") is not None else "none"
-        container = self.docker.create(self.image, uid, network=network, env={},
-                                       container_signs=signs)
+        # The start argv replaces the launch argv; without one the image's
+        # own command runs (the fake's image has none: such a sandbox fails).
+        start = ((body.get("startupExecution") or {}).get("rawImage") or {}).get("start")
+        main = list(start["argv"]) if start else []
+        try:
+            container, failed = self.docker.create(self.image, uid, network=network, env={},
+                                                   container_signs=signs, main=main), None
+        except ContainerError as e:
+            container, failed = "", e.message
         s = Sandbox(uid, body, container, f"{self.endpoint_origin}/endpoints/{uid}")
-        timeout = ((body.get("features") or {}).get("timeouts") or {}).get("timeout")
-        if timeout:
-            s.request["_expires"] = time.time() + float(timeout[:-1])
         for knob, flag in [("wrong_display_name", "wrong_name"), ("bigger_size", "bigger"),
                            ("endpoint_no_exec", "no_exec")]:
             if self.faults.take(knob) is not None:
                 s.flags.add(flag)
         status = 201
-        if self.faults.take("create_failed") is not None:
-            s.status = "failed"
+        if failed is not None:
+            s.fail("aborted", f"the sandbox's main process did not start: {failed[:200]}")
+        elif self.faults.take("create_failed") is not None:
+            s.fail("internal", "the VM did not boot")
         elif knob := self.faults.take("create_202"):
             s.status, s.pending_reads, status = "creating", knob["polls"], 202
+        else:
+            s.arm()
+        answer = self._sandbox_json(s)
         with self._lock:
             self.sandboxes[uid] = s
             self.counts["created"] += 1
             if key:
-                self.idempotency[key] = (raw.decode(), uid)
-        self._answer(ex, status, shapes.SANDBOX, self._sandbox_json(s), {"ETag": s.etag})
+                self.idempotency[key] = (raw.decode(), status, answer, s.etag)
+        if container:
+            threading.Thread(target=self._watch, args=(s,), daemon=True,
+                             name="fake-dockercloud-main").start()
+        self._answer(ex, status,
+                     shapes.CREATE_ACCEPTED if status == 202 else shapes.CREATE_DONE,
+                     answer, {"ETag": s.etag})
 
     def _get(self, ex: Exchange, s: "Sandbox | None") -> None:
         if s is None:
             return self._error(ex, 404, "notFound", "sandbox not found")
-        if s.status == "creating":
-            s.pending_reads -= 1
-            if s.pending_reads <= 0:
-                s.status, s.revision = "running", s.revision + 1
+        with self._lock:
+            if s.status == "creating":
+                s.pending_reads -= 1
+                if s.pending_reads <= 0:
+                    s.status, s.revision = "running", s.revision + 1
+                    s.arm()
         self._answer(ex, 200, shapes.SANDBOX, self._sandbox_json(s), {"ETag": s.etag})
 
     def _list(self, ex: Exchange) -> None:
-        query = parse_qs(ex.raw_query)
-        size = int((query.get("pageSize") or ["50"])[0])
-        offset = int((query.get("pageToken") or ["0"])[0] or 0)
-        wanted = {}
-        for term in ",".join(query.get("filter") or []).split(","):
-            if "=" in term:
-                k, v = term.split("=", 1)
-                wanted[k.strip()] = v.strip()
+        query = parse_qs(ex.raw_query, keep_blank_values=True)
+        size_text = (query.get("pageSize") or ["0"])[0]
+        if not re.fullmatch(r"-?\d+", size_text) or int(size_text) < 0:
+            return self._error(ex, 400, "invalidArgument", "pageSize is not a size")
+        # Zero is the default; a larger size than the most is cut to it.
+        size = min(int(size_text) or LIST_PAGE, LIST_PAGE)
+        token = (query.get("pageToken") or [""])[0]
         with self._lock:
-            found = [s for s in self.sandboxes.values()
-                     if all({"display_name": s.display_name, "uid": s.uid,
-                             "status": s.status}.get(k) == v for k, v in wanted.items())]
-        page = found[offset:offset + size]
-        more = offset + size < len(found)
+            issued = token in self.page_tokens
+        if token and not issued:
+            return self._error(ex, 400, "invalidArgument", "pageToken was not issued here")
+        after = int(base64.urlsafe_b64decode(token + "==").decode()[len("after-"):]) if token else 0
+        wanted = {}
+        for term in filter(None, ",".join(query.get("filter") or []).split(",")):
+            field, eq, value = term.partition("=")
+            if not eq or field.strip() not in LIST_FIELDS:
+                return self._error(ex, 400, "invalidArgument",
+                                   f"filter: {term[:60]!r} is not field=value on a portable field")
+            wanted[field.strip()] = value.strip()
+        with self._lock:
+            found = sorted((s for s in self.sandboxes.values() if s.seq > after
+                            and all({"name": f"sandboxes/{s.uid}", "display_name": s.display_name,
+                                     "uid": s.uid, "status": s.status,
+                                     "agent": s.request.get("agent", "")}[k] == v
+                                    for k, v in wanted.items())),
+                           key=lambda s: s.seq)
+            page = found[:size]
+            following = ""
+            if len(found) > size:
+                # Opaque, and bound to a place in creation order: a sandbox
+                # deleted between pages does not shift the next one.
+                following = _b64url(f"after-{page[-1].seq}".encode())
+                self.page_tokens.add(following)
+            listed = [self._sandbox_json(s) for s in page]
         self._answer(ex, 200, shapes.LIST_ANSWER,
-                     {"sandboxes": [self._sandbox_json(s) for s in page],
-                      "nextPageToken": str(offset + size) if more else ""})
+                     {"sandboxes": listed, "nextPageToken": following})
 
-    def _delete(self, ex: Exchange, s: "Sandbox | None") -> None:
+    def _delete(self, ex: Exchange, s: "Sandbox | None", query: dict) -> None:
         match = ex.header("If-Match")
         if not match:
             return self._error(ex, 428, "failedPrecondition", "etag_required: send If-Match")
+        force = (query.get("force") or ["false"])[-1]
+        if force not in ("true", "false"):
+            return self._error(ex, 400, "invalidArgument", "force is true or false")
         if s is None:
             return ex.reply(204)
         if match == "*" or match != s.etag or self.faults.take("delete_stale") is not None:
@@ -449,8 +617,23 @@ class FakeDockerCloud:
                     "details": [{"@type": "type.googleapis.com/docker.sandboxes.v1.EtagMismatch",
                                  "currentEtag": s.etag}]}
             return self._answer(ex, 412, shapes.ERROR, body)
-        self._remove(s)
-        ex.reply(204)
+        # The state the fake refuses to delete without force: one still
+        # being created.
+        if s.status == "creating" and force != "true":
+            return self._error(ex, 409, "failedPrecondition",
+                               "the sandbox is still being created; delete it with force")
+        if self.faults.take("delete_204") is not None:
+            self._remove(s)
+            return ex.reply(204)
+        with self._lock:
+            start = s.status != "deleting"
+            if start:
+                s.status, s.revision, s.expires = "deleting", s.revision + 1, None
+            answer = self._sandbox_json(s)
+        if start:
+            threading.Thread(target=self._finish_delete, args=(s,), daemon=True,
+                             name="fake-dockercloud-delete").start()
+        self._answer(ex, 202, shapes.DELETE_ACCEPTED, answer, {"ETag": s.etag})
 
     def _policies(self, ex: Exchange, s: Sandbox) -> None:
         with self._lock:
@@ -474,7 +657,7 @@ class FakeDockerCloud:
                                {"Retry-After": str(knob["retry_after"])})
         ttl = min(300.0, max(1.0, float((body.get("ttl") or "300s")[:-1])))
         token = "sbx_" + secrets.token_urlsafe(24)
-        s.credentials[token] = time.time() + ttl
+        s.credentials[token] = (time.time() + ttl, frozenset(body["permissions"]))
         with self._lock:
             self.counts["mints"] += 1
         expires = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=ttl)
@@ -494,16 +677,23 @@ class FakeDockerCloud:
                 self.counts["management_token_on_endpoint"] += 1
         if s is None:
             return self._error(ex, 404, "notFound", "sandbox not found")
-        if time.time() >= s.credentials.get(token, 0):
+        expiry, granted = s.credentials.get(token, (0.0, frozenset()))
+        if time.time() >= expiry:
             return self._error(ex, 401, "unauthenticated", "invalid endpoint credential",
                                reason="ENDPOINT_CREDENTIAL_INVALID")
-        if path == "/v1/processes/exec" and ex.method == "POST":
-            return self._exec(ex, s)
-        if path == "/v1/files/upload" and ex.method == "POST":
-            return self._upload(ex, s)
-        if path == "/v1/files/download" and ex.method == "GET":
-            return self._download(ex, s)
-        ex.reply(404, b"404 page not found", "text/plain")
+        operation = {("POST", "/v1/processes/exec"): "exec",
+                     ("POST", "/v1/files/upload"): "upload",
+                     ("GET", "/v1/files/download"): "download"}.get((ex.method, path))
+        if operation is None:
+            return ex.reply(404, b"404 page not found", "text/plain")
+        if NEEDS[operation] not in granted:
+            return self._error(ex, 403, "permissionDenied",
+                               f"the credential does not grant {NEEDS[operation]}")
+        if s.status != "running":
+            return self._error(ex, 409, "failedPrecondition",
+                               f"the sandbox is {s.status}, not running")
+        return {"exec": self._exec, "upload": self._upload,
+                "download": self._download}[operation](ex, s)
 
     def _exec(self, ex: Exchange, s: Sandbox) -> None:
         body = self._request_json(ex, shapes.EXEC_REQUEST)
@@ -540,6 +730,9 @@ class FakeDockerCloud:
             return self._error(ex, 400, "invalidArgument", "the upload is multipart/form-data")
         message = BytesParser(policy=HTTP).parsebytes(
             b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + ex.read_body())
+        if any(type(d).__name__ == "CloseBoundaryNotFoundDefect" for d in message.defects):
+            return self._error(ex, 400, "invalidArgument",
+                               "the upload has no closing delimiter: nothing was written")
         parts = list(message.iter_parts())
         files = []
         for i in range(0, len(parts), 2):
@@ -548,18 +741,61 @@ class FakeDockerCloud:
                     or content.get_param("name", header="content-disposition") != "content"):
                 return self._error(ex, 400, "invalidArgument",
                                    f"occurrence {i // 2}: parts go metadata, then content")
+            if meta["Content-Transfer-Encoding"] or content["Content-Transfer-Encoding"]:
+                return self._error(ex, 400, "invalidArgument",
+                                   f"occurrence {i // 2}: Content-Transfer-Encoding is refused")
             try:
                 header = json.loads(meta.get_payload(decode=True))
             except ValueError:
                 return self._error(ex, 400, "invalidArgument", f"occurrence {i // 2}: metadata is not JSON")
             if self._check("request upload metadata", shapes.FILE_HEADER, header):
                 return self._error(ex, 400, "invalidArgument", f"occurrence {i // 2}: bad metadata")
-            files.append((header["path"], content.get_payload(decode=True) or b""))
+            # mode & 0777, or 0644 when that is zero; no umask.
+            mode = (header.get("mode") or 0) & 0o777 or 0o644
+            files.append((header["path"], content.get_payload(decode=True) or b"", mode))
         if self.faults.take("upload_short") is not None and files:
             files = files[:-1]
-        for path, data in files:
-            self.docker.write_file(s.container, "root", path, data)
+        for i, (path, data, mode) in enumerate(files):
+            code, err = self._write(s.container, path, data, mode)
+            if code == _NOT_REGULAR:
+                return self._error(ex, 409, "failedPrecondition",
+                                   f"path_authority_nonregular_object: occurrence {i}: "
+                                   "the path names an existing non-regular object")
+            if code == _NO_PARENT:
+                return self._error(ex, 404, "notFound",
+                                   f"occurrence {i}: the file's directory does not exist")
+            if code:
+                return self._error(ex, 500, "internal", f"occurrence {i}: the write failed: "
+                                   + err.decode(errors="replace")[:200])
         self._answer(ex, 200, shapes.UPLOAD_ANSWER, {"filesWritten": len(files)})
+
+    def _in_container(self, container: str, script: str, *args: str,
+                      data: "bytes | None" = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [self.docker.docker, "exec"] + (["-i"] if data is not None else [])
+            + ["-u", "root", container, "/bin/sh", "-c", script, "fake-dockercloud", *args],
+            input=data, capture_output=True, timeout=120, check=False)
+
+    def _write(self, container: str, path: str, data: bytes, mode: int) -> "tuple[int, bytes]":
+        """Writes one uploaded file with exactly `mode`; its directory must
+        exist (nothing says an upload makes one). (exit status, stderr)"""
+        done = self._in_container(
+            container,
+            f'if [ -e "$1" ] && [ ! -f "$1" ]; then exit {_NOT_REGULAR}; fi; '
+            f'[ -d "$(dirname -- "$1")" ] || exit {_NO_PARENT}; '
+            'cat > "$1" && chmod "$2" -- "$1"', path, f"{mode:o}", data=data)
+        return done.returncode, done.stderr
+
+    def _read(self, container: str, path: str) -> "tuple[int, int, bytes]":
+        """(exit status, stored permission bits, content) of a regular file."""
+        done = self._in_container(
+            container,
+            f'[ -e "$1" ] || exit {_ABSENT}; [ -f "$1" ] || exit {_NOT_REGULAR}; '
+            'stat -L -c %a -- "$1" && exec cat -- "$1"', path)
+        if done.returncode:
+            return done.returncode, 0, b""
+        bits, _, content = done.stdout.partition(b"\n")
+        return 0, int(bits, 8) & 0o777, content
 
     def _download(self, ex: Exchange, s: Sandbox) -> None:
         paths = parse_qs(ex.raw_query).get("paths") or []
@@ -573,14 +809,17 @@ class FakeDockerCloud:
                           f"Content-Type: {content_type}\r\n\r\n".encode() + data + b"\r\n")
 
         for path in paths:
-            try:
-                data = self.docker.read_file(s.container, "root", path)
-            except Exception:  # noqa: BLE001 - absent or unreadable: an error part
-                failure = {"path": path, "failure": {"code": "notFound", "message": "no such file"}}
+            if _canonical(path):
+                code, mode, data = self._read(s.container, path)
+            else:
+                code, mode, data = _NOT_CANONICAL, 0, b""
+            if code:
+                why, message = _FILE_FAILURES.get(code, ("internal", "the file could not be read"))
+                failure = {"path": path, "failure": {"code": why, "message": message}}
                 self._check("answer download error part", shapes.FILE_ERROR, failure)
                 part("error", "application/json", json.dumps(failure).encode())
                 continue
-            header = {"path": path, "mode": 420}
+            header = {"path": path, "mode": mode}
             self._check("answer download metadata part", shapes.FILE_HEADER, header)
             part("metadata", "application/json", json.dumps(header).encode())
             part("content", "application/octet-stream", data)

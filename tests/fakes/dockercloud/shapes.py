@@ -39,6 +39,11 @@ PLATFORM = {
     "type": "object", "additionalProperties": False,
     "properties": {"os": {"type": "string"}, "architecture": {"type": "string"}},
 }
+# A platform a create names must name both halves (the document says so in
+# words: "explicit platform requires OS and architecture").
+PLATFORM_ASKED = {**PLATFORM, "required": ["os", "architecture"],
+                  "properties": {"os": {"type": "string", "minLength": 1},
+                                 "architecture": {"type": "string", "minLength": 1}}}
 
 CREATE_REQUEST = {
     "type": "object",
@@ -55,14 +60,16 @@ CREATE_REQUEST = {
                            "allowNetworks": {"type": "array", "items": {"type": "string"}},
                            "denyNetworks": {"type": "array", "items": {"type": "string"}}}}},
         "policyIds": {"type": "array", "items": {"type": "string", "minLength": 1}},
-        "platform": PLATFORM,
+        "platform": PLATFORM_ASKED,
         "startupExecution": {
             "type": "object", "additionalProperties": False, "required": ["rawImage"],
             "properties": {"rawImage": {
                 "type": "object", "additionalProperties": False,
                 "properties": {"start": {
                     "type": "object", "additionalProperties": False, "required": ["argv"],
+                    # The first element is the executable and must not be empty.
                     "properties": {"argv": {"type": "array", "minItems": 1,
+                                            "prefixItems": [{"minLength": 1}],
                                             "items": {"type": "string"}}}}}}}},
         "labels": {"type": "object", "maxProperties": 64,
                    "additionalProperties": {"type": "string"}},
@@ -77,9 +84,11 @@ CREATE_REQUEST = {
         "image": {"type": "string", "pattern": r"^images/[^/]+$"},
         "imageRef": {"type": "string"},
     },
-    # Unknown fields anywhere are refused, and image excludes imageRef.
+    # Unknown fields anywhere are refused; image excludes imageRef, and
+    # displayName excludes displayNamePrefix.
     "additionalProperties": False,
-    "not": {"required": ["image", "imageRef"]},
+    "not": {"anyOf": [{"required": ["image", "imageRef"]},
+                      {"required": ["displayName", "displayNamePrefix"]}]},
 }
 
 ENDPOINT = {
@@ -118,12 +127,41 @@ ERROR = {
     },
 }
 
+EFFECTIVE_TIMEOUTS = {
+    "type": "object", "required": ["onTimeout", "initialTimeout"],
+    "properties": {"onTimeout": {"enum": ["delete", "stop", "keep", "restart"]},
+                   "autoResume": {"type": "boolean"},
+                   "initialTimeout": DURATION,
+                   "expiresAt": TIMESTAMP,
+                   "resumeTimeout": DURATION},
+}
+
+EFFECTIVE_FEATURES = {
+    "type": "object", "required": ["lifecycle", "outputRetention"],
+    "properties": {
+        "lifecycle": {"type": "object", "required": ["stopMemoryOutcome"],
+                      "properties": {"stopMemoryOutcome": {"enum": ["discard", "preserve"]},
+                                     "canCaptureMemory": {"type": "boolean"}}},
+        # A retention needs a duration or a byte floor; a byte floor is zero
+        # or at least 64 KiB.
+        "outputRetention": {"type": "object",
+                            "properties": {"minDuration": DURATION, "minBytes": INT64},
+                            "anyOf": [{"required": ["minDuration"]},
+                                      {"required": ["minBytes"]}]},
+        "timeouts": EFFECTIVE_TIMEOUTS,
+    },
+}
+
 SANDBOX = {
     "type": "object", "required": ["core", "name", "uid"],
+    # failure is present only while the status is failed.
+    "if": {"required": ["failure"]},
+    "then": {"properties": {"core": {"properties": {"status": {"const": "failed"}}}}},
     "properties": {
         "name": {"type": "string", "pattern": r"^sandboxes/[^/]+$"},
         "uid": {"type": "string", "minLength": 1},
         "displayName": {"type": "string"},
+        "effectiveFeatures": EFFECTIVE_FEATURES,
         "failure": ERROR,
         "core": {
             "type": "object", "required": ["status", "createdAt", "etag"],
@@ -142,6 +180,20 @@ SANDBOX = {
         },
     },
 }
+
+def _with_status(statuses: "list[str]", present: bool) -> dict:
+    """SANDBOX, with its status among `statuses` (or, not `present`, not)."""
+    rule = {"properties": {"core": {"properties": {"status": {"enum": statuses}},
+                                    "required": ["status"]}},
+            "required": ["core"]}
+    return {"allOf": [SANDBOX, rule if present else {"not": rule}]}
+
+
+# What each success of a create and a delete may carry: a 201 is past
+# creating and starting, a 202 is still there; a delete's 202 is deleting.
+CREATE_DONE = _with_status(["creating", "starting"], present=False)
+CREATE_ACCEPTED = _with_status(["creating", "starting"], present=True)
+DELETE_ACCEPTED = _with_status(["deleting"], present=True)
 
 LIST_ANSWER = {
     "type": "object",
