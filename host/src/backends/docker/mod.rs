@@ -98,9 +98,6 @@ pub struct DockerEngine {
     answered_unremoved: Arc<AtomicUsize>,
     pool: Arc<Mutex<pool::Pool>>,
     session_pool: Arc<Mutex<pool::Pool>>,
-    /// Host cgroups the last sweep found empty with no container: removed
-    /// only if the next sweep finds them so again (`sweep`).
-    cgroup_suspects: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 impl DockerEngine {
@@ -170,7 +167,6 @@ impl DockerEngine {
             answered_unremoved: Arc::new(AtomicUsize::new(0)),
             pool: Arc::new(Mutex::new(pool::Pool::default())),
             session_pool: Arc::new(Mutex::new(pool::Pool::default())),
-            cgroup_suspects: Arc::default(),
         };
         let (mut checks, languages) = engine.smoke().await?;
         let v = Arc::make_mut(&mut engine.verified);

@@ -107,10 +107,9 @@ impl DockerEngine {
     /// that no task is in any more (one whose release timed out). The
     /// directories are listed before the containers, and a cgroup is made
     /// only after its container exists, so a cgroup of a container being
-    /// set up now is never taken; and one is removed only when two sweeps
-    /// a minute apart both found it so, which leaves alone a cgroup another
-    /// manager sharing this parent made a moment before its container. A
-    /// busy one cannot be removed at all.
+    /// set up now is never taken (by this or any daemon on this engine; a
+    /// container manager other than the engine sharing its cgroup parent is
+    /// not one this host supports). A busy one cannot be removed at all.
     async fn sweep_cgroups(&self) {
         let PidsCgroup::Host { root, .. } = &self.pids else {
             return;
@@ -132,11 +131,7 @@ impl DockerEngine {
             return;
         };
         let live: HashSet<String> = live.into_iter().filter_map(|c| c.id).collect();
-        let now: HashSet<String> = names.into_iter().filter(|n| !live.contains(n)).collect();
-        let Ok(mut suspects) = self.cgroup_suspects.lock() else {
-            return;
-        };
-        for name in now.intersection(&suspects) {
+        for name in names.iter().filter(|n| !live.contains(*n)) {
             match root.remove_dir(name) {
                 Ok(()) => {
                     tracing::info!(cgroup = %name, "swept a sandbox's host cgroup left behind")
@@ -146,6 +141,5 @@ impl DockerEngine {
                 }
             }
         }
-        *suspects = now;
     }
 }
