@@ -48,7 +48,7 @@ demo: build
 
 test: build image
 	scripts/leftovers.sh > $(CARGO_TARGET_DIR)/leftovers.before
-	$(CARGO) test --release -p plimsoll-host -p plimsoll-tests
+	$(CARGO) test --release -p plimsoll-host -p plimsoll-tests -p plimsoll-plugin-probe
 	.venv/bin/python -m pytest -q tests/compat tests/session_agent
 	.venv-e2b/bin/python -m pytest -q tests/fakes/e2b tests/fakes/dockercloud
 	.venv-openshell/bin/python -m pytest -q tests/fakes/openshell

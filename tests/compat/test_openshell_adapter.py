@@ -10,7 +10,9 @@ runs nothing and deletes the sandbox; never marked not-dispatched once a
 request went out); the deadline cancels the exec and the process with it;
 the startup smoke test refuses to start on each broken promise, naming it
 (every refused start is checked for its reason, not just for failing);
-and no sandbox is left behind.
+sessions keep one sandbox with its files, leave no process of a call
+running, and end when the sandbox dies or its policy changes; and no
+sandbox is left behind.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def daemon_env(fake: FakeOpenShell, pki: Path) -> dict:
         "SANDBOX_PLUGIN_HTTP_CA": str(pki / "ca.pem"),
         "SANDBOX_PLUGIN_HTTP_CLIENT_CERT": str(pki / "client.pem"),
         "SANDBOX_PLUGIN_HTTP_CLIENT_KEY": str(pki / "client.key"),
+        "SANDBOX_MAX_SESSIONS": "2",
         "PLIMSOLL_LOG_FORMAT": "json",
     }
 
@@ -95,7 +98,7 @@ def assert_unmarked_error(daemon) -> PlimsollError:
 def test_describe_states_the_container_tier(daemon):
     info = Client(daemon.url).describe()
     assert (info.provider, info.isolation) == ("openshell", "container")
-    assert info.supports_project and not info.supports_sessions
+    assert info.supports_project and info.supports_sessions
 
 
 def test_a_snippet_runs_from_stdin_in_a_fresh_sandbox(daemon, fake):
@@ -269,3 +272,88 @@ def test_the_workload_corpus(daemon):
     """What agents ordinarily run works here as on every tier, and what the
     sandbox forbids fails as documented (docs/workloads.md)."""
     workloads.prove("openshell", daemon.url, minimum_isolation="container")
+
+
+# ---- sessions ----------------------------------------------------------------------------
+
+# Counts live processes whose command line is `sleep 300`, by reading /proc
+# with node (the plugin's image has no python), skipping ones that end
+# while it reads.
+COUNT_SLEEPERS = """const fs = require('fs');
+let n = 0;
+for (const pid of fs.readdirSync('/proc').filter((p) => /^[0-9]+$/.test(p))) {
+  try {
+    n += fs.readFileSync(`/proc/${pid}/cmdline`, 'latin1') === 'sleep\\u0000300\\u0000';
+  } catch {}
+}
+console.log(n);
+"""
+
+
+def test_a_session_keeps_one_sandbox_and_its_files_and_deletes_it_at_close(daemon, fake):
+    c = Client(daemon.url)
+    before = fake.state()["created"]
+    with c.open_session(minimum_isolation="container") as s:
+        assert len(fake.live()) == 1
+        p = s.run_project({"notes.txt": "kept\n"}, ["cat notes.txt"], timeout=60)
+        assert p.steps[0].stdout == b"kept\n"
+        # A snippet runs in the same work directory, in the same sandbox.
+        r = s.run_javascript("console.log(require('fs').readFileSync('notes.txt', 'utf8'))",
+                             timeout=30)
+        assert (r.stdout, r.exit_code, r.isolation) == (b"kept\n\n", 0, "container")
+        p = s.run_project({}, ["echo more >> notes.txt", "cat notes.txt"], timeout=60)
+        assert p.steps[1].stdout == b"kept\nmore\n"
+        with pytest.raises(PlimsollError) as e:
+            s.run_cell("1", language="javascript")
+        assert e.value.not_dispatched is not None
+        assert len(fake.live()) == 1
+    assert fake.state()["created"] == before + 1
+    summary = s.close()
+    assert summary.end == "closed"
+
+
+def test_no_process_a_session_call_starts_outlives_it(daemon, fake):
+    with Client(daemon.url).open_session() as s:
+        # The count is first seen to count a live sleeper inside the call
+        # that starts it (detached, in its own session), so a 0 later means
+        # the process is gone, not that the probe is blind.
+        r = s.run_project({"count.js": COUNT_SLEEPERS},
+                          ["(setsid sleep 300 &) ; (sleep 300 &) ; sleep 0.3; node count.js"],
+                          timeout=60)
+        assert (r.steps[0].exit_code, r.steps[0].stdout, r.steps[0].stderr) == (0, b"2\n", b""), r.steps[0]
+        r = s.run_project({}, ["node count.js"], timeout=60)
+        assert (r.steps[0].exit_code, r.steps[0].stdout, r.steps[0].stderr) == (0, b"0\n", b""), r.steps[0]
+        # The sandbox's own main process was spared: the session goes on.
+        assert s.ended is None
+        assert s.run_javascript("console.log(7)", timeout=30).stdout == b"7\n"
+
+
+def test_a_session_ends_when_its_sandboxs_main_process_dies(daemon, fake):
+    s = Client(daemon.url).open_session()
+    assert s.run_javascript("console.log(1)", timeout=30).stdout == b"1\n"
+    (name,) = fake.live()
+    subprocess.run(["docker", "kill", fake.sandboxes[name].container], check=True,
+                   capture_output=True, timeout=60)
+    deadline = time.monotonic() + 20
+    while fake.sandboxes[name].exit_code is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    execs = fake.state()["execs"]
+    with pytest.raises(PlimsollError):
+        s.run_javascript("console.log(2)", timeout=30)
+    # Seen before anything was sent to run.
+    assert fake.state()["execs"] == execs
+    assert s.close().end == "main_process_ended"
+
+
+def test_a_session_ends_when_its_sandboxs_policy_changes(daemon, fake):
+    s = Client(daemon.url).open_session()
+    assert s.run_javascript("console.log(1)", timeout=30).stdout == b"1\n"
+    before = fake.state()
+    fake.set_fault("policy_global")
+    with pytest.raises(PlimsollError):
+        s.run_javascript("console.log(2)", timeout=30)
+    # The policy was read again, and nothing was sent to run after it.
+    after = fake.state()
+    assert after["config_reads"] == before["config_reads"] + 1
+    assert after["execs"] == before["execs"]
+    assert s.close().end == "sandbox_changed"

@@ -2,15 +2,18 @@
 //! token are the session's state, which the host keeps (away from the log
 //! and the caller) and hands back with each call, since every call gets a
 //! fresh instance of this plugin. Files written by one call are there for
-//! the next; no interpreter is kept, so cells are not offered.
+//! the next; no interpreter is kept, so cells are not offered. After every
+//! call each process the call left is killed: E2B runs commands as `user`
+//! and nothing of the sandbox's own runs as that user, so none is spared.
 
 use crate::bindings::plimsoll::provider::types::{
     Payload, PayloadKind, Refusal, RunError, RunRequest, RunResult, SessionAnswer,
     SessionEndReason, SessionEnded, SessionFailure, SessionOptions, SessionSupport,
 };
 use crate::control::{Sandbox, Service, valid_id};
-use crate::envd::Envd;
+use crate::envd::{Command, Envd};
 use crate::{project, service, snippet, wire};
+use plimsoll_plugin_probe::leftovers;
 
 pub fn support() -> SessionSupport {
     SessionSupport {
@@ -66,20 +69,47 @@ pub fn run(state: &str, request: RunRequest) -> Result<SessionAnswer, SessionFai
             ))));
         }
     };
+    let swept = sweep(&envd);
     match outcome {
         Ok(outcome) => Ok(SessionAnswer {
             outcome,
-            ended: None,
+            ended: (!swept).then(unswept),
         }),
         // A failed call may mean the service ended the sandbox (its own
         // timeout, say): ask, so the host can end the session.
         Err(error) => Err(SessionFailure {
             error,
-            ended: (service.exists(&sandbox.id) == Some(false)).then(|| SessionEnded {
-                reason: SessionEndReason::Expired,
-                detail: "the E2B sandbox is gone".into(),
-            }),
+            ended: (service.exists(&sandbox.id) == Some(false))
+                .then(|| SessionEnded {
+                    reason: SessionEndReason::Expired,
+                    detail: "the E2B sandbox is gone".into(),
+                })
+                .or_else(|| (!swept).then(unswept)),
         }),
+    }
+}
+
+/// Kills every process of the commands' user the call left; true when
+/// none is left.
+fn sweep(envd: &Envd<'_>) -> bool {
+    let out = envd.run(
+        &Command {
+            cmd: "sh",
+            args: &["-c", leftovers::SWEEP, "plimsoll-sweep", "0"],
+            // A directory that is always there: the work directory may not
+            // be yet (a session's first call may be a project).
+            cwd: "/",
+        },
+        4096,
+        wire::cleanup_deadline(),
+    );
+    matches!(out, Ok(o) if o.exit_code == 0 && !o.timed_out && leftovers::swept_clean(&o.stdout))
+}
+
+fn unswept() -> SessionEnded {
+    SessionEnded {
+        reason: SessionEndReason::SandboxChanged,
+        detail: "a process the call started could not be stopped".into(),
     }
 }
 

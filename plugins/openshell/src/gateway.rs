@@ -28,7 +28,7 @@ const POLL_MS: u64 = 50;
 /// stores the sandbox, and any end of the main process, exit 0 included,
 /// makes the sandbox terminal (COMPLETED or ERROR). The work itself runs
 /// in execs; this process only holds the sandbox open.
-const MAIN_PROCESS: [&str; 2] = ["sleep", "infinity"];
+pub const MAIN_PROCESS: [&str; 2] = ["sleep", "infinity"];
 const MAIN_PROCESS_TTY: bool = false;
 
 pub struct Gateway {
@@ -38,6 +38,16 @@ pub struct Gateway {
 /// A sandbox made for this run, by name (the gateway addresses them so).
 pub struct Made {
     pub name: String,
+}
+
+/// A kept sandbox as the gateway reports it.
+pub enum Standing {
+    Ready,
+    /// Its main process ended: the sandbox is terminal.
+    MainProcessEnded(String),
+    /// The gateway no longer has it.
+    Gone,
+    Unknown(String),
 }
 
 impl Gateway {
@@ -207,6 +217,33 @@ impl Gateway {
             ));
         }
         Ok(())
+    }
+
+    /// Where a session's sandbox stands at a call: ready, ended (with the
+    /// reason), or not known (the read failed; the call is refused, the
+    /// session kept).
+    pub fn standing(&self, name: &str, deadline: Instant) -> Standing {
+        let got: Result<SandboxResponse, _> = grpc::unary(
+            &self.origin,
+            "GetSandbox",
+            &GetSandboxRequest {
+                name: name.to_string(),
+                workspace_scope: default_workspace(),
+            },
+            deadline,
+        );
+        let sandbox = match got {
+            Ok(r) => r.sandbox.unwrap_or_default(),
+            Err(CallError::Status(grpc::NOT_FOUND, _)) => return Standing::Gone,
+            Err(e) => return Standing::Unknown(format!("reading the sandbox failed: {}", e.say())),
+        };
+        match sandbox.status.as_ref().map_or(0, |s| s.phase) {
+            PHASE_READY => Standing::Ready,
+            phase @ (PHASE_ERROR | PHASE_COMPLETED) => {
+                Standing::MainProcessEnded(terminal(&sandbox, phase))
+            }
+            phase => Standing::Unknown(format!("the sandbox is in phase {phase}, not ready")),
+        }
     }
 
     /// Deletes the sandbox and waits until it is gone; true once it is.

@@ -11,6 +11,7 @@
 //! command runs over the interactive exec stream with stdin in frames and
 //! the exit event authoritative, cancelled at the deadline; the sandbox is
 //! deleted on every path, and labelled leftovers are swept at start.
+//! Sessions keep one such sandbox for many calls (session.rs).
 //!
 //! The plugin holds no credential: the host presents the operator's client
 //! certificate (mutual TLS) or adds the bearer token. The tier claimed is
@@ -24,6 +25,7 @@ mod grpc;
 mod messages;
 mod policy;
 mod project;
+mod session;
 mod smoke;
 
 /// The shared wasi:http client every cloud adapter uses.
@@ -54,7 +56,7 @@ impl Guest for OpenShell {
             tier: Tier::Container,
             payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
             environment: format!("openshell:image={}", gateway::IMAGE),
-            sessions: None,
+            sessions: Some(session::support()),
         }
     }
 
@@ -85,32 +87,36 @@ impl Guest for OpenShell {
             Payload::Project(p) => {
                 project::run(&gw, &made.name, &p, limit, deadline).map(RunResult::Project)
             }
-            Payload::Cell(_) => Err(unsupported()),
+            Payload::Cell(_) => Err(RunError::NotDispatched(Refusal::Unsupported(
+                "cells need a session, and openshell's sessions keep no interpreter".into(),
+            ))),
         };
         gw.delete(&made.name);
         outcome
     }
 
-    fn open_session(_options: SessionOptions) -> Result<String, RunError> {
-        Err(unsupported())
+    fn open_session(options: SessionOptions) -> Result<String, RunError> {
+        let gw = gateway().map_err(|e| RunError::NotDispatched(Refusal::Environment(e)))?;
+        session::open(&gw, options)
     }
 
-    fn session_run(_state: String, _request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
-        Err(SessionFailure {
-            error: unsupported(),
+    fn session_run(state: String, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
+        let gw = gateway().map_err(|e| SessionFailure {
+            error: RunError::NotDispatched(Refusal::Environment(e)),
             ended: None,
-        })
+        })?;
+        session::run(&gw, &state, request)
     }
 
-    fn close_session(_state: String) {}
+    fn close_session(state: String) {
+        if let Ok(gw) = gateway() {
+            session::close(&gw, &state);
+        }
+    }
 }
 
 bindings::export!(OpenShell with_types_in bindings);
 
 fn gateway() -> Result<Gateway, String> {
     Gateway::configured(http::allowed_origins())
-}
-
-fn unsupported() -> RunError {
-    RunError::NotDispatched(Refusal::Unsupported("openshell has no sessions".into()))
 }

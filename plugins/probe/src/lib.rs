@@ -2,6 +2,10 @@
 //! `key=value` lines from inside the sandbox, and each promise is a named
 //! check that passed or FAILED. The report is the operator's: every check
 //! is listed, and the daemon refuses to start on any failure, naming it.
+//! `leftovers` holds what their sessions share: the sweep of processes a
+//! call left behind.
+
+pub mod leftovers;
 
 /// A probe step's output, read as `key=value` lines.
 pub struct Probe {

@@ -1,0 +1,226 @@
+//! Sessions: one sandbox kept for the session's life, made and checked as a
+//! run's is. Its name and its main process's PID are the session's state,
+//! which the host keeps and hands back with each call (every call gets a
+//! fresh instance of this plugin). Snippets and projects run in the work
+//! directory, so files stay between calls; no interpreter is kept, so
+//! cells are not offered.
+//!
+//! Before each call the sandbox must still be ready and its policy still
+//! the one sent (read again, as at open); after each call every process the
+//! call left is killed, and a session whose sandbox cannot be swept clean
+//! ends. OpenShell has no lifetime of its own: the host ends the session
+//! at its lifetime or idle timeout, and the sandbox's deadline label lets
+//! any instance's sweep reap it if this one is gone by then.
+
+use crate::bindings::plimsoll::provider::types::{
+    Payload, PayloadKind, ProcessOutput, Refusal, RunError, RunRequest, RunResult, SessionAnswer,
+    SessionEndReason, SessionEnded, SessionFailure, SessionOptions, SessionSupport,
+};
+use crate::exec::{self, Command};
+use crate::gateway::{self, Gateway, Standing};
+use crate::project::{self, WORK_DIR};
+use crate::wire;
+use plimsoll_plugin_probe::leftovers;
+use wasi::clocks::monotonic_clock::Instant;
+
+pub fn support() -> SessionSupport {
+    SessionSupport {
+        payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
+        cell_languages: vec![],
+    }
+}
+
+/// The state `open` returns and each call parses: the sandbox's name and
+/// the PID of its main process (0: none of the calls' user to spare).
+struct Kept {
+    name: String,
+    main: u32,
+}
+
+fn parse(state: &str) -> Option<Kept> {
+    let (name, main) = state.split_once(':')?;
+    let hex = name.strip_prefix("plp-")?;
+    (hex.len() == 14 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(())?;
+    Some(Kept {
+        name: name.to_string(),
+        main: main.parse().ok()?,
+    })
+}
+
+pub fn open(gw: &Gateway, options: SessionOptions) -> Result<String, RunError> {
+    let deadline = wire::after_ms(u64::from(options.timeout_ms));
+    wire::set_call_deadline(deadline);
+    gw.check_driver(deadline)?;
+    let made = gw.create(u64::from(options.lifetime_ms).div_ceil(1000), deadline)?;
+    // The work directory, and the main process found before any call's
+    // code ran: the one process of ours the sweeps spare.
+    let script = format!("mkdir -p {WORK_DIR} || exit 1\n{}", leftovers::FIND_MAIN);
+    let mut argv = vec!["sh", "-c", &script, "plimsoll-open"];
+    argv.extend(gateway::MAIN_PROCESS);
+    let found = exec::run(
+        gw,
+        &made.name,
+        &Command {
+            argv: &argv,
+            workdir: "",
+            stdin: b"",
+            limit: 4096,
+        },
+        deadline,
+    );
+    let main = match found {
+        Ok(out) if out.exit_code == 0 && !out.timed_out => leftovers::main_pid(&out.stdout),
+        _ => None,
+    };
+    match main {
+        Some(main) => Ok(format!("{}:{main}", made.name)),
+        None => {
+            gw.delete(&made.name);
+            Err(gateway::not_started(
+                "the new sandbox's work directory or main process could not be found",
+            ))
+        }
+    }
+}
+
+pub fn run(
+    gw: &Gateway,
+    state: &str,
+    request: RunRequest,
+) -> Result<SessionAnswer, SessionFailure> {
+    let kept = parse(state).ok_or_else(|| {
+        failure(
+            RunError::NotDispatched(Refusal::Environment(
+                "the session's state is not this plugin's".into(),
+            )),
+            None,
+        )
+    })?;
+    let deadline = wire::after_ms(u64::from(request.timeout_ms));
+    wire::set_call_deadline(deadline);
+    // Still the sandbox the session opened on: ready, its policy the one
+    // sent. A policy changed under the session ends it.
+    if let Some(failed) = check(gw, &kept.name, deadline) {
+        return Err(failed);
+    }
+    if let Err(e) = gw.check_config(&kept.name, deadline) {
+        let changed = matches!(e, RunError::NotDispatched(Refusal::Isolation(_)));
+        return Err(failure(
+            e,
+            changed.then(|| ended(SessionEndReason::SandboxChanged, "its policy changed")),
+        ));
+    }
+    let limit = request.output_limit as usize;
+    let outcome = match request.payload {
+        Payload::Javascript(code) => {
+            snippet(gw, &kept.name, &code, limit, deadline).map(RunResult::Javascript)
+        }
+        Payload::Project(p) => {
+            project::run(gw, &kept.name, &p, request.output_limit, deadline).map(RunResult::Project)
+        }
+        Payload::Cell(_) => {
+            return Err(failure(
+                RunError::NotDispatched(Refusal::Unsupported(
+                    "this provider's sessions keep no interpreter".into(),
+                )),
+                None,
+            ));
+        }
+    };
+    let swept = sweep(gw, &kept);
+    match outcome {
+        Ok(outcome) => Ok(SessionAnswer {
+            outcome,
+            ended: (!swept).then(unswept),
+        }),
+        // A failed call may mean the sandbox ended: ask, so the host can
+        // end the session.
+        Err(error) => {
+            let gone = check(gw, &kept.name, wire::cleanup_deadline()).and_then(|f| f.ended);
+            Err(failure(error, gone.or_else(|| (!swept).then(unswept))))
+        }
+    }
+}
+
+pub fn close(gw: &Gateway, state: &str) {
+    if let Some(kept) = parse(state) {
+        gw.delete(&kept.name);
+    }
+}
+
+/// A snippet on node's stdin, in the work directory.
+fn snippet(
+    gw: &Gateway,
+    name: &str,
+    code: &str,
+    limit: usize,
+    deadline: Instant,
+) -> Result<ProcessOutput, RunError> {
+    exec::run(
+        gw,
+        name,
+        &Command {
+            argv: &["node", "-"],
+            workdir: WORK_DIR,
+            stdin: code.as_bytes(),
+            limit,
+        },
+        deadline,
+    )
+}
+
+/// None while the sandbox is ready; otherwise the refusal, with the
+/// session's end when the sandbox itself ended.
+fn check(gw: &Gateway, name: &str, deadline: Instant) -> Option<SessionFailure> {
+    let refused = |why: String| RunError::NotDispatched(Refusal::Environment(why));
+    match gw.standing(name, deadline) {
+        Standing::Ready => None,
+        Standing::MainProcessEnded(why) => Some(failure(
+            refused(why.clone()),
+            Some(ended(SessionEndReason::MainProcessEnded, &why)),
+        )),
+        Standing::Gone => Some(failure(
+            refused("the OpenShell sandbox is gone".into()),
+            Some(ended(
+                SessionEndReason::Expired,
+                "the OpenShell sandbox is gone",
+            )),
+        )),
+        Standing::Unknown(why) => Some(failure(refused(why), None)),
+    }
+}
+
+/// Kills every process the call left; true when none is left.
+fn sweep(gw: &Gateway, kept: &Kept) -> bool {
+    let main = kept.main.to_string();
+    let out = exec::run(
+        gw,
+        &kept.name,
+        &Command {
+            argv: &["sh", "-c", leftovers::SWEEP, "plimsoll-sweep", &main],
+            workdir: "",
+            stdin: b"",
+            limit: 4096,
+        },
+        wire::cleanup_deadline(),
+    );
+    matches!(out, Ok(o) if o.exit_code == 0 && !o.timed_out && leftovers::swept_clean(&o.stdout))
+}
+
+fn unswept() -> SessionEnded {
+    ended(
+        SessionEndReason::SandboxChanged,
+        "a process the call started could not be stopped",
+    )
+}
+
+fn ended(reason: SessionEndReason, detail: &str) -> SessionEnded {
+    SessionEnded {
+        reason,
+        detail: detail.to_string(),
+    }
+}
+
+fn failure(error: RunError, ended: Option<SessionEnded>) -> SessionFailure {
+    SessionFailure { error, ended }
+}
