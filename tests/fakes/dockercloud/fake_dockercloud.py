@@ -5,9 +5,12 @@ Sandboxes REST API (v1) talks to: Docker Hub's token exchange
 (`POST /v2/auth/token`), the management API under `/sandboxes/v1`, and each
 sandbox's endpoint under `/endpoints/<uid>/v1` (named in the sandbox's
 `core.endpoint.uri` at a second host name, `localhost`, so a client can keep
-the two origins apart). Each sandbox is a real container
-(`--network none`, docker's marker file removed, like fake-e2b's), and
-every exec runs the command in it for real. The create's start argv is the
+the two origins apart). Each sandbox is a real container (docker's
+marker file removed, like fake-e2b's) whose network follows its effective
+network policy, decided at the create: deny-all with no allow rule (the
+fail-closed default when the create asks for nothing) is `--network none`;
+an allow rule, or allow-all, is docker's bridge network. Every exec runs
+the command in it for real. The create's start argv is the
 container's main process; when it ends, the sandbox has failed.
 
 Every request is checked against the shapes Docker publishes (shapes.py)
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import ipaddress
 import itertools
 import json
 import platform as _platform
@@ -78,6 +82,9 @@ PLATFORMS = {("linux", "amd64"), ("linux", "arm64")}
 PLACED = {"os": "linux",
           "architecture": {"aarch64": "arm64", "arm64": "arm64"}.get(_platform.machine(), "amd64")}
 LIST_FIELDS = ("name", "display_name", "uid", "status", "agent")
+# The most nodes an exact policy view may hold (ExactNetworkPolicy.nodes).
+EXACT_NODES = 256
+_DNS_NAME = re.compile(r"^([a-z0-9]([a-z0-9-]*[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
 KNOBS: "dict[str, dict]" = {
     "token_refused": {},                 # the exchange answers 401
@@ -90,15 +97,15 @@ KNOBS: "dict[str, dict]" = {
     "endpoint_no_exec": {},              # the endpoint does not list exec
     "read_429": {"retry_after": 1},      # a GET answers 429 + Retry-After
     "mint_429": {"retry_after": 1},      # a credential mint answers 429
-    "policy_allow_all": {},              # the effective policy is allowAll
-    "policy_extra_rule": {"network": "example.com"},  # one allow rule in force
+    "policy_allow_all": {},              # the created sandbox's policy is allowAll (open)
+    "policy_extra_rule": {"network": "example.com"},  # one org allow rule in force (open)
     "upload_short": {},                  # the last file is not written
     "exec_incomplete": {},               # the service's capture dropped output
     "download_cut": {},                  # the answer stops before its closing delimiter
     "download_stream_error": {},         # a stream-error part
     "delete_stale": {},                  # the first DELETE finds the ETag stale
     "container_signs": {},               # the sandbox shows a container's marker
-    "egress_open": {},                   # the sandbox gets a network
+    "egress_open": {},                   # the sandbox gets a network; its policy still denies
     "exec_ignores_workdir": {},          # an exec that names a workingDir runs in /
     "delete_204": {},                    # the delete finishes at once: 204, gone
 }
@@ -139,6 +146,76 @@ def _canonical(path: str) -> bool:
 _SEQUENCE = itertools.count(1)
 
 
+def _destination(network: str) -> "dict | None":
+    """An allow or deny entry as an exact destination (destination.v1):
+    an IP, a CIDR or a DNS name; None for anything else."""
+    try:
+        net = ipaddress.ip_network(network, strict=False)
+    except ValueError:
+        name = network.lower()
+        return {"kind": "dns", "value": name} if _DNS_NAME.match(name) else None
+    if "/" in network:
+        return {"kind": "cidr", "value": str(net)}
+    return {"kind": "ip", "value": str(net.network_address)}
+
+
+class Policy:
+    """A sandbox's effective network policy after layering: the mode and
+    the allow and deny rules in force, each with the layer it came from and
+    that layer's source."""
+
+    ORIGINS = {"org": "organization", "attached": "attached"}
+
+    def __init__(self, mode: str = "denyAll") -> None:
+        self.mode = mode
+        self.allow: "list[tuple[str, str, str]]" = []  # (network, layer, source id)
+        self.deny: "list[tuple[str, str, str]]" = []
+
+    @property
+    def open(self) -> bool:
+        """Whether the container gets a network: the fake cannot enforce
+        a rule per destination, so any way out opens all of them."""
+        return self.mode == "allowAll" or bool(self.allow)
+
+    def nodes(self) -> "list[dict]":
+        """The exact view: the mode's constant, any of it and each allowed
+        destination, all of that and not each denied one; the last is the
+        root."""
+        deny_all = self.mode == "denyAll"
+        nodes: "list[dict]" = [{"constant": "false" if deny_all else "true", "source": (
+            {"origin": "default", "id": "deny-all"} if deny_all
+            else {"origin": "organization", "id": "allow-all"})}]
+        root = 0
+
+        def leaf(rule: "tuple[str, str, str]") -> int:
+            network, layer, source = rule
+            nodes.append({"destination": _destination(network),
+                          "source": {"origin": self.ORIGINS[layer], "id": source}})
+            return len(nodes) - 1
+
+        if self.allow:
+            allowed = [root] + [leaf(rule) for rule in self.allow]
+            nodes.append({"any": {"nodes": allowed}})
+            root = len(nodes) - 1
+        if self.deny:
+            denied = []
+            for rule in self.deny:
+                nodes.append({"not": leaf(rule)})
+                denied.append(len(nodes) - 1)
+            nodes.append({"all": {"nodes": [root] + denied}})
+        return nodes
+
+    def answer(self, revision: int) -> dict:
+        effective: dict = {"mode": self.mode, "allowNetworks": [
+            {"network": n, "layer": layer} for n, layer, _ in self.allow]}
+        if self.deny:
+            effective["denyNetworks"] = [{"network": n, "layer": layer}
+                                         for n, layer, _ in self.deny]
+        return {"effective": effective,
+                "exact": {"revision": str(revision), "selectorVersion": "destination.v1",
+                          "nodes": self.nodes()}}
+
+
 class Sandbox:
     def __init__(self, uid: str, request: dict, container: str, endpoint: str) -> None:
         self.uid, self.request, self.container = uid, request, container
@@ -154,6 +231,9 @@ class Sandbox:
         self.credentials: "dict[str, tuple[float, frozenset]]" = {}
         self.labels = dict(request.get("labels") or {})
         self.flags: "set[str]" = set()
+        # The effective network policy, decided at the create: what the
+        # policy read answers and what the container's network follows.
+        self.policy = Policy()
         # Omitted: the platform the sandbox was placed on, this host's.
         self.platform = dict(request.get("platform") or PLACED)
         timeouts = (request.get("features") or {}).get("timeouts")
@@ -477,6 +557,17 @@ class FakeDockerCloud:
             return "the platform is not one this service places sandboxes on"
         if body.get("agent"):
             return "no agent profile is supported here"
+        rules = 0
+        for i, inline in enumerate(body.get("networkPolicies") or []):
+            for field in ("allowNetworks", "denyNetworks"):
+                for network in inline.get(field) or []:
+                    rules += 1
+                    if _destination(network) is None:
+                        return (f"networkPolicies[{i}].{field}: {network[:60]!r} is not an "
+                                "exact network name, IP or CIDR")
+        # Each rule is up to two nodes of the exact view, which holds at most 256.
+        if 2 * rules + 4 > EXACT_NODES:
+            return "networkPolicies: more rules than this service materializes"
         timeouts = (body.get("features") or {}).get("timeouts")
         if timeouts is not None:
             if timeouts.get("onTimeout") not in (None, "delete"):
@@ -484,6 +575,21 @@ class FakeDockerCloud:
             if timeouts.get("timeout") and _seconds(timeouts["timeout"]) <= 0:
                 return "the timeout must be positive"
         return None
+
+    def _effective_policy(self, body: dict) -> Policy:
+        """The policy a new sandbox gets: deny-all, the fail-closed default
+        (no governance layer here adds a rule), plus the create's inline
+        policies, bound as the attached layer; the policy knobs stand for an
+        organization's governance layer."""
+        policy = Policy("allowAll" if self.faults.take("policy_allow_all") is not None
+                        else "denyAll")
+        if knob := self.faults.take("policy_extra_rule"):
+            policy.allow.append((knob["network"], "org", "org-rule"))
+        for i, inline in enumerate(body.get("networkPolicies") or []):
+            source = f"inline-{i}"
+            policy.allow += [(n, "attached", source) for n in inline.get("allowNetworks") or []]
+            policy.deny += [(n, "attached", source) for n in inline.get("denyNetworks") or []]
+        return policy
 
     def _create(self, ex: Exchange) -> None:
         raw = ex.read_body()
@@ -516,7 +622,12 @@ class FakeDockerCloud:
                                {"Retry-After": str(knob["retry_after"])})
         uid = secrets.token_hex(10)
         signs = self.faults.take("container_signs") is not None
-        network = "bridge" if self.faults.take("egress_open") is not None else "none"
+        policy = self._effective_policy(body)
+        # The container's network follows the effective policy; only the
+        # egress_open knob (a service whose enforcement is broken) opens a
+        # sandbox whose policy says deny-all.
+        lie = self.faults.take("egress_open") is not None
+        network = "bridge" if policy.open or lie else "none"
         # The start argv replaces the launch argv; without one the image's
         # own command runs (the fake's image has none: such a sandbox fails).
         start = ((body.get("startupExecution") or {}).get("rawImage") or {}).get("start")
@@ -527,6 +638,7 @@ class FakeDockerCloud:
         except ContainerError as e:
             container, failed = "", e.message
         s = Sandbox(uid, body, container, f"{self.endpoint_origin}/endpoints/{uid}")
+        s.policy = policy
         for knob, flag in [("wrong_display_name", "wrong_name"), ("bigger_size", "bigger"),
                            ("endpoint_no_exec", "no_exec")]:
             if self.faults.take(knob) is not None:
@@ -638,15 +750,7 @@ class FakeDockerCloud:
     def _policies(self, ex: Exchange, s: Sandbox) -> None:
         with self._lock:
             self.counts["policy_reads"] += 1
-        mode = "allowAll" if self.faults.take("policy_allow_all") is not None else "denyAll"
-        allow = []
-        if knob := self.faults.take("policy_extra_rule"):
-            allow.append({"network": knob["network"], "layer": "org"})
-        body = {"effective": {"mode": mode, "allowNetworks": allow},
-                "exact": {"revision": str(s.revision), "selectorVersion": "destination.v1",
-                          "nodes": [{"constant": "false" if mode == "denyAll" else "true",
-                                     "source": {"origin": "default", "id": "deny-all"}}]}}
-        self._answer(ex, 200, shapes.POLICIES_ANSWER, body)
+        self._answer(ex, 200, shapes.POLICIES_ANSWER, s.policy.answer(s.revision))
 
     def _mint(self, ex: Exchange, s: Sandbox) -> None:
         body = self._request_json(ex, shapes.CREDENTIAL_REQUEST)

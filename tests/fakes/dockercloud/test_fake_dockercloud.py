@@ -9,6 +9,7 @@ import datetime as dt
 import http.client
 import json
 import ssl
+import subprocess
 import sys
 import time
 from email.parser import BytesParser
@@ -447,3 +448,97 @@ def test_a_list_pages_at_most_fifty_with_tokens_that_do_not_shift(fake):
             if uid in fake.sandboxes:
                 fake._remove(fake.sandboxes[uid])
     assert fake.state()["violations"] == []
+
+
+# ---- the network follows the effective policy -----------------------------------------------
+
+def network_of(fake, uid):
+    """(docker's network mode, the interfaces inside) of a sandbox's container."""
+    container = fake.sandboxes[uid].container
+    mode = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.NetworkMode}}", container],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    inside = subprocess.run(["docker", "exec", container, "ls", "/sys/class/net"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    return mode, inside
+
+
+def policy_of(fake, auth, uid):
+    status, _, pol = call(fake, "GET", f"/sandboxes/v1/sandboxes/{uid}/network-policies",
+                          headers=auth)
+    assert status == 200
+    return pol
+
+
+@pytest.mark.parametrize("inline, effective, network", [
+    (None, {"mode": "denyAll", "allowNetworks": []}, "none"),  # the fail-closed default
+    ([], {"mode": "denyAll", "allowNetworks": []}, "none"),
+    ([{"mode": "denyAll"}], {"mode": "denyAll", "allowNetworks": []}, "none"),
+    ([{"mode": "denyAll", "denyNetworks": ["10.0.0.0/8"]}],
+     {"mode": "denyAll", "allowNetworks": [],
+      "denyNetworks": [{"network": "10.0.0.0/8", "layer": "attached"}]}, "none"),
+    ([{"mode": "denyAll", "allowNetworks": ["1.1.1.1/32", "example.com"]}],
+     {"mode": "denyAll", "allowNetworks": [{"network": "1.1.1.1/32", "layer": "attached"},
+                                           {"network": "example.com", "layer": "attached"}]},
+     "bridge"),
+])
+def test_the_container_network_follows_the_effective_policy(fake, inline, effective, network):
+    auth = bearer(fake)
+    body = {**CREATE, "displayName": "net"}
+    if inline is not None:
+        body["networkPolicies"] = inline
+    status, _, sb = create(fake, auth, body)
+    assert status == 201, sb
+    pol = policy_of(fake, auth, sb["uid"])
+    assert pol["effective"] == effective
+    assert pol["exact"]["nodes"][0]["constant"] == "false"
+    mode, interfaces = network_of(fake, sb["uid"])
+    assert mode == network
+    assert ("eth0" in interfaces) == (network == "bridge") and "lo" in interfaces
+    remove(fake, auth, sb["uid"])
+    assert fake.state()["violations"] == []
+
+
+@pytest.mark.parametrize("knob, effective", [
+    ("policy_allow_all", {"mode": "allowAll", "allowNetworks": []}),
+    ("policy_extra_rule", {"mode": "denyAll",
+                           "allowNetworks": [{"network": "example.com", "layer": "org"}]}),
+])
+def test_a_policy_knob_opens_the_sandbox_it_describes(fake, knob, effective):
+    """Taken at the create: every read of that sandbox says so, and its
+    container has the way out the policy grants."""
+    auth = bearer(fake)
+    fake.set_fault(knob)
+    status, _, sb = create(fake, auth, {**CREATE, "displayName": "knob"})
+    assert status == 201
+    for _ in range(2):
+        assert policy_of(fake, auth, sb["uid"])["effective"] == effective
+    assert network_of(fake, sb["uid"])[0] == "bridge"
+    # The next sandbox is back to the default.
+    status, _, other = create(fake, auth, {**CREATE, "displayName": "after"})
+    assert policy_of(fake, auth, other["uid"])["effective"]["mode"] == "denyAll"
+    assert network_of(fake, other["uid"])[0] == "none"
+    for uid in (sb["uid"], other["uid"]):
+        remove(fake, auth, uid)
+    assert fake.state()["violations"] == []
+
+
+def test_egress_open_is_a_container_open_under_a_deny_all_policy(fake):
+    auth = bearer(fake)
+    fake.set_fault("egress_open")
+    status, _, sb = create(fake, auth, {**CREATE, "displayName": "lie"})
+    assert status == 201
+    assert policy_of(fake, auth, sb["uid"])["effective"] == {"mode": "denyAll",
+                                                             "allowNetworks": []}
+    assert network_of(fake, sb["uid"])[0] == "bridge"
+    remove(fake, auth, sb["uid"])
+
+
+def test_an_inline_policy_the_fake_cannot_materialize_fails_before_the_create(fake):
+    auth = bearer(fake)
+    before = fake.state()["created"]
+    for rules in (["*.example.com"], [""], [f"10.0.{i // 256}.{i % 256}" for i in range(200)]):
+        body = {**CREATE, "displayName": "bad", "networkPolicies": [
+            {"mode": "denyAll", "allowNetworks": rules}]}
+        status, _, answer = create(fake, auth, body)
+        assert status == 400 and answer["code"] == "invalidArgument", answer
+    assert fake.state()["created"] == before

@@ -1,11 +1,13 @@
 """The docker side: one container per sandbox, and everything envd does
 inside it, done with `docker exec`.
 
-A sandbox is `docker run -d --rm --init --network none <image> sleep infinity`
-labelled with the fake instance's ID, so a crashed fake's containers can be
-found and removed by label. `--init` reaps orphans, so a killed command's
-children do not linger as zombies. No network unless the fake was told to
-allow egress: that is what makes "egress denied" true rather than claimed.
+A sandbox is `docker run -d --rm --init --network <none|bridge> <image> sleep
+infinity` labelled with the fake instance's ID, so a crashed fake's
+containers can be found and removed by label. `--init` reaps orphans, so a
+killed command's children do not linger as zombies. Each fake picks the
+network from what the create asked for (`none`: only `lo`, which is what
+makes "egress denied" true rather than claimed; `bridge`: docker's default
+network, the way out).
 A caller that names the sandbox's own main process (fake-openshell) gets
 that process in place of `sleep infinity`, and a container that stays once
 it ends, so how it ended can be read.

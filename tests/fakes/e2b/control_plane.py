@@ -124,10 +124,10 @@ def _rfc3339(seconds: float) -> str:
 
 class ControlPlane:
     def __init__(self, registry: Registry, faults, *, api_key: str, templates: dict,
-                 envd_version: str, domain: "str | None", allow_egress: bool) -> None:
+                 envd_version: str, domain: "str | None") -> None:
         self.registry, self.faults, self.api_key = registry, faults, api_key
         self.templates, self.envd_version = templates, envd_version
-        self.domain, self.allow_egress = domain, allow_egress
+        self.domain = domain
         self._idempotent: "dict[str, str]" = {}  # Idempotency-Key -> sandbox ID
         self._idempotent_lock = threading.Lock()
         # Listing requests served, by version ("deprecated": GET /sandboxes).
@@ -185,7 +185,7 @@ class ControlPlane:
             return _error(ex, 404, f"template '{template}' not found")
         # Faults that break what a sandbox is, not what the API says.
         if self.faults.take("create_network_ignored") is not None:
-            spec["allow_internet"] = True  # the lock asked for is not applied
+            spec["egress"] = True  # the lock asked for is not applied (and reads back as asked)
         if self.faults.take("create_container_signs") is not None:
             spec["container_signs"] = True  # the sandbox shows it is a container
         delay = self.faults.take("create_delay")
@@ -228,21 +228,17 @@ class ControlPlane:
         for name in ("egressProxy", "rules", "httpsPorts"):
             if network.get(name):
                 raise Invalid(f"network.{name}: not implemented by fake-e2b")
-        # Egress: E2B allows it unless told otherwise; this fake gives a
-        # sandbox a network only when asked explicitly and started with
-        # allow_egress. Absent any ask, the sandbox has none (see README).
-        wants = body.get("allow_internet_access") is True or bool(network.get("allowOut"))
-        if wants and not self.allow_egress:
-            raise Invalid("egress was requested (allow_internet_access or network.allowOut) "
-                          "but this fake-e2b gives sandboxes no network; start it with "
-                          "allow_egress to get the default bridge network")
+        egress = _egress(body.get("allow_internet_access"), network)
         secure = True if v2 else bool(body.get("secure"))
         return {
             "template_id": body["templateID"],
             "timeout": body.get("timeout", 300 if v2 else 15),
             "metadata": body.get("metadata") or {},
             "env_vars": body.get("envVars") or {},
-            "allow_internet": wants,
+            # What the create said (None: nothing), as GET reads it back,
+            # and whether the sandbox gets a network.
+            "allow_internet_access": body.get("allow_internet_access"),
+            "egress": egress,
             "network": network or None,
             "access_token": secrets.token_hex(16) if secure else None,
             "traffic_token": (secrets.token_hex(16)
@@ -316,7 +312,7 @@ class ControlPlane:
             return _error(ex, 404, f"sandbox \"{sandbox_id}\" doesn't exist or you don't "
                                    "have access to it")
         detail = {**self._listed(sandbox), "domain": self.domain,
-                  "allowInternetAccess": sandbox.allow_internet,
+                  "allowInternetAccess": sandbox.allow_internet_access,
                   "lifecycle": {"autoResume": False, "onTimeout": "kill"}}
         if sandbox.access_token is not None:
             detail["envdAccessToken"] = sandbox.access_token
@@ -457,6 +453,39 @@ def _v2_query(ex: Exchange) -> dict:
     return {"states": states, "order": order, "limit": limit,
             "after": _uncursor(token) if token else None,
             "started_after": started_after, "template": ex.arg("template")}
+
+
+ALL_TRAFFIC = "0.0.0.0/0"  # what E2B's SDKs name ALL_TRAFFIC
+
+
+def _egress(allow_internet_access: "bool | None", network: dict) -> bool:
+    """Whether a sandbox gets a network, from a valid create body; Invalid
+    for egress rules the fake cannot enforce (README.md, "Egress").
+
+    E2B's default is internet access on. `allow_internet_access: false`
+    is `denyOut: ["0.0.0.0/0"]` (the spec says so), and allowed entries
+    win over denied ones. A container either has docker's bridge network
+    or none, so only "nothing denied" and "everything denied, nothing
+    allowed" can be honoured; anything between is refused, never widened
+    or narrowed in silence."""
+    allow_out = list(network.get("allowOut") or [])
+    deny_out = list(network.get("denyOut") or [])
+    domains = [e for e in allow_out if not _valid_destination(e, allow_domains=False)]
+    if domains and ALL_TRAFFIC not in deny_out:
+        # As E2B's API refuses it: a domain can only be allowed out of
+        # a sandbox whose traffic is otherwise all denied.
+        raise Invalid("network.allowOut: domains need network.denyOut to hold "
+                      f"{ALL_TRAFFIC} (ALL_TRAFFIC)")
+    if allow_internet_access is False:
+        deny_out = deny_out + [ALL_TRAFFIC]
+    if not deny_out:
+        return True  # nothing denied: allowOut alone narrows nothing
+    if ALL_TRAFFIC in deny_out and not allow_out:
+        return False  # everything denied, nothing allowed
+    raise Invalid("network: per-destination egress rules (a denyOut other than "
+                  f"{ALL_TRAFFIC}, or allowOut beside a denial) are not implemented by "
+                  "fake-e2b; it gives a sandbox the whole network (nothing denied) or none "
+                  f"(allow_internet_access false, or denyOut {ALL_TRAFFIC} with no allowOut)")
 
 
 def _valid_destination(entry: str, *, allow_domains: bool) -> bool:

@@ -151,7 +151,7 @@ class _TlsServer(_Server):
 class FakeE2B:
     def __init__(self, api_key: str, *, host: str = "127.0.0.1", port: int = 0,
                  image: str = DEFAULT_IMAGE, templates: "dict[str, str] | None" = None,
-                 allow_egress: bool = False, domain: "str | None" = None,
+                 domain: "str | None" = None,
                  envd_version: str = ENVD_VERSION, docker: str = "docker",
                  verbose: bool = False, tls: "tuple[str, str] | None" = None) -> None:
         self.instance_id = "fake-e2b-" + new_id(12)  # the container label's value
@@ -162,8 +162,7 @@ class FakeE2B:
         self.registry = Registry(self.docker)
         self.control = ControlPlane(self.registry, self.faults, api_key=api_key,
                                     templates=templates or {"base": image},
-                                    envd_version=envd_version, domain=domain,
-                                    allow_egress=allow_egress)
+                                    envd_version=envd_version, domain=domain)
         self.envd = Envd(self.registry, self.faults)
         # When request handlers ran (perf_counter pairs, the last 10000):
         # what the fake itself costs a client, the commands it runs
@@ -298,15 +297,13 @@ def main(argv: "list[str] | None" = None) -> int:
     parser.add_argument("--ready-file", help="where to write 'listening 127.0.0.1:PORT'")
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="the 'base' template's image")
     parser.add_argument("--domain", help="the domain create answers name (default: null)")
-    parser.add_argument("--allow-egress", action="store_true",
-                        help="let sandboxes that ask for internet access have the bridge network")
     parser.add_argument("--tls-cert", help="serve https with this PEM certificate chain")
     parser.add_argument("--tls-key", help="the PEM private key for --tls-cert")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
 
     fake = FakeE2B(args.api_key, port=args.port, image=args.image, domain=args.domain,
-                   allow_egress=args.allow_egress, verbose=args.verbose,
+                   verbose=args.verbose,
                    tls=(args.tls_cert, args.tls_key) if args.tls_cert else None).start()
     done = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

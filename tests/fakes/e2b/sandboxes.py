@@ -151,7 +151,10 @@ class Sandbox:
         self.env_vars: "dict[str, str]" = spec.get("env_vars") or {}
         self.access_token: "str | None" = spec.get("access_token")
         self.traffic_token: "str | None" = spec.get("traffic_token")
-        self.allow_internet: bool = spec.get("allow_internet", False)
+        # What the create said about internet access (None: nothing), and
+        # whether the sandbox has a network.
+        self.allow_internet_access: "bool | None" = spec.get("allow_internet_access")
+        self.egress: bool = bool(spec.get("egress"))
         self.network: "dict | None" = spec.get("network")
         self.envd_version: str = spec["envd_version"]
         self.started_at = time.time()
@@ -198,7 +201,7 @@ class Registry:
     def create(self, image: str, spec: dict) -> Sandbox:
         sandbox_id = new_id()
         container = self.docker.create(image, sandbox_id,
-                                       network="bridge" if spec.get("allow_internet") else "none",
+                                       network="bridge" if spec.get("egress") else "none",
                                        container_signs=bool(spec.get("container_signs")),
                                        env=spec.get("env_vars") or {})
         sandbox = Sandbox(sandbox_id, container, spec)

@@ -403,7 +403,11 @@ def test_wrong_api_key(fake, sdk):
     ({"timeout": 10}, "templateID is required"),
     ({"templateID": "base", "metadata": {"k": 1}}, "string"),
     ({"templateID": "base", "network": {"denyOut": ["not-a-cidr"]}}, "CIDR"),
-    ({"templateID": "base", "allow_internet_access": True}, "no network"),
+    ({"templateID": "base", "network": {"denyOut": ["10.0.0.0/8"]}}, "per-destination"),
+    ({"templateID": "base", "network": {"denyOut": ["0.0.0.0/0"], "allowOut": ["1.1.1.1"]}},
+     "per-destination"),
+    ({"templateID": "base", "allow_internet_access": False,
+      "network": {"allowOut": ["8.8.8.0/24"]}}, "per-destination"),
 ])
 def test_create_refuses_invalid_bodies(fake, path, body, complaint):
     status, _, answer = api(fake, "POST", path, body)
@@ -459,20 +463,74 @@ def test_egress_denied(fake, sdk):
         listener.close()
 
 
-def test_allow_egress_gives_the_bridge_network():
-    """Only a fake started with allow_egress gives a sandbox that asks for
-    internet access a network (docker's default bridge)."""
-    assert _image_present(), f"{DEFAULT_IMAGE} is not built (make image)"
-    other = FakeE2B(API_KEY, allow_egress=True).start()
-    try:
-        sandbox = create(other, timeout=30, allow_internet_access=True)
-        frames, _ = start_stream(other, sandbox, ["ls", "/sys/class/net"])
-        assert "eth0" in stdout_of(json_events(frames)).decode().split()
-        assert api(other, "GET", f"/sandboxes/{sandbox['sandboxID']}")[2][
-            "allowInternetAccess"] is True
-    finally:
-        other.stop()
-    assert other.live_count() == 0
+def network_of(fake: FakeE2B, sandbox_id: str) -> "tuple[str, list[str], bool]":
+    """The sandbox's container as docker and the sandbox itself see it:
+    docker's network mode, the interfaces inside, and whether the routing
+    table inside holds a default route."""
+    container = fake.registry.get(sandbox_id).container
+    mode = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.NetworkMode}}", container],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    inside = subprocess.run(["docker", "exec", container, "sh", "-c",
+                             "ls /sys/class/net; echo --; cat /proc/net/route"],
+                            capture_output=True, text=True, check=True).stdout
+    interfaces, _, routes = inside.partition("--")
+    default = any(line.split()[1:2] == ["00000000"] for line in routes.splitlines()[1:])
+    return mode, interfaces.split(), default
+
+
+@pytest.mark.parametrize("options, network", [
+    ({}, "bridge"),  # E2B's default: internet access on
+    ({"allow_internet_access": True}, "bridge"),
+    ({"allow_internet_access": False}, "none"),
+    ({"network": {"deny_out": ["0.0.0.0/0"]}}, "none"),  # ALL_TRAFFIC
+    ({"allow_internet_access": True, "network": {"deny_out": ["0.0.0.0/0"]}}, "none"),
+    ({"network": {"allow_out": ["1.1.1.1"]}}, "bridge"),  # nothing denied, nothing narrowed
+])
+def test_the_network_is_what_the_create_asked_for(fake, sdk, options, network):
+    """A sandbox has a network unless its create locks all egress, as E2B
+    documents; the lock is applied by the fake, never assumed."""
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(timeout=60, **options, **sdk_opts(fake))
+    mode, interfaces, default_route = network_of(fake, sbx.sandbox_id)
+    seen = sbx.commands.run("ls /sys/class/net").stdout.split()
+    if network == "bridge":
+        assert (mode, default_route) == ("bridge", True) and "eth0" in seen
+    else:
+        assert (mode, default_route, seen) == ("none", False, ["lo"])
+    assert interfaces == seen
+    # Read back as asked: null when the create said nothing about it.
+    assert Sandbox.get_info(sbx.sandbox_id, **sdk_opts(fake)).allow_internet_access is \
+        options.get("allow_internet_access")
+
+
+def test_the_plugins_lock_on_the_v1_create_gives_no_network(fake):
+    """The body plimsoll's E2B plugin sends (POST /sandboxes)."""
+    body = {"templateID": "base", "timeout": 60, "secure": True, "allow_internet_access": False,
+            "network": {"denyOut": ["0.0.0.0/0"], "allowPublicTraffic": False}}
+    status, _, sandbox = api(fake, "POST", "/sandboxes", body)
+    assert status == 201, sandbox
+    assert network_of(fake, sandbox["sandboxID"]) == ("none", ["lo"], False)
+    # Without its lock, the same create gets the way out.
+    status, _, sandbox = api(fake, "POST", "/sandboxes",
+                             {**body, "allow_internet_access": True, "network": {}})
+    assert status == 201, sandbox
+    assert network_of(fake, sandbox["sandboxID"])[0] == "bridge"
+
+
+def test_egress_rules_the_fake_cannot_enforce_are_refused(fake, sdk):
+    from e2b import Sandbox
+    from e2b.exceptions import SandboxException
+
+    for network in ({"deny_out": ["0.0.0.0/0"], "allow_out": ["example.com"]},
+                    {"deny_out": ["10.0.0.0/8"]}):
+        with pytest.raises(SandboxException, match="400.*per-destination"):
+            Sandbox.create(timeout=60, network=network, **sdk_opts(fake))
+    # A domain is allowed out only beside ALL_TRAFFIC denied, as E2B's API says.
+    status, _, answer = api(fake, "POST", "/v2/sandboxes",
+                            {"templateID": "base", "network": {"allowOut": ["example.com"]}})
+    assert status == 400 and "0.0.0.0/0" in answer["message"]
+    assert fake.live_count() == 0
 
 
 # ---- 4. fault knobs, each shown on the wire -------------------------------------------------
@@ -485,6 +543,21 @@ def test_fault_create_busy(fake, knob, status):
     assert fake.live_count() == 0  # nothing was created
     code, _, body = api(fake, "POST", "/v2/sandboxes", {"templateID": "base", "timeout": 30})
     assert code == 201  # the knob was for one request only
+
+
+def test_fault_create_network_ignored_opens_a_locked_sandbox(fake):
+    fake.set_fault("create_network_ignored")
+    body = {"templateID": "base", "timeout": 60, "allow_internet_access": False,
+            "network": {"denyOut": ["0.0.0.0/0"]}}
+    status, _, sandbox = api(fake, "POST", "/sandboxes", body)
+    assert status == 201, sandbox
+    # The service still says what was asked; the container has the way out.
+    detail = api(fake, "GET", f"/sandboxes/{sandbox['sandboxID']}")[2]
+    assert detail["allowInternetAccess"] is False
+    assert network_of(fake, sandbox["sandboxID"])[:2] == ("bridge", ["eth0", "lo"])
+    # The knob was for one create only.
+    status, _, sandbox = api(fake, "POST", "/sandboxes", body)
+    assert network_of(fake, sandbox["sandboxID"])[0] == "none"
 
 
 def test_fault_create_busy_sdk_honours_retry_after(fake, sdk):

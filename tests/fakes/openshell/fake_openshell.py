@@ -12,11 +12,14 @@ Sandboxes live in memory and move PROVISIONING -> READY. A create is
 stored as the gateway stores it (an omitted main process becomes a login
 shell on a terminal; fields these tables do not know are gone), and what
 GetSandbox answers is that stored spec. Each sandbox is a real container
-(`--network none`) whose main process is the stored command: when it ends,
-the sandbox is terminal, COMPLETED for exit 0 and ERROR otherwise, with the
-exit code. An exec runs the command in it for real as the sandbox user,
-through bash as the gateway does (`bash -lc`, or `bash -c` with
-`no_login_shell`), in `/sandbox` unless a working directory is given (stdin
+whose main process is the stored command: when it ends, the sandbox is
+terminal, COMPLETED for exit 0 and ERROR otherwise, with the exit code.
+Its network follows the stored policy: none when the policy has no
+`network_policies` entry (OpenShell then denies every connection out),
+docker's bridge network when it has one, or when the create sent no policy
+at all (README.md says why). An exec runs the command in it for real as
+the sandbox user, through bash as the gateway does (`bash -lc`, or `bash -c`
+with `no_login_shell`), in `/sandbox` unless a working directory is given (stdin
 from the stream's frames, stdout and stderr as they come, then the exit; a
 cancelled call kills the command's process group). GetSandboxConfig
 answers the policy the sandbox was created with and its hash, computed as
@@ -73,7 +76,7 @@ KNOBS: "dict[str, dict]" = {
     "not_ready": {},                    # exec: FAILED_PRECONDITION "sandbox is not ready"
     "exec_timeout": {"seconds": 1},     # the gateway's own timeout: exit 124, process left running
     "delete_accepted": {"vanish_after": 1.0},  # ACCEPTED; the sandbox goes later
-    "egress_open": {},                  # the sandbox gets a network
+    "egress_open": {},                  # the sandbox gets a network whatever its policy
     "provisioning_reads": {"reads": 3},  # READY only after N reads
     "run_as_root": {},                  # the sandbox's commands run as root
     "stdout_flood": {"mib": 56},        # an exec streams this much stdout, never ending
@@ -82,6 +85,16 @@ KNOBS: "dict[str, dict]" = {
     "main_process_killed": {},          # the main process is killed (SIGKILL) at create:
                                         # the sandbox is ERROR, exit code 137
 }
+
+
+def _policy_opens(policy: "dict | None") -> bool:
+    """Whether a sandbox with this stored policy gets a way out. OpenShell
+    denies every connection out that no `network_policies` entry allows; a
+    container cannot be given one endpoint, so one entry opens them all.
+    Without any policy the sandbox's supervisor takes the one its image
+    carries, which may allow endpoints: the fake, which runs its own image
+    whatever was asked, takes the open reading (README.md)."""
+    return policy is None or bool(policy.get("network_policies"))
 
 
 class Sandbox:
@@ -304,7 +317,10 @@ class FakeOpenShell:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, "sandbox already exists")
         spec = self._stored(req["spec"],
                             swapped=self.faults.take("main_process_swapped") is not None)
-        network = "bridge" if self.faults.take("egress_open") is not None else "none"
+        # The network follows the stored policy; egress_open is a gateway
+        # whose enforcement is broken (the policy still reads back as sent).
+        lie = self.faults.take("egress_open") is not None
+        network = "bridge" if _policy_opens(spec.get("policy")) or lie else "none"
         # The stored command is the container's main process.
         try:
             container = self.docker.create(self.image, name, network=network, env={},

@@ -6,10 +6,12 @@ OpenShell publishes. The policy hash is checked against hashes a real
 v0.1.2 gateway reported. What the gateway documents doing with what a
 client sends is checked too: the main process an omitted command becomes,
 a given one kept as sent, a main process's end making the sandbox
-terminal, execs through bash in the workspace root, paging."""
+terminal, execs through bash in the workspace root, paging, the
+container's network following the stored policy."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -348,3 +350,67 @@ def test_list_pages_as_documented(fake, pki):
     finally:
         for name in names:
             fake._remove(fake.sandboxes[name])
+
+
+def network_of(fake, stub, name: str) -> "tuple[str, list[str]]":
+    """(docker's network mode of the sandbox's container, the interfaces the
+    sandbox itself lists)."""
+    mode = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.NetworkMode}}",
+                           fake.sandboxes[name].container],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    events = list(stub.ExecSandbox(pb.ExecSandboxRequest(
+        workspace_scope=WS, sandbox=name, command=["ls", "/sys/class/net"],
+        no_login_shell=True), timeout=30))
+    out = b"".join(e.stdout.data for e in events if e.HasField("stdout")).decode()
+    return mode, out.split()
+
+
+def with_network_rule() -> sb.SandboxPolicy:
+    p = policy()
+    rule = p.network_policies["pypi"]
+    rule.name = "pypi"
+    rule.endpoints.add(host="pypi.org", port=443)
+    return p
+
+
+@pytest.mark.parametrize("asked, network", [
+    (policy, "none"),             # no network_policies entry: every connection out denied
+    (with_network_rule, "bridge"),  # one entry: a way out
+    (None, "bridge"),             # no policy at all: the image's own may allow endpoints
+])
+def test_the_network_follows_the_stored_policy(fake, pki, asked, network):
+    with channel(fake, pki) as ch:
+        stub = pbg.OpenShellStub(ch)
+        spec = pb.SandboxSpec(template=pb.SandboxTemplate(image="node:22"),
+                              command=["sleep", "infinity"])
+        if asked is not None:
+            spec.policy.CopyFrom(asked())
+        stub.CreateSandbox(pb.CreateSandboxRequest(workspace_scope=WS, name="net", spec=spec),
+                           timeout=30)
+        got = wait_phase(stub, "net", pb.SANDBOX_PHASE_READY)
+        assert got.spec.HasField("policy") == (asked is not None)
+        mode, interfaces = network_of(fake, stub, "net")
+        assert mode == network
+        assert interfaces == (["eth0", "lo"] if network == "bridge" else ["lo"])
+        delete(stub, "net")
+    assert fake.live() == []
+
+
+def test_egress_open_opens_a_sandbox_whose_policy_denies(fake, pki):
+    with channel(fake, pki) as ch:
+        stub = pbg.OpenShellStub(ch)
+        fake.set_fault("egress_open")
+        create(stub, "lie", command=["sleep", "infinity"])
+        wait_phase(stub, "lie", pb.SANDBOX_PHASE_READY)
+        # The policy still reads back without a network entry.
+        config = stub.GetSandboxConfig(sb.GetSandboxConfigRequest(workspace_scope=WS,
+                                                                  name="lie"), timeout=10)
+        assert config.policy == policy() and not config.policy.network_policies
+        assert network_of(fake, stub, "lie")[0] == "bridge"
+        # The knob was for one create only.
+        create(stub, "after", command=["sleep", "infinity"])
+        wait_phase(stub, "after", pb.SANDBOX_PHASE_READY)
+        assert network_of(fake, stub, "after") == ("none", ["lo"])
+        for name in ("lie", "after"):
+            delete(stub, name)
+    assert fake.live() == []
