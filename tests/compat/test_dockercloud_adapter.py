@@ -68,6 +68,7 @@ def daemon_env(fake: FakeDockerCloud, certs: Path) -> dict:
         # The exchange trusts only the CA named for it (here the same test CA).
         "SANDBOX_PLUGIN_KEY_EXCHANGE_CA": str(certs / "ca.pem"),
         "SANDBOX_PLUGIN_METERED": "1",
+        "SANDBOX_MAX_SESSIONS": "2",
         "PLIMSOLL_LOG_FORMAT": "json",
     }
 
@@ -111,7 +112,7 @@ def assert_unmarked_error(daemon, timeout=20) -> PlimsollError:
 def test_describe_states_vm_and_both_payloads(daemon):
     info = Client(daemon.url).describe()
     assert (info.provider, info.isolation) == ("dockercloud", "vm")
-    assert info.supports_project and not info.supports_sessions
+    assert info.supports_project and info.supports_sessions
 
 
 def test_a_snippet_runs_in_a_fresh_sandbox_deleted_after(daemon, fake):
@@ -342,3 +343,87 @@ def test_the_workload_corpus(daemon):
     """What agents ordinarily run works here as on every tier, and what the
     sandbox forbids fails as documented (docs/workloads.md)."""
     workloads.prove("dockercloud", daemon.url, minimum_isolation="vm")
+
+
+# ---- sessions ----------------------------------------------------------------------------
+
+# Counts live processes whose command line is `sleep 300`, by reading /proc
+# with node, skipping ones that end while it reads.
+COUNT_SLEEPERS = """const fs = require('fs');
+let n = 0;
+for (const pid of fs.readdirSync('/proc').filter((p) => /^[0-9]+$/.test(p))) {
+  try {
+    n += fs.readFileSync(`/proc/${pid}/cmdline`, 'latin1') === 'sleep\\u0000300\\u0000';
+  } catch {}
+}
+console.log(n);
+"""
+
+
+def test_a_session_keeps_one_sandbox_and_its_files_and_deletes_it_at_close(daemon, fake):
+    c = Client(daemon.url)
+    before = fake.state()["created"]
+    with c.open_session(minimum_isolation="vm", lifetime=120) as s:
+        (uid,) = fake.live()
+        # The service's own timeout is the session's life plus the margin
+        # runs get, with the delete action: it outlives no session.
+        assert fake.sandboxes[uid].timeout == "150s"
+        p = s.run_project({"notes.txt": "kept\n"}, ["cat notes.txt"], timeout=60)
+        assert p.steps[0].stdout == b"kept\n"
+        # A snippet runs in the same project directory, in the same sandbox.
+        r = s.run_javascript("console.log(require('fs').readFileSync('notes.txt', 'utf8'))",
+                             timeout=30)
+        assert (r.stdout, r.exit_code, r.isolation) == (b"kept\n\n", 0, "vm")
+        p = s.run_project({}, ["echo more >> notes.txt", "cat notes.txt"], timeout=60)
+        assert p.steps[1].stdout == b"kept\nmore\n"
+        with pytest.raises(PlimsollError) as e:
+            s.run_cell("1", language="javascript")
+        assert e.value.not_dispatched is not None
+        assert fake.live() == [uid]
+    assert fake.state()["created"] == before + 1
+    assert s.close().end == "closed"
+
+
+def test_no_process_a_session_call_starts_outlives_it(daemon, fake):
+    with Client(daemon.url).open_session() as s:
+        # First seen to count live sleepers inside the call that starts
+        # them (one detached in its own session), so a 0 later means they
+        # are gone, not that the probe is blind.
+        r = s.run_project({"count.js": COUNT_SLEEPERS},
+                          ["(setsid sleep 300 &) ; (sleep 300 &) ; sleep 0.3; node count.js"],
+                          timeout=60)
+        assert (r.steps[0].exit_code, r.steps[0].stdout, r.steps[0].stderr) == (0, b"2\n", b""), r.steps[0]
+        r = s.run_project({}, ["node count.js"], timeout=60)
+        assert (r.steps[0].exit_code, r.steps[0].stdout, r.steps[0].stderr) == (0, b"0\n", b""), r.steps[0]
+        # The sandbox's own processes were spared: its main process runs on.
+        (uid,) = fake.live()
+        main = subprocess.run(["docker", "top", fake.sandboxes[uid].container],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "tail -f /dev/null" in main, main
+        assert s.ended is None
+        assert s.run_javascript("console.log(7)", timeout=30).stdout == b"7\n"
+
+
+def test_a_session_ends_when_the_service_reports_its_sandbox_failed(daemon, fake):
+    s = Client(daemon.url).open_session()
+    assert s.run_javascript("console.log(1)", timeout=30).stdout == b"1\n"
+    (uid,) = fake.live()
+    fake.sandboxes[uid].fail("internal", "the VM stopped")
+    execs = fake.state()["execs"]
+    with pytest.raises(PlimsollError):
+        s.run_javascript("console.log(2)", timeout=30)
+    # Seen before anything was sent to run.
+    assert fake.state()["execs"] == execs
+    assert s.close().end == "main_process_ended"
+
+
+def test_a_session_ends_when_its_sandbox_is_no_longer_what_was_checked(daemon, fake):
+    s = Client(daemon.url).open_session()
+    assert s.run_javascript("console.log(1)", timeout=30).stdout == b"1\n"
+    (uid,) = fake.live()
+    fake.sandboxes[uid].flags.add("bigger")  # the service now reports more memory
+    execs = fake.state()["execs"]
+    with pytest.raises(PlimsollError):
+        s.run_javascript("console.log(2)", timeout=30)
+    assert fake.state()["execs"] == execs
+    assert s.close().end == "sandbox_changed"

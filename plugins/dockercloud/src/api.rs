@@ -45,11 +45,25 @@ pub struct Service {
     pub allowed: Vec<String>,
 }
 
-/// A sandbox the service made for this run.
+/// A sandbox the service made for this run (or session).
 pub struct Sandbox {
     pub uid: String,
+    /// The display name it was created with (the service must report it).
+    pub name: String,
     /// Its endpoint, as the service reported it (checked to be allowed).
     pub endpoint: String,
+}
+
+/// A session's sandbox as the service reports it.
+pub enum Standing {
+    Running(Sandbox),
+    /// It stopped or failed: what ran in it is gone.
+    Ended(String),
+    /// The service no longer has it (or is deleting it).
+    Gone,
+    /// Running, but no longer what was checked at open.
+    Changed(String),
+    Unknown(String),
 }
 
 /// A management answer: status, parsed body, the ETag and `Retry-After`.
@@ -150,8 +164,43 @@ impl Service {
             }
         }
         match checks::sandbox(&current, &name, &self.allowed) {
-            Ok(endpoint) => Ok(Sandbox { uid, endpoint }),
+            Ok(endpoint) => Ok(Sandbox {
+                uid,
+                name,
+                endpoint,
+            }),
             Err(why) => fail(why),
+        }
+    }
+
+    /// Where a session's sandbox stands at a call, read again: running and
+    /// still what was checked at open (its endpoint as reported now), or
+    /// why not.
+    pub fn standing(&self, uid: &str, name: &str, deadline: Instant) -> Standing {
+        let answer = match self.read(&format!("/sandboxes/{uid}"), deadline) {
+            Ok(a) => a,
+            Err(e) => return Standing::Unknown(format!("reading the sandbox failed: {e:?}")),
+        };
+        match answer.status {
+            404 if is_api_error(&answer.body) => return Standing::Gone,
+            200 => {}
+            n => return Standing::Unknown(format!("reading the sandbox answered {n}")),
+        }
+        match answer.body["core"]["status"].as_str().unwrap_or("") {
+            "running" => match checks::sandbox(&answer.body, name, &self.allowed) {
+                Ok(endpoint) => Standing::Running(Sandbox {
+                    uid: uid.to_string(),
+                    name: name.to_string(),
+                    endpoint,
+                }),
+                Err(why) => Standing::Changed(why),
+            },
+            // Its timeout's delete action under way: the service ended it.
+            "deleting" => Standing::Gone,
+            s @ ("failed" | "stopping" | "stopped" | "degraded") => {
+                Standing::Ended(format!("the sandbox is {s}"))
+            }
+            s => Standing::Unknown(format!("the sandbox is {}, not running", checks::short(s))),
         }
     }
 

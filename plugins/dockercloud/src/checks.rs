@@ -113,7 +113,7 @@ fn number(v: &Value) -> Option<u64> {
 }
 
 /// A service-chosen word, bounded and printable, for an error message.
-fn short(s: &str) -> String {
+pub fn short(s: &str) -> String {
     s.chars()
         .filter(|c| c.is_ascii_graphic())
         .take(40)

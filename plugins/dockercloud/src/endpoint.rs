@@ -12,6 +12,7 @@ use crate::bindings::plimsoll::provider::types::{ProcessOutput, Refusal, RunErro
 use crate::multipart;
 use crate::wire::{self, Failure, Request};
 use crate::wrapper;
+use plimsoll_plugin_probe::leftovers;
 
 /// Most of a download answer read: the artifacts' 8 MiB and their framing.
 const DOWNLOAD_BYTES: usize = 10 << 20;
@@ -21,7 +22,13 @@ const SMALL_ANSWER: usize = 64 << 10;
 pub struct Endpoint<'a> {
     base: &'a str,
     bearer: Vec<u8>,
+    /// A session's mark (`NAME=value`), set in the environment of every
+    /// command run: what the sweeps find the call's processes by.
+    mark: Option<&'a str>,
 }
+
+/// The variable a session call's commands carry its mark in.
+pub const SESSION_MARK: &str = "PLIMSOLL_SESSION";
 
 /// What a download brought back: each file found, and whether any was
 /// left out for the byte budget.
@@ -35,6 +42,17 @@ impl<'a> Endpoint<'a> {
         Endpoint {
             base: &sandbox.endpoint,
             bearer: format!("Bearer {credential}").into_bytes(),
+            mark: None,
+        }
+    }
+
+    /// The same endpoint, its commands carrying a session's mark
+    /// (`NAME=value`) and swept when each ends.
+    pub fn marked(&self, mark: &'a str) -> Endpoint<'a> {
+        Endpoint {
+            base: self.base,
+            bearer: self.bearer.clone(),
+            mark: Some(mark),
         }
     }
 
@@ -48,7 +66,8 @@ impl<'a> Endpoint<'a> {
         deadline: Instant,
     ) -> Result<ProcessOutput, RunError> {
         let secs = wrapper::seconds_for(wire::remaining_ms(deadline));
-        let cmd = wrapper::wrap(argv, secs, limit);
+        let mark = self.mark.map(|m| (m, leftovers::SWEEP_MARKED));
+        let cmd = wrapper::wrap(argv, secs, limit, mark);
         // Both streams base64 (4 bytes per 3) at the cap plus one, and room
         // for the JSON around them.
         let b64 = (limit as usize + 1).div_ceil(3) * 4;

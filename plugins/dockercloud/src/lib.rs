@@ -15,13 +15,15 @@
 //! minted per sandbox by the service and sent by this plugin to the
 //! sandbox's own endpoint, an origin that never receives the host's token.
 //! The tier claimed is vm, from provider identity; the host caps it at the
-//! operator's `SANDBOX_PLUGIN_MAX_TIER`. See docs/providers/dockercloud.md.
+//! operator's `SANDBOX_PLUGIN_MAX_TIER`. Sessions keep one such sandbox for
+//! many calls (session.rs). See docs/providers/dockercloud.md.
 
 mod api;
 mod checks;
 mod endpoint;
 mod multipart;
 mod project;
+mod session;
 mod smoke;
 mod wrapper;
 
@@ -48,10 +50,11 @@ const NAME: &str = "dockercloud";
 /// Longest run: the endpoint credential lives 300 s and an exec still
 /// running when it expires is cut off, so a run ends well inside it.
 pub const MAX_RUN_MS: u32 = 270_000;
-/// Where a snippet is written; it runs with no working directory given.
-/// A `.js` file with no package.json: node reads it as CommonJS unless it
-/// uses module syntax (top-level `await`, `import`), as `node -` does on
-/// the docker tiers; `.cjs` would make top-level `await` a syntax error.
+/// Where a run's snippet is written; it runs with no working directory
+/// given. A `.js` file with no package.json: node reads it as CommonJS
+/// unless it uses module syntax (top-level `await`, `import`), as `node -`
+/// does on the docker tiers; `.cjs` would make top-level `await` a syntax
+/// error.
 const SNIPPET: &str = "/tmp/plimsoll-snippet.js";
 
 struct DockerCloud;
@@ -63,7 +66,7 @@ impl Guest for DockerCloud {
             tier: Tier::Vm,
             payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
             environment: format!("dockercloud:image={}", api::IMAGE),
-            sessions: None,
+            sessions: Some(session::support()),
         }
     }
 
@@ -73,10 +76,7 @@ impl Guest for DockerCloud {
 
     fn run(request: RunRequest) -> Result<RunResult, RunError> {
         if request.timeout_ms > MAX_RUN_MS {
-            return Err(RunError::NotDispatched(Refusal::Request(format!(
-                "dockercloud runs end within {} s (the sandbox endpoint's credential lives 300 s); ask for less",
-                MAX_RUN_MS / 1000
-            ))));
+            return Err(too_long());
         }
         let deadline = wire::after_ms(u64::from(request.timeout_ms));
         wire::set_call_deadline(deadline);
@@ -94,27 +94,25 @@ impl Guest for DockerCloud {
             })
             .map(RunResult::Project),
             Payload::Cell(_) => Err(RunError::NotDispatched(Refusal::Unsupported(
-                "dockercloud has no sessions".into(),
+                "cells need a session, and dockercloud's sessions keep no interpreter".into(),
             ))),
         }
     }
 
-    fn open_session(_options: SessionOptions) -> Result<String, RunError> {
-        Err(RunError::NotDispatched(Refusal::Unsupported(
-            "dockercloud has no sessions".into(),
-        )))
+    fn open_session(options: SessionOptions) -> Result<String, RunError> {
+        session::open(&service()?, options)
     }
 
-    fn session_run(_state: String, _request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
-        Err(SessionFailure {
-            error: RunError::NotDispatched(Refusal::Unsupported(
-                "dockercloud has no sessions".into(),
-            )),
-            ended: None,
-        })
+    fn session_run(state: String, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
+        let service = service().map_err(|error| SessionFailure { error, ended: None })?;
+        session::run(&service, &state, request)
     }
 
-    fn close_session(_state: String) {}
+    fn close_session(state: String) {
+        if let Ok(service) = service() {
+            session::close(&service, &state);
+        }
+    }
 }
 
 bindings::export!(DockerCloud with_types_in bindings);
@@ -138,6 +136,14 @@ fn in_sandbox<T>(
         .and_then(|credential| f(&endpoint::Endpoint::new(&sandbox, credential)));
     service.delete(&sandbox.uid);
     outcome
+}
+
+/// What a call longer than a credential's life gets.
+fn too_long() -> RunError {
+    RunError::NotDispatched(Refusal::Request(format!(
+        "dockercloud runs end within {} s (the sandbox endpoint's credential lives 300 s); ask for less",
+        MAX_RUN_MS / 1000
+    )))
 }
 
 /// A snippet: written to a file, run with node through the wrapper.

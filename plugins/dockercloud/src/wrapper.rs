@@ -10,22 +10,34 @@
 //! pipes open cannot hold the exec past it. Since POSIX sh has no pipefail,
 //! the command's status comes out through a file (125 when none was
 //! written).
+//!
+//! In a session the command alone carries the session's mark in its
+//! environment, and once it ends the wrapper kills every process holding
+//! the mark (the shared sweep, passed in): what the command left running
+//! would otherwise keep the pipes open and the exec waiting until the time
+//! limit, losing the output. The wrapper and its readers carry no mark.
 
 use base64::Engine;
 use serde_json::Value;
 
 use crate::bindings::plimsoll::provider::types::ProcessOutput;
 
-/// `sh -c WRAPPER plimsoll-exec <secs> <cap> argv...`
+/// `sh -c WRAPPER plimsoll-exec <secs> <cap> <mark> <sweep> argv...`, the
+/// mark (`NAME=value`) and sweep empty outside a session.
 ///
 /// fd 3 is the outer pipe (to the stdout `head`); inside, the command's
 /// stderr goes to the inner pipe (to the stderr `head`, written to the real
 /// stderr) and its stdout to fd 3.
-pub const SCRIPT: &str = r#"limit=$1; cap=$2; shift 2
+pub const SCRIPT: &str = r#"limit=$1; cap=$2; mark=$3; sweep=$4; shift 4
 status=/tmp/.plimsoll-status.$$
 rm -f "$status"
 drain() { timeout -s KILL "$((limit + 1))" sh -c 'head -c "$0"; exec cat >/dev/null' "$cap"; }
-{ { timeout -s KILL "$limit" "$@"; echo $? >"$status"; } 2>&1 1>&3 3>&- | drain 1>&2; } 3>&1 | drain
+run() {
+  if [ -z "$mark" ]; then timeout -s KILL "$limit" "$@"; echo $? >"$status"; return; fi
+  timeout -s KILL "$limit" env "$mark" "$@"; echo $? >"$status"
+  sh -c "$sweep" plimsoll-sweep "$mark" >/dev/null 2>&1
+}
+{ { run "$@"; } 2>&1 1>&3 3>&- | drain 1>&2; } 3>&1 | drain
 if [ -s "$status" ]; then code=$(cat "$status"); rm -f "$status"; exit "$code"; fi
 exit 125"#;
 
@@ -38,8 +50,10 @@ pub const EXIT_FLOODED: i32 = 153;
 const MARGIN_S: u64 = 2;
 
 /// The argv that runs `argv` under the wrapper with `secs` and room for one
-/// byte past `limit` (the byte that proves a stream was cut).
-pub fn wrap(argv: &[&str], secs: u64, limit: u32) -> Vec<String> {
+/// byte past `limit` (the byte that proves a stream was cut); in a session,
+/// with its mark (`NAME=value`) and the sweep of what carries it.
+pub fn wrap(argv: &[&str], secs: u64, limit: u32, mark: Option<(&str, &str)>) -> Vec<String> {
+    let (mark, sweep) = mark.unwrap_or(("", ""));
     let mut out = vec![
         "sh".to_string(),
         "-c".to_string(),
@@ -47,6 +61,8 @@ pub fn wrap(argv: &[&str], secs: u64, limit: u32) -> Vec<String> {
         "plimsoll-exec".to_string(),
         secs.to_string(),
         (u64::from(limit) + 1).to_string(),
+        mark.to_string(),
+        sweep.to_string(),
     ];
     out.extend(argv.iter().map(|s| s.to_string()));
     out

@@ -6,9 +6,10 @@
 //! cannot pose as it later), one after every call kills every other process
 //! of ours, round after round, until a round finds none.
 //!
-//! They read `/proc` with shell builtins only (`read`, `kill`, `[`), so the
-//! sweep forks nothing a round could race with; zombies are skipped (they
+//! `SWEEP` reads `/proc` with shell builtins only (`read`, `kill`, `[`),
+//! so it forks nothing a round could race with; zombies are skipped (they
 //! hold nothing but a PID) unless a thread of theirs still runs.
+//! `SWEEP_MARKED` is for services whose calls run as root.
 
 /// Prints `main=<pid>` for each process of ours whose command line is
 /// exactly the script's arguments (the main process's argv), then
@@ -43,6 +44,34 @@ while :; do
     q=${d#/proc/}
     case "$keep" in *" $q "*) continue ;; esac
     [ -O "$d" ] || continue
+    read -r s < "$d/stat" 2>/dev/null || continue
+    s=${s##*) }
+    case "$s" in
+      Z*) set -- "$d"/task/*; [ "$#" -gt 1 ] || continue ;;
+    esac
+    kill -9 "$q" 2>/dev/null && n=$((n + 1))
+  done
+  round=$((round + 1))
+  [ "$n" -eq 0 ] || [ "$round" -ge 20 ] && break
+done
+echo "left=$n"
+"#;
+
+/// Where the calls run as root beside the service's own processes, a user
+/// cannot tell them apart: each call's commands carry a session's mark in
+/// their environment instead (`$1`, as `NAME=value`), and this kills every
+/// process whose initial environment holds it, in up to 20 rounds; prints
+/// `left=<n>` as `SWEEP` does. The sweep itself runs without the mark.
+/// A process that replaced its environment (`env -i`) escapes it: within a
+/// session that is one trust domain, and the VM is the boundary.
+pub const SWEEP_MARKED: &str = r#"want=$1
+round=0
+while :; do
+  n=0
+  for d in /proc/[0-9]*; do
+    q=${d#/proc/}
+    [ "$q" = "$$" ] && continue
+    grep -qzxF -e "$want" "$d/environ" 2>/dev/null || continue
     read -r s < "$d/stat" 2>/dev/null || continue
     s=${s##*) }
     case "$s" in

@@ -1,0 +1,236 @@
+//! Sessions: one sandbox kept for the session's life, made and checked at
+//! open as a run's is, with the service's own timeout set to the session's
+//! lifetime (plus the margin runs get) and its delete action. The state
+//! the host keeps and hands back with each call is the sandbox's uid, its
+//! display name and the session's mark; the endpoint credential lives five
+//! minutes, so every call mints its own.
+//!
+//! Before each call the sandbox is read again: running, still the one
+//! checked at open (name, size, endpoint), and its network policy still
+//! deny-all. Snippets and projects run in the project directory, so files
+//! stay between calls; no interpreter is kept, so cells are not offered.
+//! The calls run as the service's default user, root in what the fake
+//! does, beside the VM's own processes: each command carries the session's
+//! mark in its environment, the wrapper kills what holds it as each command
+//! ends, and after every call one more sweep must find nothing
+//! (`leftovers::SWEEP_MARKED`).
+
+use plimsoll_plugin_probe::leftovers;
+use wasi::clocks::monotonic_clock::Instant;
+
+use crate::api::{self, Sandbox, Service, Standing};
+use crate::bindings::plimsoll::provider::types::{
+    Payload, PayloadKind, ProcessOutput, Refusal, RunError, RunRequest, RunResult, SessionAnswer,
+    SessionEndReason, SessionEnded, SessionFailure, SessionOptions, SessionSupport,
+};
+use crate::endpoint::{Endpoint, SESSION_MARK};
+use crate::project::{self, PROJECT_DIR};
+
+/// Where a session's snippets are written (made at open).
+const SNIPPET_DIR: &str = "/tmp/plimsoll-snippet";
+use crate::{MAX_RUN_MS, wire};
+
+pub fn support() -> SessionSupport {
+    SessionSupport {
+        payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
+        cell_languages: vec![],
+    }
+}
+
+/// What `open` returns and each call parses.
+struct Kept {
+    uid: String,
+    name: String,
+    mark: String,
+}
+
+fn parse(state: &str) -> Option<Kept> {
+    let mut parts = state.splitn(3, ':');
+    let (uid, name, mark) = (parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (api::valid_uid(uid)
+        && name.strip_prefix("plimsoll-").is_some_and(|h| hex(h, 16))
+        && hex(mark, 32))
+    .then(|| Kept {
+        uid: uid.to_string(),
+        name: name.to_string(),
+        mark: mark.to_string(),
+    })
+}
+
+pub fn open(service: &Service, options: SessionOptions) -> Result<String, RunError> {
+    let deadline = wire::after_ms(u64::from(options.timeout_ms));
+    wire::set_call_deadline(deadline);
+    let lifetime_s = u64::from(options.lifetime_ms).div_ceil(1000);
+    let sandbox = service.create(lifetime_s, deadline)?;
+    // The project directory (snippets run in it too) and the snippets'
+    // own, made before any caller's code runs.
+    let made = service.ready(&sandbox, deadline).and_then(|credential| {
+        Endpoint::new(&sandbox, credential).make_dirs(&[PROJECT_DIR, SNIPPET_DIR], deadline)
+    });
+    if let Err(e) = made {
+        service.delete(&sandbox.uid);
+        return Err(e);
+    }
+    let mark = format!(
+        "{:016x}{:016x}",
+        wasi::random::random::get_random_u64(),
+        wasi::random::random::get_random_u64()
+    );
+    Ok(format!("{}:{}:{mark}", sandbox.uid, sandbox.name))
+}
+
+pub fn run(
+    service: &Service,
+    state: &str,
+    request: RunRequest,
+) -> Result<SessionAnswer, SessionFailure> {
+    let kept = parse(state).ok_or_else(|| {
+        failure(
+            RunError::NotDispatched(Refusal::Environment(
+                "the session's state is not this plugin's".into(),
+            )),
+            None,
+        )
+    })?;
+    if request.timeout_ms > MAX_RUN_MS {
+        return Err(failure(crate::too_long(), None));
+    }
+    let deadline = wire::after_ms(u64::from(request.timeout_ms));
+    wire::set_call_deadline(deadline);
+    let sandbox = standing(service, &kept, deadline)?;
+    // The network policy read back and a fresh credential, as for a run;
+    // a policy no longer deny-all ends the session.
+    let credential = service.ready(&sandbox, deadline).map_err(|e| {
+        let changed = matches!(e, RunError::NotDispatched(Refusal::Isolation(_)));
+        failure(
+            e,
+            changed.then(|| {
+                ended(
+                    SessionEndReason::SandboxChanged,
+                    "its network policy changed",
+                )
+            }),
+        )
+    })?;
+    let plain = Endpoint::new(&sandbox, credential);
+    let marker = format!("{SESSION_MARK}={}", kept.mark);
+    let endpoint = plain.marked(&marker);
+    let limit = request.output_limit;
+    let outcome = match request.payload {
+        Payload::Javascript(code) => {
+            snippet(&endpoint, &code, limit, deadline).map(RunResult::Javascript)
+        }
+        Payload::Project(p) => project::run(&endpoint, &p, limit, deadline).map(RunResult::Project),
+        Payload::Cell(_) => {
+            return Err(failure(
+                RunError::NotDispatched(Refusal::Unsupported(
+                    "this provider's sessions keep no interpreter".into(),
+                )),
+                None,
+            ));
+        }
+    };
+    let swept = sweep(&plain, &marker);
+    match outcome {
+        Ok(outcome) => Ok(SessionAnswer {
+            outcome,
+            ended: (!swept).then(unswept),
+        }),
+        // A failed call may mean the sandbox ended: ask, so the host can
+        // end the session.
+        Err(error) => {
+            let gone = standing(service, &kept, wire::cleanup_deadline())
+                .err()
+                .and_then(|f| f.ended);
+            Err(failure(error, gone.or_else(|| (!swept).then(unswept))))
+        }
+    }
+}
+
+pub fn close(service: &Service, state: &str) {
+    if let Some(kept) = parse(state) {
+        service.delete(&kept.uid);
+    }
+}
+
+/// A session's snippet: written beside an empty package.json, so node
+/// reads it as CommonJS unless it uses module syntax, whatever package.json
+/// an earlier call left higher up; run in the project directory.
+fn snippet(
+    endpoint: &Endpoint<'_>,
+    code: &str,
+    limit: u32,
+    deadline: Instant,
+) -> Result<ProcessOutput, RunError> {
+    let file = format!("{SNIPPET_DIR}/snippet.js");
+    endpoint.upload(
+        &[
+            (format!("{SNIPPET_DIR}/package.json"), b"{}\n".as_slice()),
+            (file.clone(), code.as_bytes()),
+        ],
+        deadline,
+    )?;
+    endpoint.run(&["node", &file], Some(PROJECT_DIR), limit, deadline)
+}
+
+/// The sandbox, running and still what was checked at open; otherwise the
+/// refusal, with the session's end when the sandbox itself ended.
+fn standing(service: &Service, kept: &Kept, deadline: Instant) -> Result<Sandbox, SessionFailure> {
+    let refused = |why: String| RunError::NotDispatched(Refusal::Environment(why));
+    match service.standing(&kept.uid, &kept.name, deadline) {
+        Standing::Running(sandbox) => Ok(sandbox),
+        Standing::Ended(why) => Err(failure(
+            refused(why.clone()),
+            Some(ended(SessionEndReason::MainProcessEnded, &why)),
+        )),
+        Standing::Gone => Err(failure(
+            refused("the Docker sandbox is gone".into()),
+            Some(ended(
+                SessionEndReason::Expired,
+                "the Docker sandbox is gone",
+            )),
+        )),
+        Standing::Changed(why) => Err(failure(
+            RunError::NotDispatched(Refusal::Isolation(why.clone())),
+            Some(ended(SessionEndReason::SandboxChanged, &why)),
+        )),
+        Standing::Unknown(why) => Err(failure(refused(why), None)),
+    }
+}
+
+/// Kills every process carrying the session's mark; true when none is
+/// left. Sent without the mark, so the sweep does not find itself.
+fn sweep(plain: &Endpoint<'_>, marker: &str) -> bool {
+    let out = plain.run(
+        &[
+            "sh",
+            "-c",
+            leftovers::SWEEP_MARKED,
+            "plimsoll-sweep",
+            marker,
+        ],
+        None,
+        4096,
+        wire::cleanup_deadline(),
+    );
+    matches!(out, Ok(o) if o.exit_code == 0 && !o.timed_out && leftovers::swept_clean(&o.stdout))
+}
+
+fn unswept() -> SessionEnded {
+    ended(
+        SessionEndReason::SandboxChanged,
+        "a process the call started could not be stopped",
+    )
+}
+
+fn ended(reason: SessionEndReason, detail: &str) -> SessionEnded {
+    SessionEnded {
+        reason,
+        detail: detail.to_string(),
+    }
+}
+
+fn failure(error: RunError, ended: Option<SessionEnded>) -> SessionFailure {
+    SessionFailure { error, ended }
+}
