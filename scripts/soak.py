@@ -40,12 +40,6 @@ RUN_ROOT = "/run/plimsoll-runs"
 CGROUP_ROOT = "/sys/fs/cgroup/pids/docker"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def image_id():
     return subprocess.run(
         ["docker", "image", "inspect", "plimsoll/sandbox:bookworm", "--format", "{{.Id}}"],
@@ -55,10 +49,11 @@ def image_id():
 
 class Daemon:
     def __init__(self, env):
-        self.port = free_port()
         full = {
             "PATH": os.environ["PATH"],
-            "PLIMSOLL_ADDR": f"127.0.0.1:{self.port}",
+            # Port 0: the daemon binds a free port itself and reports it in
+            # its listening line (a port chosen here could be taken first).
+            "PLIMSOLL_ADDR": "127.0.0.1:0",
             "PLIMSOLL_TOKEN": TOKEN,
             "PLIMSOLL_METRICS_ADDR": "off",
             "PLIMSOLL_LOG_FORMAT": "json",
@@ -69,6 +64,7 @@ class Daemon:
         for line in self.proc.stderr:
             self.log.write(line)
             if b"plimsolld listening" in line:
+                self.port = int(json.loads(line)["addr"].rsplit(":", 1)[1])
                 break
         else:
             raise SystemExit("plimsolld did not start:\n" + self.tail())

@@ -685,6 +685,91 @@ async fn without_callers_only_this_machine_calls_and_no_web_page() {
     }
 }
 
+/// `/mcp` on its own in open mode: a tool call that would run code, under
+/// a name that is not this machine's (a rebound name, with and without a
+/// port, look-alikes, no name at all, a foreign absolute target), is
+/// refused before the MCP SDK sees it, marked `permission`, repeating
+/// nothing it sent, and runs nothing. The snippet is a canary: its size,
+/// which no other request here has, is in the audit line of any run that
+/// carries it, as the same call under a loopback name shows at the end.
+#[tokio::test]
+async fn mcp_without_callers_refuses_a_foreign_host_and_runs_nothing() {
+    let d = wasm_daemon();
+    let port = d.addr.rsplit_once(':').expect("port").1.to_string();
+    const CANARY_BYTES: usize = 7777;
+    let mut code = String::from("console.log('ran') // ");
+    while code.len() < CANARY_BYTES {
+        code.push('x');
+    }
+    let canary = format!("\"code_bytes\":{CANARY_BYTES}");
+    let tool_call = serde_json::to_vec(&json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "run_javascript", "arguments": {"code": code}},
+    }))
+    .expect("json");
+    let loopback = format!("127.0.0.1:{port}");
+    // (target prefix, Host)
+    let foreign: Vec<(&str, Option<String>)> = vec![
+        ("", Some("evil.example".into())),
+        ("", Some(format!("evil.example:{port}"))),
+        ("", Some(format!("localhost.evil.example:{port}"))),
+        ("", Some(format!("127.0.0.1.evil.example:{port}"))),
+        ("", None),
+        ("http://evil.example", Some(loopback.clone())),
+    ];
+    for (prefix, host) in &foreign {
+        let mut headers = vec![
+            ("content-type", "application/json".to_string()),
+            ("accept", "application/json, text/event-stream".to_string()),
+        ];
+        if let Some(host) = host {
+            headers.push(("host", host.clone()));
+        }
+        let target = format!("{prefix}/mcp");
+        let (status, answer) = exact_request(&d, "POST", &target, &headers, &tool_call).await;
+        assert_eq!(status, 403, "{target} {host:?}: {answer}");
+        assert!(
+            answer.contains("plimsoll-not-dispatched: permission"),
+            "{target} {host:?}: {answer}"
+        );
+        assert!(
+            !answer.contains("evil.example"),
+            "the refusal repeats what was sent: {answer}"
+        );
+    }
+    assert_eq!(
+        d.audit_after_sentinel().await,
+        1,
+        "a tool call under a foreign name ran"
+    );
+    assert!(
+        !d.log_lines().iter().any(|l| l.contains(&canary)),
+        "a tool call under a foreign name ran"
+    );
+
+    // The control: the same call under this machine's name runs, and its
+    // audit line carries the canary, so the check above could fail.
+    let (status, answer) = exact_request(
+        &d,
+        "POST",
+        "/mcp",
+        &[
+            ("host", loopback),
+            ("content-type", "application/json".into()),
+            ("accept", "application/json, text/event-stream".into()),
+        ],
+        &tool_call,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("completed"), "{answer}");
+    assert_eq!(d.audit_after_sentinel().await, 3);
+    assert!(
+        d.log_lines().iter().any(|l| l.contains(&canary)),
+        "the canary's size is not in its run's audit line"
+    );
+}
+
 /// With callers the token is the defence, and the daemon's name is the
 /// operator's to choose: a caller with a token is served under any `Host`.
 /// `/mcp` alone still refuses a page's `Origin`, token or not, as MCP's

@@ -99,9 +99,13 @@ fn count_containers_of(pid: u32, which: &str) -> usize {
 /// The tag `make image` gives the guest image.
 pub const SANDBOX_TAG: &str = "plimsoll/sandbox:bookworm";
 
-/// Containers the host created that still exist: its label, and the
+/// Containers any daemon created that still exist: its label, and the
 /// `plimsoll-` names it gives them (tests that plant labelled containers of
-/// their own name them otherwise).
+/// their own name them otherwise). Every daemon's, so not for a test while
+/// others run: another test's containers would fail it, and another
+/// daemon's sweep could hide its own leak. A test counts its daemon's with
+/// `Daemon::stop_counting_leftovers`; the suite as a whole is checked at
+/// its end (scripts/leftovers.sh).
 pub fn leftover_containers() -> usize {
     let out = Command::new("docker")
         .args([
@@ -138,12 +142,29 @@ pub fn plant_container(name: &str, image: &str, expires: u64) {
 /// As `plant_container`, with the `io.plimsoll.process` label a daemon
 /// writes (boot/PID-namespace/PID/start-time) when `process` is given.
 pub fn plant_container_made_by(name: &str, image: &str, expires: u64, process: Option<&str>) {
+    plant(name, image, expires, process, "io.plimsoll.run");
+}
+
+/// The run label of containers planted for one daemon's sweeper alone
+/// (`plant_private_container`): only a daemon whose engine relay rewrites
+/// its sweep's query (`RelayFaults::sweep_only_planted`) looks for it.
+pub const PLANTED_LABEL: &str = "io.plimsoll.tst";
+
+/// As `plant_container_made_by`, under `PLANTED_LABEL` instead of the run
+/// label: no daemon's sweeper but the test's own sees it, so whether it
+/// is swept or kept is that daemon's doing, whatever other tests' daemons
+/// sweep meanwhile.
+pub fn plant_private_container(name: &str, image: &str, expires: u64, process: Option<&str>) {
+    plant(name, image, expires, process, PLANTED_LABEL);
+}
+
+fn plant(name: &str, image: &str, expires: u64, process: Option<&str>, run_label: &str) {
     let mut args: Vec<String> = ["run", "-d", "--name", name, "--network", "none"]
         .map(String::from)
         .to_vec();
     args.extend([
         "--label".into(),
-        "io.plimsoll.run=1".into(),
+        format!("{run_label}=1"),
         "--label".into(),
         format!("io.plimsoll.expires={expires}"),
     ]);

@@ -53,12 +53,63 @@ async fn js(d: &Daemon, code: &str) -> Answer {
     a
 }
 
+/// A trace ID no other request of this test process carries: the canary a
+/// refused request wears, found in an audit line if it ever ran.
+fn canary(what: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!(
+        "canary-{what}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+/// A snippet tagged with `trace`.
+fn traced(code: &str, trace: &str) -> Value {
+    let mut req = js_run(code);
+    req["traceId"] = json!(trace);
+    req
+}
+
+/// Whether any line of the daemon's log carries `trace` (quoted, as the
+/// JSON audit line writes it, so one canary is never another's prefix).
+fn logged(d: &Daemon, trace: &str) -> bool {
+    let quoted = format!("\"{trace}\"");
+    d.log_lines().iter().any(|l| l.contains(&quoted))
+}
+
+/// "Nothing ran" for the requests tagged `traces`, proved rather than
+/// assumed: a sentinel run (with a budget a slow engine start cannot use
+/// up) is answered and its audit line read; lines arrive in order on one
+/// stream, so every line logged before it is in by then, and none may
+/// carry a canary. Every run that may have started gets an audit line,
+/// answered or failed, so a refused request that ran would be there.
+async fn assert_never_ran(d: &Daemon, traces: &[&str]) {
+    let tag = canary("sentinel");
+    let mut req = traced("0", &tag);
+    req["timeoutMs"] = json!(20000);
+    let a = call(d, "Run", &req).await;
+    assert_eq!(a.status, 200, "the sentinel run failed: {:?}", a.body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !logged(d, &tag) {
+        assert!(
+            Instant::now() < deadline,
+            "the sentinel's audit line never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for trace in traces {
+        assert!(!logged(d, trace), "a refused request ran: {trace}");
+    }
+}
+
 /// After the daemon stops, nothing it created is left.
 fn assert_no_leftovers(d: Daemon) {
-    let pid = d.pid().expect("pid");
-    drop(d);
+    // Counted before the stopped daemon is reaped: until then no other
+    // test's daemon can judge its containers orphaned and sweep one, so a
+    // leak is seen (`Daemon::stop_then`).
     assert_eq!(
-        plimsoll_tests::containers_of(pid),
+        d.stop_counting_leftovers(),
         0,
         "containers were left behind"
     );
@@ -116,10 +167,12 @@ async fn runc_is_the_container_tier_and_runs_snippets_and_projects() {
     }
 
     // A floor above the evidence: refused, nothing ran.
-    let mut req = js_run("console.log('ran')");
+    let floored = canary("floor");
+    let mut req = traced("console.log('ran')", &floored);
     req["minimumIsolation"] = json!("kernel");
     let a = call(&d, "Run", &req).await;
     assert_eq!(a.mark(), Some("isolation"), "{:?}", a.body);
+    assert_never_ran(&d, &[floored.as_str()]).await;
 
     // The deadline kills the whole container.
     let mut req = js_run("for(;;){}");
@@ -307,7 +360,8 @@ async fn a_container_is_gone_at_its_deadline_even_when_start_is_slow() {
         ],
     );
     let pid = d.pid().expect("pid");
-    let mut req = js_run("console.log('ran')");
+    let late = canary("slow-start");
+    let mut req = traced("console.log('ran')", &late);
     req["timeoutMs"] = json!(2000);
     let t = Instant::now();
     let a = call(&d, "Run", &req).await;
@@ -332,6 +386,9 @@ async fn a_container_is_gone_at_its_deadline_even_when_start_is_slow() {
         t.elapsed() < Duration::from_secs(4),
         "removal came too late"
     );
+    // The daemon recorded no run under the refused request's trace (the
+    // sentinel's own start waits out the relay's delay within its budget).
+    assert_never_ran(&d, &[late.as_str()]).await;
     assert_no_leftovers(d);
 }
 
@@ -523,12 +580,157 @@ async fn a_repointed_tag_refuses_runs_until_it_points_back() {
 
     retag(&plimsoll_tests::busybox_image());
     wait_ready(&d, 503).await;
-    let a = call(&d, "Run", &js_run("console.log('ran')")).await;
+    let repointed = canary("repointed");
+    let a = call(&d, "Run", &traced("console.log('ran')", &repointed)).await;
     assert_eq!(a.mark(), Some("environment"), "{:?}", a.body);
 
     retag(&plimsoll_tests::sandbox_image());
     wait_ready(&d, 200).await;
     assert_eq!(js(&d, "console.log(2)").await.stdout(), "2\n");
+    assert_never_ran(&d, &[repointed.as_str()]).await;
+    assert_no_leftovers(d);
+    let _ = std::process::Command::new("docker")
+        .args(["rmi", &tag])
+        .output();
+}
+
+/// Points `tag` at `image` in the engine.
+fn tag_as(tag: &str, image: &str) {
+    let ok = std::process::Command::new("docker")
+        .args(["tag", image, tag])
+        .status()
+        .expect("docker tag")
+        .success();
+    assert!(ok, "docker tag {image} {tag}");
+}
+
+/// The value of a counter on the daemon's `/metrics`.
+async fn counter(d: &Daemon, series: &str) -> u64 {
+    let text = plimsoll_tests::client()
+        .get(plimsoll_tests::metrics_url(d))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let prefix = format!("{series} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{series} is not served:\n{text}"))
+}
+
+/// The end reason (`plimsoll.v1.SessionEnd` number) in a refusal's
+/// `plimsoll.v1.SessionEnded` detail, if it has one.
+fn session_end(a: &Answer) -> Option<u8> {
+    let details = a.body.get("details")?.as_array()?;
+    let d = details
+        .iter()
+        .find(|d| d["type"] == "plimsoll.v1.SessionEnded")?;
+    let raw = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(d["value"].as_str()?)
+        .ok()?;
+    match raw.as_slice() {
+        [0x08, n, ..] => Some(*n),
+        _ => None,
+    }
+}
+
+/// `SESSION_END_SANDBOX_CHANGED`.
+const SANDBOX_CHANGED: u8 = 6;
+
+/// A session's evidence is checked again before every call, not only at
+/// open: once the tag the daemon was started with is re-pointed (the
+/// provider is no longer ready), the next call is refused before it
+/// reaches the session's container, marked `environment`, and the session
+/// ends `sandbox_changed`. The container itself is untouched (it runs the
+/// pinned image), so without the check the call would run there and
+/// answer 200. Nothing ran: the session-call counter did not move, no
+/// audit line carries the refused calls' traces once a later run's line
+/// is in, and the session's container is removed.
+#[tokio::test]
+async fn a_session_call_is_refused_and_the_session_ended_when_its_evidence_no_longer_holds() {
+    let tag = format!("plimsoll-test/repoint-session:{}", std::process::id());
+    tag_as(&tag, &plimsoll_tests::sandbox_image());
+    let d = docker(
+        "",
+        &[
+            ("SANDBOX_DOCKER_IMAGE", tag.as_str()),
+            ("SANDBOX_DOCKER_POOL", "0"),
+            ("SANDBOX_MAX_SESSIONS", "1"),
+        ],
+    );
+    let pid = d.pid().expect("pid");
+    let opened = call(&d, "OpenSession", &json!({"protocol": 4})).await;
+    assert_eq!(opened.status, 200, "{:?}", opened.body);
+    let sid = opened.body["sessionId"]
+        .as_str()
+        .expect("a session ID")
+        .to_string();
+    let session_run = |code: &str, trace: &str| {
+        json!({
+            "protocol": 4,
+            "sessionId": sid,
+            "timeoutMs": 30000,
+            "traceId": trace,
+            "javascript": {"code": code},
+        })
+    };
+    let a = call(
+        &d,
+        "SessionRun",
+        &session_run("console.log('before')", &canary("session-before")),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(b64(&a.body["run"]["javascript"]["stdout"]), "before\n");
+    assert_eq!(counter(&d, "plimsoll_session_calls_total").await, 1);
+
+    tag_as(&tag, &plimsoll_tests::busybox_image());
+    wait_ready(&d, 503).await;
+    let refused = canary("session-refused");
+    let a = call(
+        &d,
+        "SessionRun",
+        &session_run("console.log('ran')", &refused),
+    )
+    .await;
+    assert_eq!(
+        (a.code(), a.mark()),
+        ("failed_precondition", Some("environment")),
+        "{:?}",
+        a.body
+    );
+    assert_eq!(session_end(&a), Some(SANDBOX_CHANGED), "{:?}", a.body);
+    // The counter is the daemon's own, read after the answer: no log lags
+    // behind it.
+    assert_eq!(
+        counter(&d, "plimsoll_session_calls_total").await,
+        1,
+        "the refused call was dispatched to the session's container"
+    );
+    // The session is over: the next call is told how it ended.
+    let after = canary("session-after");
+    let a = call(&d, "SessionRun", &session_run("console.log('ran')", &after)).await;
+    assert_eq!(a.code(), "failed_precondition", "{:?}", a.body);
+    assert!(a.mark().is_some(), "{:?}", a.body);
+    assert_eq!(session_end(&a), Some(SANDBOX_CHANGED), "{:?}", a.body);
+
+    tag_as(&tag, &plimsoll_tests::sandbox_image());
+    wait_ready(&d, 200).await;
+    assert_never_ran(&d, &[refused.as_str(), after.as_str()]).await;
+    assert_eq!(counter(&d, "plimsoll_session_calls_total").await, 1);
+    // The ended session's container goes (the sentinel's own run
+    // container too, soon after its answer).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while plimsoll_tests::containers_of(pid) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the ended session's container was not removed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_no_leftovers(d);
     let _ = std::process::Command::new("docker")
         .args(["rmi", &tag])
@@ -547,7 +749,8 @@ async fn an_unreachable_engine_refuses_runs_and_recovers_on_its_own() {
 
     relay.cut();
     wait_ready(&d, 503).await;
-    let a = call(&d, "Run", &js_run("console.log('ran')")).await;
+    let cut = canary("engine-cut");
+    let a = call(&d, "Run", &traced("console.log('ran')", &cut)).await;
     assert_eq!(a.mark(), Some("environment"), "{:?}", a.body);
     assert!(d.is_running());
 
@@ -556,6 +759,7 @@ async fn an_unreachable_engine_refuses_runs_and_recovers_on_its_own() {
     // The first run after recovery may find the pool still refilling; it
     // runs either way.
     assert_eq!(js(&d, "console.log(2)").await.stdout(), "2\n");
+    assert_never_ran(&d, &[cut.as_str()]).await;
     assert_no_leftovers(d);
 }
 

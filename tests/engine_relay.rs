@@ -13,6 +13,24 @@ pub struct RelayFaults {
     /// Answers from the engine have this replaced by that (same length, so
     /// framing holds): an engine that reports something else.
     pub rewrite: Option<(&'static str, &'static str)>,
+    /// Requests from the daemon have this replaced by that (same length):
+    /// a daemon that asks the engine for something else.
+    pub rewrite_request: Option<(&'static str, &'static str)>,
+}
+
+impl RelayFaults {
+    /// The daemon's sweep for leftovers asks for containers labelled
+    /// `PLANTED_LABEL` instead of the run label (the label filter in its
+    /// list's query, as bollard encodes it): it sees the containers a test
+    /// planted with that label, and no other daemon on the engine sees
+    /// them, so what goes of them this daemon swept, and what stays it
+    /// kept.
+    pub fn sweep_only_planted() -> RelayFaults {
+        RelayFaults {
+            rewrite_request: Some(("io.plimsoll.run%3D1", "io.plimsoll.tst%3D1")),
+            ..RelayFaults::default()
+        }
+    }
 }
 
 /// A Unix-socket relay to the real engine, standing in for an engine that
@@ -24,7 +42,10 @@ pub struct EngineRelay {
 
 impl EngineRelay {
     pub fn start(path: &std::path::Path, faults: RelayFaults) -> EngineRelay {
-        if let Some((from, to)) = faults.rewrite {
+        for (from, to) in [faults.rewrite, faults.rewrite_request]
+            .into_iter()
+            .flatten()
+        {
             assert_eq!(from.len(), to.len(), "a rewrite keeps the length");
         }
         let _ = std::fs::remove_file(path);
@@ -55,6 +76,9 @@ impl EngineRelay {
                                 && contains(&buf[..n], pattern.as_bytes())
                             {
                                 tokio::time::sleep(hold).await;
+                            }
+                            if let Some((from, to)) = faults.rewrite_request {
+                                replace_all(&mut buf[..n], from.as_bytes(), to.as_bytes());
                             }
                             if to_engine.write_all(&buf[..n]).await.is_err() {
                                 break;

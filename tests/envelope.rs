@@ -159,16 +159,24 @@ for name, call in (("unshare", lambda: libc.unshare(0x10000000)), ("io_uring", l
     // shipped profile refuses them, so they tell the profiles apart.
     assert_eq!(field(&sec, "shmget"), "-1 EPERM", "{sec}");
     assert_eq!(field(&sec, "ptrace"), "-1 EPERM", "{sec}");
-    let pid = d.pid().expect("pid");
-    drop(d);
-    assert_eq!(plimsoll_tests::containers_of(pid), 0);
+    // Counted before the stopped daemon is reaped, so no other daemon's
+    // sweep can have taken a container it left (`Daemon::stop_then`).
+    assert_eq!(
+        d.stop_counting_leftovers(),
+        0,
+        "containers were left behind"
+    );
 }
 
 #[tokio::test]
 async fn the_envelope_holds_from_inside_under_runsc() {
     let d = docker("runsc");
     common(&d).await;
-    let pid = d.pid().expect("pid");
-    drop(d);
-    assert_eq!(plimsoll_tests::containers_of(pid), 0);
+    // Counted before the stopped daemon is reaped, so no other daemon's
+    // sweep can have taken a container it left (`Daemon::stop_then`).
+    assert_eq!(
+        d.stop_counting_leftovers(),
+        0,
+        "containers were left behind"
+    );
 }

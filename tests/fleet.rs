@@ -62,16 +62,54 @@ pub async fn post_at(url: String, token: &str, body: Value) -> Answer {
     crate::answer(r).await
 }
 
-/// `n` different free loopback ports, for replicas whose addresses their
-/// peers must know before they start: all held at once while they are
-/// chosen, so no two are the same.
-pub fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().expect("addr").port())
-        .collect()
+/// A loopback port nothing listens on now, for a replica whose address
+/// must be in its environment before it starts (its peers dial the URL it
+/// publishes). Free when chosen, not promised to stay free: a replica
+/// started on it is checked to have bound it (`start_forwarding`), and
+/// given another when some other process took it first.
+fn unused_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Points a replica's environment at `127.0.0.1:port`: where it listens
+/// and the URL it gives its peers (replacing any earlier choice).
+fn set_address(env: &mut Vec<(String, String)>, port: u16) {
+    env.retain(|(k, _)| k != "PLIMSOLL_ADDR" && k != "PLIMSOLL_REPLICA_URL");
+    let addr = format!("127.0.0.1:{port}");
+    env.push(("PLIMSOLL_REPLICA_URL".into(), format!("http://{addr}")));
+    env.push(("PLIMSOLL_ADDR".into(), addr));
+}
+
+/// Starts a replica of `env` (from `forwarding_env`) on a port of its own,
+/// written into `env` so a test can start it again at the same address.
+/// A port is only known free when it is chosen, so the replica must bind
+/// it itself: one that finds it taken (by any other process, in the
+/// moment between) exits before it listens, and is started again on
+/// another; one that listens reports the address it bound, which must be
+/// the one its peers were told.
+pub fn start_forwarding(env: &mut Vec<(String, String)>) -> Daemon {
+    let mut tries = 0;
+    loop {
+        let port = unused_port();
+        set_address(env, port);
+        match Daemon::try_start(&borrowed(env)) {
+            Ok(d) => {
+                assert_eq!(
+                    d.addr,
+                    format!("127.0.0.1:{port}"),
+                    "the replica listens where its peers were told"
+                );
+                return d;
+            }
+            Err(log) if log.contains("PLIMSOLL_ADDR") && log.contains("in use") && tries < 5 => {
+                tries += 1;
+            }
+            Err(log) => panic!("{log}"),
+        }
+    }
 }
 
 /// What a cell printed, from a SessionRun answer.
@@ -94,13 +132,15 @@ pub fn cell_stdout(a: &Answer) -> String {
 /// each knows its own URL and the shared secret (written in `dir`).
 /// Returns the replicas and the secret's text.
 pub fn forwarding(n: usize, dir: &Scratch, env: &[(&str, String)]) -> (Vec<Daemon>, String) {
-    let (envs, secret_text) = forwarding_env(n, dir, env);
-    let ds = envs.iter().map(|e| Daemon::start(&borrowed(e))).collect();
+    let (mut envs, secret_text) = forwarding_env(n, dir, env);
+    let ds = envs.iter_mut().map(start_forwarding).collect();
     (ds, secret_text)
 }
 
 /// The environments of `n` replicas that forward session calls to each
-/// other, without starting them: a test that restarts a replica starts it
+/// other, without starting them or choosing their addresses:
+/// `start_forwarding` gives each its address as it starts it, and leaves
+/// it in the environment, so a test that restarts a replica starts it
 /// again from the same environment (its address, its URL, the secret).
 /// Returns the environments and the secret's text.
 pub fn forwarding_env(
@@ -113,10 +153,8 @@ pub fn forwarding_env(
     std::fs::write(&secret, &secret_text).expect("secret");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let envs = free_ports(n)
-        .into_iter()
-        .map(|port| {
-            let addr = format!("127.0.0.1:{port}");
+    let envs = (0..n)
+        .map(|_| {
             let mut all: Vec<(String, String)> = env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
@@ -125,8 +163,6 @@ pub fn forwarding_env(
                 "PLIMSOLL_REPLICA_SECRET_FILE".into(),
                 secret.display().to_string(),
             ));
-            all.push(("PLIMSOLL_ADDR".into(), addr.clone()));
-            all.push(("PLIMSOLL_REPLICA_URL".into(), format!("http://{addr}")));
             all
         })
         .collect();

@@ -89,6 +89,10 @@ pub struct Daemon {
     child: Child,
     pub addr: String,
     log: Arc<Mutex<Vec<String>>>,
+    /// The child's start time (`/proc/PID/stat` field 22), read while it
+    /// could not have been reaped: with the PID, what tells this daemon
+    /// from a later process given the same PID.
+    started: Option<String>,
     /// Removed after the daemon has stopped (fields drop after `drop`).
     _state: StateDir,
 }
@@ -97,6 +101,14 @@ impl Daemon {
     /// Starts plimsolld with exactly `env` (plus PATH) and waits until it
     /// listens. Panics with the daemon's log if it exits first.
     pub fn start(env: &[(&str, &str)]) -> Daemon {
+        Daemon::try_start(env).unwrap_or_else(|log| panic!("{log}"))
+    }
+
+    /// As `start`, but a daemon that exits before it listens is an `Err`
+    /// with its log, for a caller that can try again (a replica given a
+    /// port another process took first: see `fleet::start_forwarding`).
+    /// Panics if it neither listens nor exits within 60 s.
+    pub fn try_start(env: &[(&str, &str)]) -> Result<Daemon, String> {
         let mut cmd = Command::new(plimsolld_path());
         cmd.env_clear();
         if let Some(path) = std::env::var_os("PATH") {
@@ -110,10 +122,12 @@ impl Daemon {
         let mut child = cmd
             .spawn()
             .expect("spawning plimsolld (run `make build` first)");
+        // Read before anything could reap the child, so it is this child's.
+        let started = start_time(child.id());
         let stderr = child.stderr.take().expect("piped stderr");
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel::<String>();
-        {
+        let reader = {
             let log = log.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines() {
@@ -125,30 +139,41 @@ impl Daemon {
                         let _ = tx.send(line);
                     }
                 }
-            });
-        }
+            })
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
                 let v: Value = serde_json::from_str(&line).expect("listening line is JSON");
                 let addr = v["addr"].as_str().expect("addr field").to_string();
-                return Daemon {
+                return Ok(Daemon {
                     child,
                     addr,
                     log,
+                    started,
                     _state: state,
-                };
+                });
             }
             if let Ok(Some(status)) = child.try_wait() {
-                panic!(
+                // Its last lines are in once the pipe has closed (bounded:
+                // a descendant could hold the pipe open).
+                let until = Instant::now() + Duration::from_secs(2);
+                while !reader.is_finished() && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                return Err(format!(
                     "plimsolld exited with {status} before listening:\n{}",
+                    log.lock().expect("log").join("\n")
+                ));
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "plimsolld did not start listening in 60 s:\n{}",
                     log.lock().expect("log").join("\n")
                 );
             }
-            assert!(
-                Instant::now() < deadline,
-                "plimsolld did not start listening in 60 s"
-            );
         }
     }
 
@@ -218,6 +243,74 @@ impl Daemon {
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+
+    /// Stops the daemon as dropping it does (SIGTERM, SIGKILL after 20 s)
+    /// and calls `check` with its PID once it has exited but before it is
+    /// reaped. Until then its PID and start time still name a live
+    /// process, so no other daemon's sweeper can judge its containers
+    /// orphaned and remove them: a check of what it left behind sees what
+    /// this daemon left, not what the others' sweeps have not yet taken.
+    pub fn stop_then<T>(mut self, check: impl FnOnce(u32) -> T) -> T {
+        let pid = self.child.id();
+        // Signals go to the PID only while it is still this child (alive,
+        // or exited and unreaped); one reaped earlier (`kill`,
+        // `is_running`) may have been handed to another process since.
+        let ours = self.started.is_some() && start_time(pid) == self.started;
+        if ours && !exited_unreaped(pid) {
+            let _ = self.terminate();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !exited_unreaped(pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if !exited_unreaped(pid) {
+                // SIGKILL through the handle, which knows whether the
+                // child has been reaped.
+                let _ = self.child.kill();
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !exited_unreaped(pid) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        } else if !ours && matches!(self.child.try_wait(), Ok(None)) {
+            // Running, but its start time could not be read: stopped as
+            // dropping it does (reaped on the way), and checked after.
+            let _ = self.terminate();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+        }
+        let out = check(pid);
+        let _ = self.child.wait();
+        out
+    }
+
+    /// Stops the daemon (`stop_then`) and counts the containers it made
+    /// that are left: none, when it cleaned up after itself.
+    pub fn stop_counting_leftovers(self) -> usize {
+        self.stop_then(containers_of)
+    }
+}
+
+/// Field 22 of `/proc/PID/stat`, the process's start time in clock ticks
+/// after boot (read after the last `)`: the name may hold anything).
+fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19).map(str::to_string)
+}
+
+/// Whether child `pid` has exited and waits to be reaped (a zombie), or
+/// is gone altogether.
+fn exited_unreaped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
+    matches!(state, Some("Z" | "X"))
 }
 
 impl Drop for Daemon {
@@ -502,6 +595,22 @@ pub fn proxy_env(proxy: &str) -> Vec<(&'static str, String)> {
     .into_iter()
     .map(|k| (k, proxy.to_string()))
     .collect()
+}
+
+/// The daemon's own in-flight gauge (`plimsoll_inflight`) now.
+pub async fn inflight(d: &Daemon) -> usize {
+    let text = client()
+        .get(metrics_url(d))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix("plimsoll_inflight "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("a plimsoll_inflight line")
 }
 
 /// Waits (at most 10 s) until the daemon's own in-flight gauge reads `n`:

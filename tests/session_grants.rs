@@ -1,8 +1,9 @@
 //! Grants inside sessions: a docker session's container mounts a broker
 //! directory made with it, which serves a granted call's broker session
-//! while that call runs and nothing otherwise, under runc and runsc; and a
+//! while that call runs and nothing otherwise, under runc and runsc; a
 //! profile without `allow_in_sessions` is refused in a session as an
-//! unknown one is.
+//! unknown one is; and with two profiles, each call is served its own
+//! grant and no other.
 
 use std::sync::{Arc, Mutex};
 
@@ -34,11 +35,11 @@ async fn api() -> (String, Log) {
     (plimsoll_tests::serve_loopback(app).await, log)
 }
 
-fn secret() -> String {
+fn secret(tag: &str) -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    format!("canarysessiontoken{t:x}{}", std::process::id())
+    format!("canary{tag}token{t:x}{}", std::process::id())
 }
 
 fn stdout_of(result: &Value) -> String {
@@ -57,7 +58,7 @@ async fn session_call(d: &Daemon, sid: &str, mut payload: Value) -> Answer {
 
 async fn granted_calls_in_a_docker_session(runtime: &str) {
     let (origin, log) = api().await;
-    let token = secret();
+    let token = secret("session");
     let grants = json!({"profiles": {
         "inventory": {
             "base_url": origin, "allow": ["GET /items/*"], "allowed_callers": ["anonymous"],
@@ -199,10 +200,11 @@ async fn granted_calls_in_a_docker_session(runtime: &str) {
     .await;
     assert_eq!(closed.status, 200);
     assert_eq!(closed.body["calls"], "5");
-    let pid = d.pid().expect("pid");
-    drop(d);
+    // Counted before the stopped daemon is reaped, so no other daemon's
+    // sweep can have taken a container it left (`Daemon::stop_then`).
+    let left = d.stop_counting_leftovers();
     let _ = std::fs::remove_file(&path);
-    assert_eq!(plimsoll_tests::containers_of(pid), 0);
+    assert_eq!(left, 0, "containers were left behind");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,4 +215,163 @@ async fn granted_calls_in_a_runc_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn granted_calls_in_a_runsc_session() {
     granted_calls_in_a_docker_session("runsc").await;
+}
+
+/// Asks the session's broker socket for `/items/9` and then `/invoices/7`,
+/// printing for each its status, the broker's word on it, and an
+/// upstream's body.
+const BOTH_ROUTES: &str = r#"
+const http = require('http');
+const get = p => new Promise(done => {
+  const r = http.request({socketPath: '/run/plimsoll/host.sock', path: p}, res => {
+    let b = '';
+    res.on('data', d => b += d);
+    res.on('end', () => done(p + ' ' + res.statusCode + ' ' + res.headers['plimsoll-broker'] + (res.statusCode === 200 ? ' ' + b : '')));
+  });
+  r.on('error', e => done(p + ' error ' + e.code));
+  r.end();
+});
+(async () => { for (const p of ['/items/9', '/invoices/7']) console.log(await get(p)); })();
+"#;
+
+/// What `BOTH_ROUTES` prints under the inventory grant.
+const INVENTORY_ONLY: &str =
+    "/items/9 200 upstream {\"id\":\"9\"}\n/invoices/7 403 not-permitted\n";
+/// What `BOTH_ROUTES` prints under the billing grant.
+const BILLING_ONLY: &str = "/items/9 403 not-permitted\n/invoices/7 200 upstream {\"id\":\"7\"}\n";
+
+/// Two profiles allowed in sessions, each on an upstream of its own with a
+/// token of its own. In one session, a call granted `inventory` reaches
+/// inventory's routes with inventory's token and none of billing's (the
+/// broker refuses them, and billing's upstream sees nothing); the next
+/// call, granted `billing`, reaches billing's only; and the one after,
+/// granted `inventory` again, inventory's only. The socket serves the
+/// call's grant and no other, whichever came before it. A socket that
+/// kept serving the first grant, or that served both, fails at the second
+/// call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_session_call_is_served_its_own_grant_and_no_other() {
+    let (items_origin, items_log) = api().await;
+    let (invoices_origin, invoices_log) = api().await;
+    let (items_token, invoices_token) = (secret("items"), secret("invoices"));
+    let grants = json!({"profiles": {
+        "inventory": {
+            "base_url": items_origin, "allow": ["GET /items/*"], "allowed_callers": ["anonymous"],
+            "token": {"type": "static", "env": "INVENTORY_TOKEN"},
+            "allow_in_sessions": true
+        },
+        "billing": {
+            "base_url": invoices_origin, "allow": ["GET /invoices/*"], "allowed_callers": ["anonymous"],
+            "token": {"type": "static", "env": "BILLING_TOKEN"},
+            "allow_in_sessions": true
+        }
+    }});
+    let path = std::env::temp_dir().join(format!(
+        "plimsoll-session-two-grants-{}.json",
+        std::process::id()
+    ));
+    std::fs::write(&path, grants.to_string()).expect("grants file");
+    let file = path.display().to_string();
+    let image = plimsoll_tests::sandbox_image();
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "docker"),
+        ("SANDBOX_DOCKER_IMAGE", &image),
+        ("SANDBOX_DOCKER_RUNTIME", "runc"),
+        ("SANDBOX_DOCKER_POOL", "0"),
+        ("SANDBOX_MAX_SESSIONS", "1"),
+        ("PLIMSOLL_GRANTS_FILE", &file),
+        ("INVENTORY_TOKEN", &items_token),
+        ("BILLING_TOKEN", &invoices_token),
+    ]);
+    let opened = call(&d, "OpenSession", &json!({"protocol": 4})).await;
+    assert_eq!(opened.status, 200, "{:?}", opened.body);
+    let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+    let seen = |log: &Log| log.lock().unwrap().clone();
+    let hit = |target: &str, token: &str| (target.to_string(), format!("Bearer {token}"));
+
+    let a = session_call(
+        &d,
+        &sid,
+        json!({"javascript": {"code": BOTH_ROUTES, "grantProfile": "inventory"}}),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(
+        stdout_of(&a.body["run"]["javascript"]),
+        INVENTORY_ONLY,
+        "{:?}",
+        a.body
+    );
+    assert_eq!(seen(&items_log), vec![hit("/items/9", &items_token)]);
+    assert!(
+        seen(&invoices_log).is_empty(),
+        "a call granted inventory reached billing's upstream: {:?}",
+        seen(&invoices_log)
+    );
+
+    let a = session_call(
+        &d,
+        &sid,
+        json!({"javascript": {"code": BOTH_ROUTES, "grantProfile": "billing"}}),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(
+        stdout_of(&a.body["run"]["javascript"]),
+        BILLING_ONLY,
+        "{:?}",
+        a.body
+    );
+    assert_eq!(
+        seen(&items_log).len(),
+        1,
+        "a call granted billing reached inventory's upstream"
+    );
+    assert_eq!(
+        seen(&invoices_log),
+        vec![hit("/invoices/7", &invoices_token)]
+    );
+
+    let a = session_call(
+        &d,
+        &sid,
+        json!({"javascript": {"code": BOTH_ROUTES, "grantProfile": "inventory"}}),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(
+        stdout_of(&a.body["run"]["javascript"]),
+        INVENTORY_ONLY,
+        "{:?}",
+        a.body
+    );
+    assert_eq!(
+        seen(&items_log),
+        vec![hit("/items/9", &items_token), hit("/items/9", &items_token)]
+    );
+    assert_eq!(
+        seen(&invoices_log).len(),
+        1,
+        "a call granted inventory reached billing's upstream"
+    );
+
+    for line in d.log_lines() {
+        assert!(
+            !line.contains(&items_token) && !line.contains(&invoices_token),
+            "the daemon's log holds a token: {line}"
+        );
+    }
+    let closed = call(
+        &d,
+        "CloseSession",
+        &json!({"protocol": 4, "sessionId": sid}),
+    )
+    .await;
+    assert_eq!(closed.status, 200);
+    assert_eq!(closed.body["calls"], "3");
+    // Counted before the stopped daemon is reaped, so no other daemon's
+    // sweep can have taken a container it left (`Daemon::stop_then`).
+    let left = d.stop_counting_leftovers();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(left, 0, "containers were left behind");
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use plimsoll_tests::fleet::{
     borrowed, cell_stdout, clients, forwarding, forwarding_env, post, post_at, replicas, run,
+    start_forwarding,
 };
 use plimsoll_tests::redis_server::RedisServer;
 use plimsoll_tests::{Answer, Daemon, Scratch};
@@ -296,17 +297,30 @@ async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others()
         "{:?}",
         after.body
     );
-    // Log lines arrive on their own stream: wait for the five, then make
-    // sure no sixth follows.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while ds[0].audit_runs() < audited + 5 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // Log lines arrive in order on their own stream: once a sentinel run's
+    // line (found by its trace ID) is in, every line logged before it is,
+    // so a sixth line for a forgery would be counted too.
+    let tag = format!("sentinel-forward-{}", std::process::id());
+    let sentinel = post(
+        &ds[0],
+        &tokens[0],
+        "Run",
+        json!({"protocol": 4, "javascript": {"code": "0"}, "traceId": tag}),
+    )
+    .await;
+    assert_eq!(sentinel.status, 200, "{:?}", sentinel.body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ds[0].log_lines().iter().any(|l| l.contains(&tag)) {
+        assert!(
+            Instant::now() < deadline,
+            "the sentinel's audit line never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         ds[0].audit_runs(),
-        audited + 5,
-        "the holder logged the two calls, the two genuine forwards and the close, and nothing for the forgeries"
+        audited + 6,
+        "the holder logged the two calls, the two genuine forwards, the close and the sentinel, and nothing for the forgeries"
     );
 
     // The holder dies with a session open: a call through another replica
@@ -498,8 +512,8 @@ async fn a_forwarded_open_replayed_after_its_holder_restarts_is_refused() {
         ("PLIMSOLL_STATE_URL", redis.url()),
         ("SANDBOX_MAX_SESSIONS", "4".into()),
     ];
-    let (envs, secret) = forwarding_env(1, &dir, &base);
-    let mut holder = Daemon::start(&borrowed(&envs[0]));
+    let (mut envs, secret) = forwarding_env(1, &dir, &base);
+    let mut holder = start_forwarding(&mut envs[0]);
     let url = format!("http://{}", holder.addr);
     let held = || {
         redis
@@ -519,9 +533,12 @@ async fn a_forwarded_open_replayed_after_its_holder_restarts_is_refused() {
     assert_eq!(held(), 1);
 
     // The holder is killed and started again: same address, same secret,
-    // same store, nothing else kept.
+    // same store, nothing else kept. (The address must stay the same, so
+    // there is no other port to try: a restart that found it taken in the
+    // moment it was free would fail here, naming the address in use.)
     holder.kill();
     let holder = Daemon::start(&borrowed(&envs[0]));
+    assert_eq!(holder.url(""), url, "restarted at the same address");
     let age = captured.age_ms();
     assert!(
         age < 25_000,

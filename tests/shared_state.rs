@@ -9,13 +9,95 @@
 use std::time::{Duration, Instant};
 
 use plimsoll_tests::Answer;
-use plimsoll_tests::fleet::{borrowed, clients, replicas, run, run_at};
+use plimsoll_tests::fleet::{borrowed, clients, post, replicas, run, run_at};
 use plimsoll_tests::redis_server::RedisServer;
 use plimsoll_tests::{Daemon, Scratch};
+use serde_json::json;
 
 /// A snippet that keeps its run (and its concurrency place) for `ms`.
 fn busy(ms: u64) -> String {
     format!("const t = Date.now(); while (Date.now() - t < {ms}) {{}} 1")
+}
+
+/// A trace ID no other request of this test process carries: the canary a
+/// refused run wears, found in an audit line if it ever ran.
+fn canary(what: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!(
+        "canary-{what}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+/// A run of `code` tagged `trace`, as the holder of `token`.
+async fn run_traced(d: &Daemon, token: &str, code: &str, trace: &str) -> Answer {
+    post(
+        d,
+        token,
+        "Run",
+        json!({"protocol": 4, "traceId": trace, "timeoutMs": 20000, "javascript": {"code": code}}),
+    )
+    .await
+}
+
+/// Whether any line of the daemon's log carries `trace` (quoted, as the
+/// JSON audit line writes it, so one canary is never another's prefix).
+fn logged(d: &Daemon, trace: &str) -> bool {
+    let quoted = format!("\"{trace}\"");
+    d.log_lines().iter().any(|l| l.contains(&quoted))
+}
+
+/// "Nothing ran" for the runs tagged `traces`, proved rather than assumed:
+/// a sentinel run of `token`'s (tried again while it is refused for
+/// capacity, as it is until a place given back on another replica reaches
+/// the store) is answered and its audit line read. Lines arrive in order
+/// on one stream, so every line logged before it is in by then, and none
+/// may carry a canary: every run that may have started has an audit line.
+async fn assert_never_ran(d: &Daemon, token: &str, traces: &[&str]) {
+    let tag = canary("sentinel");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = run_traced(d, token, "0", &tag).await;
+        if a.status == 200 {
+            break;
+        }
+        assert_eq!(a.mark(), Some("capacity"), "the sentinel run: {:?}", a.body);
+        assert!(
+            Instant::now() < deadline,
+            "the sentinel run was refused for 10 s: {:?}",
+            a.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    while !logged(d, &tag) {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(10),
+            "the sentinel's audit line never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for trace in traces {
+        assert!(!logged(d, trace), "a refused run ran: {trace}");
+    }
+}
+
+/// Runs the daemon has dispatched to its provider (`plimsoll_runs_total`,
+/// counted before a run is handed over): its own count, read after an
+/// answer, with no log to lag behind it.
+async fn dispatched(d: &Daemon) -> u64 {
+    let text = plimsoll_tests::client()
+        .get(plimsoll_tests::metrics_url(d))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix("plimsoll_runs_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("plimsoll_runs_total is not served:\n{text}"))
 }
 
 /// Every answer in `answers` that was refused is a marked `capacity`
@@ -222,9 +304,10 @@ async fn a_killed_replicas_places_free_themselves_when_its_leases_expire() {
         tokio::spawn(async move { run_at(url, &token, &busy(8000)).await })
     };
     // The long run holds alice's one place, seen from the other replica
-    // (not probed before it has had time to be admitted: a probe holding
-    // the place would refuse it).
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // (not probed before it has been admitted: a probe holding the place
+    // would refuse it; the in-flight gauge counts a run once the store
+    // has admitted it).
+    plimsoll_tests::wait_inflight(&doomed, 1).await;
     assert!(!long.is_finished(), "the long run ended early");
     let a = run(&survivor, &tokens[0], "1").await;
     assert_eq!((a.status, a.mark()), (429, Some("capacity")));
@@ -265,7 +348,6 @@ async fn a_store_that_goes_away_refuses_runs_marked_and_over_admits_nothing_afte
         }
     };
     assert_eq!(ready(&ds[1]).await.0, 200);
-    let audited = ds[1].audit_runs();
 
     // A long run on replica 0 holds alice's one place.
     let long = {
@@ -273,24 +355,36 @@ async fn a_store_that_goes_away_refuses_runs_marked_and_over_admits_nothing_afte
         let token = tokens[0].clone();
         tokio::spawn(async move { run_at(url, &token, &busy(12000)).await })
     };
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Admitted (by the store) once the in-flight gauge counts it.
+    plimsoll_tests::wait_inflight(&ds[0], 1).await;
     assert_eq!(run(&ds[1], &tokens[0], "1").await.status, 429);
 
     // The store dies: every run is refused, marked, and nothing runs.
+    // Each refused run wears a canary trace, looked for once a later run's
+    // audit line is in (below, when runs are admitted again).
     redis.kill();
-    for d in &ds {
-        let a = run(d, &tokens[0], "1").await;
+    let mut refused: Vec<Vec<String>> = vec![Vec::new(), Vec::new()];
+    for (i, d) in ds.iter().enumerate() {
+        let trace = canary("outage");
+        let a = run_traced(d, &tokens[0], "console.log('ran')", &trace).await;
         assert_eq!((a.status, a.mark()), (429, Some("capacity")));
         assert!(
             a.body.to_string().contains("did not answer"),
             "{:?}",
             a.body
         );
+        refused[i].push(trace);
     }
     let (status, text) = ready(&ds[1]).await;
     assert_eq!(status, 503);
     assert!(text.contains("state_store_unreachable"), "{text}");
-    assert_eq!(ds[1].audit_runs(), audited, "nothing ran on replica 1");
+    // The replicas' own counts of dispatched runs: the long run on
+    // replica 0, nothing else anywhere.
+    assert_eq!(
+        (dispatched(&ds[0]).await, dispatched(&ds[1]).await),
+        (1, 0),
+        "a run was dispatched while the store was down"
+    );
 
     // Back, with what it held: the long run's lease is still there, so
     // alice is still refused everywhere until it ends; then admitted.
@@ -304,10 +398,12 @@ async fn a_store_that_goes_away_refuses_runs_marked_and_over_admits_nothing_afte
         !long.is_finished(),
         "the long run ended before the check it exists for"
     );
-    for d in &ds {
-        let a = run(d, &tokens[0], "1").await;
+    for (i, d) in ds.iter().enumerate() {
+        let trace = canary("over-admitted");
+        let a = run_traced(d, &tokens[0], "console.log('ran')", &trace).await;
         assert_eq!(a.status, 429, "over-admitted after the store came back");
         assert!(a.body.to_string().contains("at once"), "{:?}", a.body);
+        refused[i].push(trace);
     }
     let a = long.await.expect("long run");
     assert_eq!(a.status, 200, "{:?}", a.body);
@@ -325,6 +421,11 @@ async fn a_store_that_goes_away_refuses_runs_marked_and_over_admits_nothing_afte
             a.body
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // None of the refused runs ran, on either replica.
+    for (d, traces) in ds.iter().zip(&refused) {
+        let traces: Vec<&str> = traces.iter().map(String::as_str).collect();
+        assert_never_ran(d, &tokens[0], &traces).await;
     }
 }
 
@@ -439,18 +540,45 @@ async fn a_store_over_tls_with_a_password_counts_and_one_it_cannot_trust_or_log_
         with(redis.tls_url(password), None),
         with(redis.tls_url("not-the-password"), Some(&ca)),
     ] {
-        let a = run(&d, &tokens[0], "1").await;
+        let trace = canary("untrusted-store");
+        let before = store_refusals(&d);
+        let a = run_traced(&d, &tokens[0], "console.log('ran')", &trace).await;
         assert_eq!((a.status, a.mark()), (429, Some("capacity")));
         assert!(
             a.body.to_string().contains("did not answer"),
             "{:?}",
             a.body
         );
-        assert_eq!(d.audit_runs(), 0, "nothing ran");
+        // Nothing can run on this replica, so no run's audit line can be
+        // the sentinel. What stands in for it is a later request's own
+        // refusal line: the store's refusal is logged before it is
+        // answered, and lines arrive in order, so once the second
+        // refusal's line is in, any line the canary run logged is too.
+        let b = run(&d, &tokens[0], "1").await;
+        assert_eq!((b.status, b.mark()), (429, Some("capacity")));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store_refusals(&d) < before + 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the store's refusals were never logged"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!logged(&d, &trace), "a run refused by the store ran");
+        assert_eq!(dispatched(&d).await, 0, "a run was dispatched");
         assert!(
             d.log_lines()
                 .iter()
                 .all(|l| !l.contains("password-for-the-test") && !l.contains("not-the-password"))
         );
     }
+}
+
+/// Lines the daemon logged refusing a run because the shared store did
+/// not answer (one for each such refusal, written before its answer).
+fn store_refusals(d: &Daemon) -> usize {
+    d.log_lines()
+        .iter()
+        .filter(|l| l.contains("the state store did not answer"))
+        .count()
 }

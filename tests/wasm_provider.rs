@@ -116,19 +116,24 @@ async fn deadline_stops_the_run_and_spares_its_neighbours() {
         ("SANDBOX_MAX_CONCURRENT", &(spinners + 1).to_string()),
     ]);
     let mut spin = js_run("console.log('started'); while (true) {}");
-    spin["timeoutMs"] = json!(1500);
+    spin["timeoutMs"] = json!(3000);
     let spinning = futures_util::future::join_all((0..spinners).map(|_| call(&d, "Run", &spin)));
+    // Sent once every spinner runs (the daemon's own gauge), and answered
+    // before any of them ends: the gauge read after its answer still
+    // counts them all. That is the promise, whatever this machine's speed:
+    // a run holding its thread would leave the neighbour waiting for a
+    // spinner's deadline, 3 s away, and the gauge short by then.
     let neighbour = async {
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        let t = std::time::Instant::now();
+        plimsoll_tests::wait_inflight(&d, spinners).await;
         let b = call(&d, "Run", &js_run("console.log('neighbour')")).await;
-        (b, t.elapsed())
+        (b, plimsoll_tests::inflight(&d).await)
     };
-    let (all, (b, waited)) = tokio::join!(spinning, neighbour);
+    let (all, (b, running)) = tokio::join!(spinning, neighbour);
     assert_eq!((b.exit_code(), b.stdout()), (0, "neighbour\n".to_string()));
+    // (At least: the neighbour may not have left the gauge yet.)
     assert!(
-        waited < std::time::Duration::from_millis(600),
-        "the neighbour waited {waited:?} behind {spinners} spinning runs"
+        running >= spinners,
+        "the neighbour was answered only after a spinner ended ({running} of {spinners} still in flight)"
     );
     for a in all {
         assert_eq!(a.body["javascript"]["timedOut"], true);
@@ -138,12 +143,15 @@ async fn deadline_stops_the_run_and_spares_its_neighbours() {
             "started\n",
             "output before the deadline is kept"
         );
-        assert!(a.stderr().contains("deadline of 1500 ms"), "{}", a.stderr());
+        assert!(a.stderr().contains("deadline of 3000 ms"), "{}", a.stderr());
         let ms: u64 = a.body["durationMs"]
             .as_str()
             .and_then(|s| s.parse().ok())
             .expect("duration");
-        assert!((1500..4000).contains(&ms), "stopped after {ms} ms");
+        // Stopped at its deadline, not before; the upper bound only tells
+        // a deadline that fired from one that never did (the maximum is
+        // 30 s), with room for a busy machine.
+        assert!((3000..8000).contains(&ms), "stopped after {ms} ms");
     }
     // The request's timeout is clamped to the maximum, never refused.
     let mut long = js_run("console.log('ok')");

@@ -19,7 +19,7 @@ import pytest
 
 from plimsoll_client import Client
 
-from test_sessions import IMAGE, GracefulDaemon, session_containers
+from test_sessions import IMAGE, GracefulDaemon, containers_of, session_containers
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +28,9 @@ def docker():
                         "SANDBOX_DOCKER_IMAGE": IMAGE, "SANDBOX_MAX_SESSIONS": "2",
                         "SANDBOX_SESSION_POOL": "1"})
     yield d
-    pid = d.proc.pid
-    d.stop()
-    assert session_containers(pid) == []
+    # Counted before the stopped daemon is reaped: no other daemon's sweep
+    # can have taken one of its containers yet (see Daemon.stop).
+    assert d.stop(before_reaping=containers_of) == [], "the daemon left containers behind"
 
 
 def test_anthropic_worker_tools(docker):

@@ -28,6 +28,8 @@ from plimsoll_client import Client
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR
 
 from test_published_client import Daemon, plimsolld_bin
 from test_sessions import GracefulDaemon
@@ -37,7 +39,7 @@ IMAGE = os.environ.get("SANDBOX_DOCKER_IMAGE", "plimsoll/sandbox:bookworm")
 RUN_TOOLS = {"run_javascript", "run_project", "session_run", "run_cell", "open_session"}
 # Prints, keeps running for a while, prints again.
 SLOW = ("console.log('first'); let t = Date.now(); while (Date.now() - t < 1500) {} "
-        "console.log('second')")
+        "console.log('second ' + Date.now())")  # stamped with the run's clock (this machine's)
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +63,20 @@ def plimsoll_bin() -> str:
     return os.path.join(os.path.dirname(plimsolld_bin()), "plimsoll")
 
 
-def http(url: str, token: str | None = TOKEN):
+def http(url: str, token: str | None = TOKEN, seen: list | None = None):
+    """The SDK's streamable HTTP transport to `url`/mcp. With `seen`, every
+    answer the SDK's HTTP client receives is recorded there as (method,
+    path, status, WWW-Authenticate), through the client's own response
+    hook: what the SDK does not pass on is still observed."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
-    client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60, read=60))
+    hooks = {}
+    if seen is not None:
+        async def record(response):
+            seen.append((response.request.method, response.request.url.path,
+                         response.status_code, response.headers.get("www-authenticate")))
+        hooks["response"] = [record]
+    client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60, read=60),
+                                event_hooks=hooks)
     return streamable_http_client(f"{url}/mcp", http_client=client)
 
 
@@ -163,46 +176,64 @@ def test_output_arrives_as_progress_before_the_result(wasm, kind):
     seen: list[tuple[float, str]] = []
 
     async def progress(value, total, message):
-        seen.append((time.monotonic(), message or ""))
+        seen.append((time.time(), message or ""))
 
     async def body(s):
-        r = await s.call_tool("run_javascript", {"code": SLOW}, progress_callback=progress)
-        return r, time.monotonic()
-    r, done = run(with_session(transport(kind, wasm), body))
-    assert r.structured_content["stdout"] == "first\nsecond\n"
+        return await s.call_tool("run_javascript", {"code": SLOW}, progress_callback=progress)
+    r = run(with_session(transport(kind, wasm), body))
+    out = r.structured_content["stdout"]
+    stamped = re.fullmatch(r"first\nsecond (\d+)\n", out)
+    assert stamped, out
     first = next(t for t, m in seen if "first" in m)
-    # The snippet runs 1.5 s after printing `first`: its progress
-    # notification must have come well before the result.
-    assert done - first > 1.0, (done - first, seen)
-    assert "".join(m for _, m in seen) == "first\nsecond\n"
+    # In the order things happened, not a time bound: `first`'s progress
+    # notification was here before the run, 1.5 s later, stamped its last
+    # line, so it came while the run still ran.
+    assert first < int(stamped.group(1)) / 1000, (first, out, seen)
+    assert "".join(m for _, m in seen) == out
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
 def test_nothing_answers_without_the_callers_token(wasm, kind):
+    """Without the token, or with a wrong one, the session fails at its
+    first message, initialize, with the one error that means the daemon
+    refused it: over HTTP the SDK's stand-in for a non-2xx answer, and the
+    401 itself (with its Bearer challenge) seen on the wire; through the
+    bridge, the bridge's error naming HTTP 401. Any other failure (a
+    timeout, a refused connection, a 200 the SDK could not parse, a tool
+    call that got further) fails the test."""
     async def body(s):
         return await s.list_tools()
     for token in (None, "wrong-" + "x" * 40):
-        with pytest.raises(BaseException) as e:
-            run(with_session(transport(kind, wasm, token=token), body))
-        if kind == "stdio":
-            # The bridge answers with the daemon's status, so the agent
-            # sees why (the HTTP transport's SDK error carries no status;
-            # the raw test below checks it).
-            assert _has_401(e.value), repr(e.value)
+        seen: list = []
+        t = http(wasm.url, token, seen) if kind == "http" else stdio(wasm.url, token)
+        with pytest.raises((MCPError, BaseExceptionGroup)) as e:
+            run(with_session(t, body))
+        # The SDK's task groups wrap what initialize raised.
+        errors = _leaves(e.value)
+        assert len(errors) == 1 and isinstance(errors[0], MCPError), repr(e.value)
+        error = errors[0]
+        if kind == "http":
+            # The SDK turns a non-2xx answer that is no JSON-RPC error into
+            # this stand-in, which names no status: the status is read off
+            # the wire.
+            assert (error.code, error.message) == (
+                INTERNAL_ERROR, "Server returned an error response"), repr(error)
+            assert seen, "the SDK's client received no answer"
+            assert seen[0] == ("POST", "/mcp", 401, "Bearer"), seen
+            assert all(status == 401 for _, _, status, _ in seen), seen
+        else:
+            # The bridge answers with the daemon's status, so the agent sees
+            # why.
+            assert error.code == -32000, repr(error)
+            assert "(HTTP 401 Unauthorized)" in error.message, repr(error)
 
 
-def _has_401(e: BaseException) -> bool:
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if "401" in str(x):
-            return True
-        stack.extend(getattr(x, "exceptions", []))
-        if x.__cause__:
-            stack.append(x.__cause__)
-        if x.__context__:
-            stack.append(x.__context__)
-    return False
+def _leaves(e: BaseException) -> list[BaseException]:
+    """The exceptions an exception group holds, however deeply nested; an
+    exception that is no group is its own one leaf."""
+    if isinstance(e, BaseExceptionGroup):
+        return [leaf for x in e.exceptions for leaf in _leaves(x)]
+    return [e]
 
 
 def raw_post(url: str, body: dict, headers: dict) -> tuple[int, dict, bytes]:
@@ -343,14 +374,17 @@ def test_docker_output_arrives_as_progress_before_the_result(docker):
     seen: list[tuple[float, str]] = []
 
     async def progress(value, total, message):
-        seen.append((time.monotonic(), message or ""))
+        seen.append((time.time(), message or ""))
 
     async def body(s):
-        r = await s.call_tool("run_javascript", {
-            "code": "console.log('early'); setTimeout(() => console.log('late'), 2500)",
+        return await s.call_tool("run_javascript", {
+            "code": "console.log('early'); setTimeout(() => console.log('late ' + Date.now()), 2500)",
             "timeout_ms": 20000}, progress_callback=progress)
-        return r, time.monotonic()
-    r, done = run(with_session(stdio(docker.url), body))
+    r = run(with_session(stdio(docker.url), body))
     assert_result(r.structured_content, "docker", "container")
+    stamped = re.search(r"late (\d+)", r.structured_content["stdout"])
+    assert stamped, r.structured_content
     early = next(t for t, m in seen if "early" in m)
-    assert done - early > 1.5, (done - early, seen)
+    # Order, not a time bound: `early` was here before the container, 2.5 s
+    # later, stamped its last line with its clock (this machine's).
+    assert early < int(stamped.group(1)) / 1000, (early, r.structured_content, seen)

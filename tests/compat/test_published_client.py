@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -42,30 +42,64 @@ def plimsolld_bin() -> str:
     return path
 
 
+class DaemonExited(RuntimeError):
+    """plimsolld ended before it listened; `log` is what it wrote."""
+
+    def __init__(self, log: str) -> None:
+        super().__init__("plimsolld did not start:\n" + log)
+        self.log = log
+
+
+def exited_unreaped(pid: int) -> bool:
+    """Whether child `pid` has exited and waits to be reaped (a zombie), or
+    is gone altogether."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 1:].split()[0] in ("Z", "X")
+
+
+def wait_exited(proc: subprocess.Popen, timeout: float) -> bool:
+    """Waits up to `timeout` s for `proc` to exit, without reaping it (see
+    `Daemon.stop`); whether it did."""
+    deadline = time.monotonic() + timeout
+    while proc.returncode is None and not exited_unreaped(proc.pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 class Daemon:
-    """The real binary on a free loopback port, with its log kept."""
+    """The real binary on loopback, with its log kept. It binds port 0
+    itself and the test reads the address it got from its listening line,
+    so no port is chosen here and handed over (another process could take
+    it in between); a test that names PLIMSOLL_ADDR gets that address."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         # Each daemon counts paid seconds in a store of its own: the
         # default directory would carry one test's day into the next.
         self.state_dir = None
         if "PLIMSOLL_STATE_URL" not in env and "PLIMSOLL_STATE_DIR" not in env:
             self.state_dir = tempfile.mkdtemp(prefix="plimsoll-state-")
-        full = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": f"127.0.0.1:{port}",
+        full = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": "127.0.0.1:0",
                 "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1",
                 **({"PLIMSOLL_STATE_DIR": self.state_dir} if self.state_dir else {}), **env}
         self.proc = subprocess.Popen([plimsolld_bin()], env=full, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.listening = threading.Event()
+        self.ended = threading.Event()  # its log closed: it exited
         threading.Thread(target=self._read, daemon=True).start()
-        if not self.listening.wait(60):
-            self.stop()
-            raise RuntimeError("plimsolld did not start:\n" + "\n".join(self.lines))
-        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while not self.listening.wait(0.05):
+            if self.ended.is_set() or time.monotonic() > deadline:
+                Daemon.stop(self)
+                raise DaemonExited("\n".join(self.lines))
+        self.addr = self.reported_addr("plimsolld listening")
+        self.url = f"http://{self.addr}"
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -73,6 +107,26 @@ class Daemon:
             self.lines.append(line.rstrip("\n"))
             if "plimsolld listening" in line:
                 self.listening.set()
+        self.ended.set()
+
+    def reported_addr(self, message: str) -> str:
+        """The address in the first log line saying `message` ("plimsolld
+        listening", "metrics listening"): the one the daemon bound."""
+        for line in list(self.lines):
+            if message not in line:
+                continue
+            try:
+                return json.loads(line)["addr"]
+            except (ValueError, KeyError):
+                m = re.search(r"\baddr=(\S+)", line)  # PLIMSOLL_LOG_FORMAT=text
+                if m:
+                    return m.group(1)
+        raise AssertionError(f"no {message!r} line with an address:\n" + "\n".join(self.lines))
+
+    def metrics_url(self) -> str:
+        """/metrics, on the listener the daemon reported (PLIMSOLL_METRICS_ADDR
+        set to port 0 by the test)."""
+        return f"http://{self.reported_addr('metrics listening')}/metrics"
 
     def audit(self) -> list[dict]:
         out = []
@@ -96,11 +150,23 @@ class Daemon:
             time.sleep(0.02)
         return len(self.audit())
 
-    def stop(self) -> None:
-        self.proc.kill()
+    def stop(self, before_reaping=None):
+        """Kills the daemon (SIGKILL: it cleans nothing up). With
+        `before_reaping`, calls it with the daemon's PID once the process has
+        exited but before it is reaped, and returns what it returned: until
+        it is reaped its PID and start time still name a live process, so no
+        other daemon's sweeper can judge its containers orphaned, and a
+        count of them is what this daemon left."""
+        if self.proc.returncode is None:
+            self.proc.kill()
+        out = None
+        if before_reaping is not None:
+            wait_exited(self.proc, 20)
+            out = before_reaping(self.proc.pid)
         self.proc.wait()
         if self.state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
+        return out
 
 
 @pytest.fixture(scope="module")

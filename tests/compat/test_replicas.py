@@ -33,28 +33,70 @@ import pytest
 from plimsoll_client import Client
 from plimsoll_client.workspace import Workspace
 
-from test_published_client import Daemon
-from test_sessions import GracefulDaemon, free_port
+from test_published_client import Daemon, DaemonExited
+from test_sessions import GracefulDaemon
 
 TOKEN = "r" * 40
 
 
+def unused_port() -> int:
+    """A loopback port nothing holds now; nothing keeps it free after, so
+    whoever is given it must be seen to have bound it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class RedisServer:
-    """Debian's redis-server on a free loopback port, in a scratch dir."""
+    """Debian's redis-server on a free loopback port, in a scratch dir.
+
+    redis-server cannot report a port it chose, and the daemons take only
+    redis:// URLs with a host, so a free port is chosen and handed to it;
+    the server answering there must then be this one (the process ID it
+    reports is the child's), or a server that lost the port to another
+    test's would pass its start by answering that one's PING. A lost port
+    is replaced by another."""
 
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="plimsoll-redis-")
-        self.port = free_port()
+        lost = []
+        for _ in range(5):
+            self.port = unused_port()
+            why = self._start()
+            if why is None:
+                self.url = f"redis://127.0.0.1:{self.port}/0"
+                return
+            lost.append(why)
+        raise AssertionError(f"redis-server lost its port five times: {lost}")
+
+    def cli(self, *args: str) -> "str | None":
+        done = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), "--raw", *args],
+                              capture_output=True, text=True)
+        out = done.stdout.strip()
+        return out if done.returncode == 0 and not out.startswith("Could not connect") else None
+
+    def _start(self) -> "str | None":
+        """Starts the server on self.port; None once it answers there
+        itself, else why not."""
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
              "--appendonly", "yes", "--save", ""],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
-        while subprocess.run(["redis-cli", "-p", str(self.port), "PING"], capture_output=True,
-                             text=True).stdout.strip() != "PONG":
+        while True:
+            if self.proc.poll() is not None:
+                return f"it exited ({self.proc.returncode}) before answering"
+            info = self.cli("INFO", "server")
+            if info is not None:
+                pid = re.search(r"^process_id:(\d+)", info, re.M)
+                if not pid or int(pid.group(1)) != self.proc.pid:
+                    self.proc.kill()
+                    self.proc.wait()
+                    return f"another server answers there ({pid and pid.group(1)})"
+                if self.cli("PING") == "PONG":
+                    return None
             assert time.monotonic() < deadline, "redis-server did not answer"
             time.sleep(0.05)
-        self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def stop(self) -> None:
         self.proc.kill()
@@ -113,22 +155,27 @@ def replicas(extra: dict[str, str], n: int = 2):
     secret = os.path.join(secret_dir, "replica-secret")
     with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write("s" * 48)
-    # All ports chosen while all are held, so no two replicas get one port.
-    held = [socket.socket() for _ in range(n)]
-    for h in held:
-        h.bind(("127.0.0.1", 0))
-    ports = [h.getsockname()[1] for h in held]
-    for h in held:
-        h.close()
     daemons = []
-    for port in ports:
-        d = GracefulDaemon({**extra, "PLIMSOLL_TOKEN": TOKEN, "PLIMSOLL_INSECURE": "",
-                            # (empty is unset: the token is required)
-                            "PLIMSOLL_ADDR": f"127.0.0.1:{port}",
-                            "PLIMSOLL_REPLICA_URL": f"http://127.0.0.1:{port}",
-                            "PLIMSOLL_REPLICA_SECRET_FILE": secret,
-                            "PLIMSOLL_STATE_URL": redis.url, "PLIMSOLL_LOG_FORMAT": "json"})
-        d.url = f"http://127.0.0.1:{port}"
+    for _ in range(n):
+        # Each replica publishes its own URL, so its port is chosen before
+        # it starts; it then binds the port itself, and one that finds it
+        # taken (by anything, in the moment between) exits before it
+        # listens and is started again on another.
+        for attempt in range(5):
+            port = unused_port()
+            try:
+                d = GracefulDaemon({**extra, "PLIMSOLL_TOKEN": TOKEN, "PLIMSOLL_INSECURE": "",
+                                    # (empty is unset: the token is required)
+                                    "PLIMSOLL_ADDR": f"127.0.0.1:{port}",
+                                    "PLIMSOLL_REPLICA_URL": f"http://127.0.0.1:{port}",
+                                    "PLIMSOLL_REPLICA_SECRET_FILE": secret,
+                                    "PLIMSOLL_STATE_URL": redis.url, "PLIMSOLL_LOG_FORMAT": "json"})
+            except DaemonExited as e:
+                if attempt < 4 and "PLIMSOLL_ADDR" in e.log and "in use" in e.log:
+                    continue
+                raise
+            break
+        assert d.url == f"http://127.0.0.1:{port}", (d.url, port)
         daemons.append(d)
     lb = Balancer([d.url for d in daemons])
     return redis, secret_dir, daemons, lb
