@@ -409,21 +409,33 @@ def test_a_session_ends_when_the_service_reports_its_sandbox_failed(daemon, fake
     assert s.run_javascript("console.log(1)", timeout=30).stdout == b"1\n"
     (uid,) = fake.live()
     fake.sandboxes[uid].fail("internal", "the VM stopped")
-    execs = fake.state()["execs"]
+    before = fake.state()
     with pytest.raises(PlimsollError):
         s.run_javascript("console.log(2)", timeout=30)
-    # Seen before anything was sent to run.
-    assert fake.state()["execs"] == execs
+    # Seen before a credential was minted or anything sent to run.
+    after = fake.state()
+    assert (after["mints"], after["execs"]) == (before["mints"], before["execs"])
     assert s.close().end == "main_process_ended"
 
 
-def test_a_session_ends_when_its_sandbox_is_no_longer_what_was_checked(daemon, fake):
+def bigger(sandbox) -> None:
+    sandbox.flags.add("bigger")  # the service now reports more memory
+
+
+def moved(sandbox) -> None:
+    sandbox.endpoint += "-elsewhere"  # another endpoint, on an allowed origin
+
+
+@pytest.mark.parametrize("change", [bigger, moved])
+def test_a_session_ends_when_its_sandbox_is_no_longer_what_was_checked(daemon, fake, change):
     s = Client(daemon.url).open_session()
     assert s.run_javascript("console.log(1)", timeout=30).stdout == b"1\n"
     (uid,) = fake.live()
-    fake.sandboxes[uid].flags.add("bigger")  # the service now reports more memory
-    execs = fake.state()["execs"]
+    change(fake.sandboxes[uid])
+    before = fake.state()
     with pytest.raises(PlimsollError):
         s.run_javascript("console.log(2)", timeout=30)
-    assert fake.state()["execs"] == execs
+    # Stopped at the re-read: no credential minted, nothing sent to run.
+    after = fake.state()
+    assert (after["mints"], after["execs"]) == (before["mints"], before["execs"])
     assert s.close().end == "sandbox_changed"

@@ -13,15 +13,12 @@ use wasi::clocks::monotonic_clock::Instant;
 use wasi::http::types::Method;
 
 use crate::bindings::plimsoll::provider::types::{Refusal, RunError};
-use crate::checks;
+use crate::checks::{self, CPUS, MEMORY_MIB};
 use crate::wire::{self, Failure, Request};
 
 /// The image every sandbox boots: node and a POSIX shell with coreutils'
 /// `timeout` and `head`, which the command wrapper needs.
 pub const IMAGE: &str = "docker.io/library/node:22-bookworm-slim";
-/// The size asked for (Docker's "Micro"): the service must not report more.
-pub const CPUS: u64 = 1;
-pub const MEMORY_MIB: u64 = 2048;
 /// Where Docker serves the API on its origin.
 const API_PREFIX: &str = "/sandboxes/v1";
 /// Labels every sandbox of ours carries: who made it, and the wall-clock

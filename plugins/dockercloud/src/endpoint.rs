@@ -66,7 +66,8 @@ impl<'a> Endpoint<'a> {
         deadline: Instant,
     ) -> Result<ProcessOutput, RunError> {
         let secs = wrapper::seconds_for(wire::remaining_ms(deadline));
-        let mark = self.mark.map(|m| (m, leftovers::SWEEP_MARKED));
+        let sweep = self.mark.map(|_| leftovers::sweep_marked());
+        let mark = self.mark.zip(sweep.as_deref());
         let cmd = wrapper::wrap(argv, secs, limit, mark);
         // Both streams base64 (4 bytes per 3) at the cap plus one, and room
         // for the JSON around them.

@@ -13,7 +13,8 @@
 //! does, beside the VM's own processes: each command carries the session's
 //! mark in its environment, the wrapper kills what holds it as each command
 //! ends, and after every call one more sweep must find nothing
-//! (`leftovers::SWEEP_MARKED`).
+//! (`leftovers::sweep_marked`), best effort against code that sets out
+//! to escape it (docs/providers/dockercloud.md).
 
 use plimsoll_plugin_probe::leftovers;
 use wasi::clocks::monotonic_clock::Instant;
@@ -42,11 +43,14 @@ struct Kept {
     uid: String,
     name: String,
     mark: String,
+    /// The endpoint checked at open: a call goes nowhere else.
+    endpoint: String,
 }
 
 fn parse(state: &str) -> Option<Kept> {
-    let mut parts = state.splitn(3, ':');
+    let mut parts = state.splitn(4, ':');
     let (uid, name, mark) = (parts.next()?, parts.next()?, parts.next()?);
+    let endpoint = parts.next()?;
     let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
     (api::valid_uid(uid)
         && name.strip_prefix("plimsoll-").is_some_and(|h| hex(h, 16))
@@ -55,6 +59,7 @@ fn parse(state: &str) -> Option<Kept> {
         uid: uid.to_string(),
         name: name.to_string(),
         mark: mark.to_string(),
+        endpoint: endpoint.to_string(),
     })
 }
 
@@ -77,7 +82,10 @@ pub fn open(service: &Service, options: SessionOptions) -> Result<String, RunErr
         wasi::random::random::get_random_u64(),
         wasi::random::random::get_random_u64()
     );
-    Ok(format!("{}:{}:{mark}", sandbox.uid, sandbox.name))
+    Ok(format!(
+        "{}:{}:{mark}:{}",
+        sandbox.uid, sandbox.name, sandbox.endpoint
+    ))
 }
 
 pub fn run(
@@ -149,6 +157,8 @@ pub fn run(
 }
 
 pub fn close(service: &Service, state: &str) {
+    // The host waits 8 s for a close: the delete gets most of them.
+    wire::set_call_deadline(wire::after_ms(wire::CLOSE_MS));
     if let Some(kept) = parse(state) {
         service.delete(&kept.uid);
     }
@@ -179,7 +189,14 @@ fn snippet(
 fn standing(service: &Service, kept: &Kept, deadline: Instant) -> Result<Sandbox, SessionFailure> {
     let refused = |why: String| RunError::NotDispatched(Refusal::Environment(why));
     match service.standing(&kept.uid, &kept.name, deadline) {
-        Standing::Running(sandbox) => Ok(sandbox),
+        Standing::Running(sandbox) if sandbox.endpoint == kept.endpoint => Ok(sandbox),
+        Standing::Running(_) => {
+            let why = "the sandbox's endpoint is not the one it had at open";
+            Err(failure(
+                RunError::NotDispatched(Refusal::Isolation(why.into())),
+                Some(ended(SessionEndReason::SandboxChanged, why)),
+            ))
+        }
         Standing::Ended(why) => Err(failure(
             refused(why.clone()),
             Some(ended(SessionEndReason::MainProcessEnded, &why)),
@@ -202,14 +219,9 @@ fn standing(service: &Service, kept: &Kept, deadline: Instant) -> Result<Sandbox
 /// Kills every process carrying the session's mark; true when none is
 /// left. Sent without the mark, so the sweep does not find itself.
 fn sweep(plain: &Endpoint<'_>, marker: &str) -> bool {
+    let script = leftovers::sweep_marked();
     let out = plain.run(
-        &[
-            "sh",
-            "-c",
-            leftovers::SWEEP_MARKED,
-            "plimsoll-sweep",
-            marker,
-        ],
+        &["/bin/sh", "-c", &script, "plimsoll-sweep", marker],
         None,
         4096,
         wire::cleanup_deadline(),

@@ -35,7 +35,7 @@ drain() { timeout -s KILL "$((limit + 1))" sh -c 'head -c "$0"; exec cat >/dev/n
 run() {
   if [ -z "$mark" ]; then timeout -s KILL "$limit" "$@"; echo $? >"$status"; return; fi
   timeout -s KILL "$limit" env "$mark" "$@"; echo $? >"$status"
-  sh -c "$sweep" plimsoll-sweep "$mark" >/dev/null 2>&1
+  timeout -s KILL 3 sh -c "$sweep" plimsoll-sweep "$mark" >/dev/null 2>&1
 }
 { { run "$@"; } 2>&1 1>&3 3>&- | drain 1>&2; } 3>&1 | drain
 if [ -s "$status" ]; then code=$(cat "$status"); rm -f "$status"; exit "$code"; fi

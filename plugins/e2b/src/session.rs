@@ -92,10 +92,11 @@ pub fn run(state: &str, request: RunRequest) -> Result<SessionAnswer, SessionFai
 /// Kills every process of the commands' user the call left; true when
 /// none is left.
 fn sweep(envd: &Envd<'_>) -> bool {
+    let script = leftovers::sweep();
     let out = envd.run(
         &Command {
-            cmd: "sh",
-            args: &["-c", leftovers::SWEEP, "plimsoll-sweep", "0"],
+            cmd: "/bin/sh",
+            args: &["-c", &script, "plimsoll-sweep", "0"],
             // A directory that is always there: the work directory may not
             // be yet (a session's first call may be a project).
             cwd: "/",
@@ -114,6 +115,8 @@ fn unswept() -> SessionEnded {
 }
 
 pub fn close(state: &str) {
+    // The host waits 8 s for a close: the delete gets most of them.
+    wire::set_call_deadline(wire::after_ms(wire::CLOSE_MS));
     if let (Some(sandbox), Ok(service)) = (parse(state), service()) {
         service.delete(&sandbox.id);
     }

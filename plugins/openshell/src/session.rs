@@ -31,19 +31,24 @@ pub fn support() -> SessionSupport {
 }
 
 /// The state `open` returns and each call parses: the sandbox's name and
-/// the PID of its main process (0: none of the calls' user to spare).
+/// its main process as the sweep takes it (`<pid>:<start time>`, or `0`:
+/// none of the calls' user to spare).
 struct Kept {
     name: String,
-    main: u32,
+    main: String,
 }
 
 fn parse(state: &str) -> Option<Kept> {
     let (name, main) = state.split_once(':')?;
     let hex = name.strip_prefix("plp-")?;
-    (hex.len() == 14 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(())?;
-    Some(Kept {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let main_ok = main == "0"
+        || main
+            .split_once(':')
+            .is_some_and(|(p, t)| digits(p) && digits(t));
+    (hex.len() == 14 && hex.bytes().all(|b| b.is_ascii_hexdigit()) && main_ok).then(|| Kept {
         name: name.to_string(),
-        main: main.parse().ok()?,
+        main: main.to_string(),
     })
 }
 
@@ -55,7 +60,7 @@ pub fn open(gw: &Gateway, options: SessionOptions) -> Result<String, RunError> {
     // The work directory, and the main process found before any call's
     // code ran: the one process of ours the sweeps spare.
     let script = format!("mkdir -p {WORK_DIR} || exit 1\n{}", leftovers::FIND_MAIN);
-    let mut argv = vec!["sh", "-c", &script, "plimsoll-open"];
+    let mut argv = vec!["/bin/sh", "-c", &script, "plimsoll-open"];
     argv.extend(gateway::MAIN_PROCESS);
     let found = exec::run(
         gw,
@@ -69,7 +74,7 @@ pub fn open(gw: &Gateway, options: SessionOptions) -> Result<String, RunError> {
         deadline,
     );
     let main = match found {
-        Ok(out) if out.exit_code == 0 && !out.timed_out => leftovers::main_pid(&out.stdout),
+        Ok(out) if out.exit_code == 0 && !out.timed_out => leftovers::main_process(&out.stdout),
         _ => None,
     };
     match main {
@@ -143,6 +148,8 @@ pub fn run(
 }
 
 pub fn close(gw: &Gateway, state: &str) {
+    // The host waits 8 s for a close: the delete gets most of them.
+    wire::set_call_deadline(wire::after_ms(wire::CLOSE_MS));
     if let Some(kept) = parse(state) {
         gw.delete(&kept.name);
     }
@@ -192,12 +199,12 @@ fn check(gw: &Gateway, name: &str, deadline: Instant) -> Option<SessionFailure> 
 
 /// Kills every process the call left; true when none is left.
 fn sweep(gw: &Gateway, kept: &Kept) -> bool {
-    let main = kept.main.to_string();
+    let script = leftovers::sweep();
     let out = exec::run(
         gw,
         &kept.name,
         &Command {
-            argv: &["sh", "-c", leftovers::SWEEP, "plimsoll-sweep", &main],
+            argv: &["/bin/sh", "-c", &script, "plimsoll-sweep", &kept.main],
             workdir: "",
             stdin: b"",
             limit: 4096,

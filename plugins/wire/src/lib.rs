@@ -25,6 +25,9 @@ const READ_CHUNK: u64 = 64 << 10;
 /// own deadline: inside the two seconds the host gives a call past its
 /// run's budget, with room for the host's own work.
 pub const CLEANUP_MS: u64 = 1500;
+/// A session close's own deadline: with `CLEANUP_MS` after it, inside the
+/// 8 s the host gives a close, so a slow delete is still waited for.
+pub const CLOSE_MS: u64 = 4500;
 
 // Every call gets a fresh instance of the plugin, so these are per call.
 /// The call's deadline (monotonic nanoseconds; 0 before it is set).
