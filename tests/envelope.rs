@@ -83,18 +83,93 @@ fn ipc_namespace_of_this_process() -> String {
         .to_string()
 }
 
-async fn common(d: &Daemon) {
+/// The CPU quota and throttling counters of a container's cgroup on the
+/// host, read through its init process (runc's container process, or
+/// runsc's sandbox process): `(quota_us, period_us, nr_throttled)`.
+fn host_cpu_cgroup(container: &str) -> Option<(i64, i64, u64)> {
+    let out = std::process::Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Pid}}", container])
+        .output()
+        .ok()?;
+    let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    // cgroup v1: `n:cpu,cpuacct:/path` (or `n:cpu:/path`).
+    let path = cgroups.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers.split(',').any(|c| c == "cpu").then(|| path.to_string())
+    })?;
+    let dir = format!("/sys/fs/cgroup/cpu{path}");
+    let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok();
+    let quota = read("cpu.cfs_quota_us")?.trim().parse().ok()?;
+    let period = read("cpu.cfs_period_us")?.trim().parse().ok()?;
+    let throttled = read("cpu.stat")?
+        .lines()
+        .find_map(|l| l.strip_prefix("nr_throttled ")?.parse().ok())?;
+    Some((quota, period, throttled))
+}
+
+/// Reads the host cgroup of every container the daemon runs, every 50 ms
+/// until `stop`, keeping the most each was throttled and its quota.
+fn watch_throttling(
+    owner: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Option<(i64, i64, u64)>> {
+    std::thread::spawn(move || {
+        let mut most: Option<(i64, i64, u64)> = None;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let ids = std::process::Command::new("docker")
+                .args(["ps", "-q", "--no-trunc", "--filter"])
+                .arg(format!("label=io.plimsoll.owner={owner}"))
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            for id in ids.split_whitespace() {
+                if let Some(seen) = host_cpu_cgroup(id)
+                    && most.is_none_or(|m| seen.2 > m.2)
+                {
+                    most = Some(seen);
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        most
+    })
+}
+
+async fn common(d: &Daemon, runtime: &str) {
+    // The host's own view of the quota: the container's cgroup on the host,
+    // read while the spinners run, must hold 0.5 CPU and have throttled
+    // them. Under runsc this is the only trustworthy view: the CPU time
+    // the sandbox reports to its processes is gVisor's own accounting.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = watch_throttling(d.pid().expect("pid"), stop.clone());
     let a = steps(d, &[RLIMITS, SPIN, MEMORY_BOMB]).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let host = watcher.join().expect("the cgroup watcher");
     let limits = out(&a, 0);
     assert_eq!(field(&limits, "core"), "0 0", "core dumps");
     assert_eq!(field(&limits, "nofile"), "4096 4096", "open files");
     assert_eq!(field(&limits, "msgqueue"), "0 0", "message queues");
 
-    let cpu: f64 = field(&out(&a, 1), "cpu").parse().expect("cpu seconds");
-    assert!(
-        cpu < 1.6,
-        "two spinners used {cpu} CPU seconds in 2 s under a 0.5 CPU quota"
+    let (quota, period, throttled) =
+        host.unwrap_or_else(|| panic!("{runtime}: no container's host cgroup was readable"));
+    assert_eq!(
+        quota * 2,
+        period,
+        "{runtime}: the host cgroup's quota is not 0.5 CPU"
     );
+    assert!(
+        throttled > 0,
+        "{runtime}: two spinners under a 0.5 CPU quota were never throttled"
+    );
+    if runtime == "runc" {
+        let cpu: f64 = field(&out(&a, 1), "cpu").parse().expect("cpu seconds");
+        assert!(
+            cpu < 1.6,
+            "two spinners used {cpu} CPU seconds in 2 s under a 0.5 CPU quota"
+        );
+    }
 
     // Last, since gVisor kills the whole sandbox at its memory limit while
     // runc's kernel kills the one process: either way it is killed.
@@ -111,7 +186,7 @@ async fn common(d: &Daemon) {
 #[tokio::test]
 async fn the_envelope_holds_from_inside_under_runc() {
     let d = docker("");
-    common(&d).await;
+    common(&d, "runc").await;
     // runc: the container's own cgroup says it, the shipped seccomp profile
     // is in force (filter mode, and calls only it refuses are refused), and the IPC
     // namespace is the container's own. (Under gVisor the Sentry keeps IPC
@@ -171,7 +246,7 @@ for name, call in (("unshare", lambda: libc.unshare(0x10000000)), ("io_uring", l
 #[tokio::test]
 async fn the_envelope_holds_from_inside_under_runsc() {
     let d = docker("runsc");
-    common(&d).await;
+    common(&d, "runsc").await;
     // Counted before the stopped daemon is reaped, so no other daemon's
     // sweep can have taken a container it left (`Daemon::stop_then`).
     assert_eq!(
