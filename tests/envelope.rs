@@ -97,7 +97,10 @@ fn host_cpu_cgroup(container: &str) -> Option<(i64, i64, u64)> {
     let path = cgroups.lines().find_map(|l| {
         let mut parts = l.splitn(3, ':');
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        controllers.split(',').any(|c| c == "cpu").then(|| path.to_string())
+        controllers
+            .split(',')
+            .any(|c| c == "cpu")
+            .then(|| path.to_string())
     })?;
     let dir = format!("/sys/fs/cgroup/cpu{path}");
     let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok();
