@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use plimsoll_tests::canaries::{self, canary};
 use plimsoll_tests::{Answer, Daemon, EngineRelay, RelayFaults, call, js_run};
 use serde_json::{Value, json};
 
@@ -53,17 +54,6 @@ async fn js(d: &Daemon, code: &str) -> Answer {
     a
 }
 
-/// A trace ID no other request of this test process carries: the canary a
-/// refused request wears, found in an audit line if it ever ran.
-fn canary(what: &str) -> String {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    format!(
-        "canary-{what}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    )
-}
-
 /// A snippet tagged with `trace`.
 fn traced(code: &str, trace: &str) -> Value {
     let mut req = js_run(code);
@@ -71,36 +61,15 @@ fn traced(code: &str, trace: &str) -> Value {
     req
 }
 
-/// Whether any line of the daemon's log carries `trace` (quoted, as the
-/// JSON audit line writes it, so one canary is never another's prefix).
-fn logged(d: &Daemon, trace: &str) -> bool {
-    let quoted = format!("\"{trace}\"");
-    d.log_lines().iter().any(|l| l.contains(&quoted))
-}
-
-/// "Nothing ran" for the requests tagged `traces`, proved rather than
-/// assumed: a sentinel run (with a budget a slow engine start cannot use
-/// up) is answered and its audit line read; lines arrive in order on one
-/// stream, so every line logged before it is in by then, and none may
-/// carry a canary. Every run that may have started gets an audit line,
-/// answered or failed, so a refused request that ran would be there.
+/// "Nothing ran" for the requests tagged `traces` (`canaries`): the
+/// sentinel gets a budget a slow engine start cannot use up.
 async fn assert_never_ran(d: &Daemon, traces: &[&str]) {
-    let tag = canary("sentinel");
-    let mut req = traced("0", &tag);
-    req["timeoutMs"] = json!(20000);
-    let a = call(d, "Run", &req).await;
-    assert_eq!(a.status, 200, "the sentinel run failed: {:?}", a.body);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !logged(d, &tag) {
-        assert!(
-            Instant::now() < deadline,
-            "the sentinel's audit line never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    for trace in traces {
-        assert!(!logged(d, trace), "a refused request ran: {trace}");
-    }
+    canaries::assert_never_ran(d, traces, |tag| async move {
+        let mut req = traced("0", &tag);
+        req["timeoutMs"] = json!(20000);
+        call(d, "Run", &req).await
+    })
+    .await;
 }
 
 /// After the daemon stops, nothing it created is left.
@@ -604,23 +573,6 @@ fn tag_as(tag: &str, image: &str) {
     assert!(ok, "docker tag {image} {tag}");
 }
 
-/// The value of a counter on the daemon's `/metrics`.
-async fn counter(d: &Daemon, series: &str) -> u64 {
-    let text = plimsoll_tests::client()
-        .get(plimsoll_tests::metrics_url(d))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    let prefix = format!("{series} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{series} is not served:\n{text}"))
-}
-
 /// The end reason (`plimsoll.v1.SessionEnd` number) in a refusal's
 /// `plimsoll.v1.SessionEnded` detail, if it has one.
 fn session_end(a: &Answer) -> Option<u8> {
@@ -685,7 +637,10 @@ async fn a_session_call_is_refused_and_the_session_ended_when_its_evidence_no_lo
     .await;
     assert_eq!(a.status, 200, "{:?}", a.body);
     assert_eq!(b64(&a.body["run"]["javascript"]["stdout"]), "before\n");
-    assert_eq!(counter(&d, "plimsoll_session_calls_total").await, 1);
+    assert_eq!(
+        canaries::metric(&d, "plimsoll_session_calls_total").await,
+        1
+    );
 
     tag_as(&tag, &plimsoll_tests::busybox_image());
     wait_ready(&d, 503).await;
@@ -706,7 +661,7 @@ async fn a_session_call_is_refused_and_the_session_ended_when_its_evidence_no_lo
     // The counter is the daemon's own, read after the answer: no log lags
     // behind it.
     assert_eq!(
-        counter(&d, "plimsoll_session_calls_total").await,
+        canaries::metric(&d, "plimsoll_session_calls_total").await,
         1,
         "the refused call was dispatched to the session's container"
     );
@@ -720,7 +675,10 @@ async fn a_session_call_is_refused_and_the_session_ended_when_its_evidence_no_lo
     tag_as(&tag, &plimsoll_tests::sandbox_image());
     wait_ready(&d, 200).await;
     assert_never_ran(&d, &[refused.as_str(), after.as_str()]).await;
-    assert_eq!(counter(&d, "plimsoll_session_calls_total").await, 1);
+    assert_eq!(
+        canaries::metric(&d, "plimsoll_session_calls_total").await,
+        1
+    );
     // The ended session's container goes (the sentinel's own run
     // container too, soon after its answer).
     let deadline = Instant::now() + Duration::from_secs(20);

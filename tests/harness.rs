@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::Value;
 
+pub mod canaries;
 pub mod certs;
 pub mod containers;
 pub mod engine_relay;
@@ -599,18 +600,7 @@ pub fn proxy_env(proxy: &str) -> Vec<(&'static str, String)> {
 
 /// The daemon's own in-flight gauge (`plimsoll_inflight`) now.
 pub async fn inflight(d: &Daemon) -> usize {
-    let text = client()
-        .get(metrics_url(d))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix("plimsoll_inflight "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("a plimsoll_inflight line")
+    canaries::metric(d, "plimsoll_inflight").await as usize
 }
 
 /// Waits (at most 10 s) until the daemon's own in-flight gauge reads `n`:

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use plimsoll_tests::Answer;
+use plimsoll_tests::canaries::{self, canary, logged};
 use plimsoll_tests::fleet::{borrowed, clients, post, replicas, run, run_at};
 use plimsoll_tests::redis_server::RedisServer;
 use plimsoll_tests::{Daemon, Scratch};
@@ -17,17 +18,6 @@ use serde_json::json;
 /// A snippet that keeps its run (and its concurrency place) for `ms`.
 fn busy(ms: u64) -> String {
     format!("const t = Date.now(); while (Date.now() - t < {ms}) {{}} 1")
-}
-
-/// A trace ID no other request of this test process carries: the canary a
-/// refused run wears, found in an audit line if it ever ran.
-fn canary(what: &str) -> String {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    format!(
-        "canary-{what}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    )
 }
 
 /// A run of `code` tagged `trace`, as the holder of `token`.
@@ -41,63 +31,20 @@ async fn run_traced(d: &Daemon, token: &str, code: &str, trace: &str) -> Answer 
     .await
 }
 
-/// Whether any line of the daemon's log carries `trace` (quoted, as the
-/// JSON audit line writes it, so one canary is never another's prefix).
-fn logged(d: &Daemon, trace: &str) -> bool {
-    let quoted = format!("\"{trace}\"");
-    d.log_lines().iter().any(|l| l.contains(&quoted))
-}
-
-/// "Nothing ran" for the runs tagged `traces`, proved rather than assumed:
-/// a sentinel run of `token`'s (tried again while it is refused for
-/// capacity, as it is until a place given back on another replica reaches
-/// the store) is answered and its audit line read. Lines arrive in order
-/// on one stream, so every line logged before it is in by then, and none
-/// may carry a canary: every run that may have started has an audit line.
+/// "Nothing ran" for the runs tagged `traces` (`canaries`), the sentinel a
+/// run of `token`'s.
 async fn assert_never_ran(d: &Daemon, token: &str, traces: &[&str]) {
-    let tag = canary("sentinel");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let a = run_traced(d, token, "0", &tag).await;
-        if a.status == 200 {
-            break;
-        }
-        assert_eq!(a.mark(), Some("capacity"), "the sentinel run: {:?}", a.body);
-        assert!(
-            Instant::now() < deadline,
-            "the sentinel run was refused for 10 s: {:?}",
-            a.body
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    while !logged(d, &tag) {
-        assert!(
-            Instant::now() < deadline + Duration::from_secs(10),
-            "the sentinel's audit line never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    for trace in traces {
-        assert!(!logged(d, trace), "a refused run ran: {trace}");
-    }
+    canaries::assert_never_ran(d, traces, |tag| async move {
+        run_traced(d, token, "0", &tag).await
+    })
+    .await;
 }
 
 /// Runs the daemon has dispatched to its provider (`plimsoll_runs_total`,
 /// counted before a run is handed over): its own count, read after an
 /// answer, with no log to lag behind it.
 async fn dispatched(d: &Daemon) -> u64 {
-    let text = plimsoll_tests::client()
-        .get(plimsoll_tests::metrics_url(d))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix("plimsoll_runs_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("plimsoll_runs_total is not served:\n{text}"))
+    canaries::metric(d, "plimsoll_runs_total").await
 }
 
 /// Every answer in `answers` that was refused is a marked `capacity`

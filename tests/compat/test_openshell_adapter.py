@@ -29,6 +29,7 @@ from plimsoll_client import Client
 from plimsoll_client.errors import PlimsollError
 
 import workloads
+from session_leftovers import assert_no_process_outlives_a_call
 from test_published_client import ROOT, Daemon, plimsolld_bin
 
 sys.path.insert(0, str(ROOT / "tests" / "fakes" / "e2b"))
@@ -276,20 +277,6 @@ def test_the_workload_corpus(daemon):
 
 # ---- sessions ----------------------------------------------------------------------------
 
-# Counts live processes whose command line is `sleep 300`, by reading /proc
-# with node (the plugin's image has no python), skipping ones that end
-# while it reads.
-COUNT_SLEEPERS = """const fs = require('fs');
-let n = 0;
-for (const pid of fs.readdirSync('/proc').filter((p) => /^[0-9]+$/.test(p))) {
-  try {
-    n += fs.readFileSync(`/proc/${pid}/cmdline`, 'latin1') === 'sleep\\u0000300\\u0000';
-  } catch {}
-}
-console.log(n);
-"""
-
-
 def test_a_session_keeps_one_sandbox_and_its_files_and_deletes_it_at_close(daemon, fake):
     c = Client(daemon.url)
     before = fake.state()["created"]
@@ -314,18 +301,7 @@ def test_a_session_keeps_one_sandbox_and_its_files_and_deletes_it_at_close(daemo
 
 def test_no_process_a_session_call_starts_outlives_it(daemon, fake):
     with Client(daemon.url).open_session() as s:
-        # The count is first seen to count a live sleeper inside the call
-        # that starts it (detached, in its own session), so a 0 later means
-        # the process is gone, not that the probe is blind.
-        r = s.run_project({"count.js": COUNT_SLEEPERS},
-                          ["(setsid sleep 300 &) ; (sleep 300 &) ; sleep 0.3; node count.js"],
-                          timeout=60)
-        assert (r.steps[0].exit_code, r.steps[0].stdout, r.steps[0].stderr) == (0, b"2\n", b""), r.steps[0]
-        r = s.run_project({}, ["node count.js"], timeout=60)
-        assert (r.steps[0].exit_code, r.steps[0].stdout, r.steps[0].stderr) == (0, b"0\n", b""), r.steps[0]
-        # The sandbox's own main process was spared: the session goes on.
-        assert s.ended is None
-        assert s.run_javascript("console.log(7)", timeout=30).stdout == b"7\n"
+        assert_no_process_outlives_a_call(s)
 
 
 def test_a_session_ends_when_its_sandboxs_main_process_dies(daemon, fake):
