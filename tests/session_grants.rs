@@ -186,25 +186,7 @@ async fn granted_calls_in_a_docker_session(runtime: &str) {
     assert_eq!(stdout_of(&a.body["run"]["cell"]), "403\n", "{:?}", a.body);
     assert_eq!(log.lock().unwrap().len(), 2, "a cell reached the upstream");
 
-    for line in d.log_lines() {
-        assert!(
-            !line.contains(&token),
-            "the daemon's log holds the token: {line}"
-        );
-    }
-    let closed = call(
-        &d,
-        "CloseSession",
-        &json!({"protocol": 4, "sessionId": sid}),
-    )
-    .await;
-    assert_eq!(closed.status, 200);
-    assert_eq!(closed.body["calls"], "5");
-    // Counted before the stopped daemon is reaped, so no other daemon's
-    // sweep can have taken a container it left (`Daemon::stop_then`).
-    let left = d.stop_counting_leftovers();
-    let _ = std::fs::remove_file(&path);
-    assert_eq!(left, 0, "containers were left behind");
+    close_and_check(d, &sid, &[&token], "5", &path).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,9 +337,23 @@ async fn each_session_call_is_served_its_own_grant_and_no_other() {
         "a call granted inventory reached billing's upstream"
     );
 
+    close_and_check(d, &sid, &[&items_token, &invoices_token], "3", &path).await;
+}
+
+/// The end every test here shares: no token in the daemon's log, the
+/// session closed counting `calls`, and, counted before the stopped daemon
+/// is reaped (so no other daemon's sweep can have taken a container it
+/// left, `Daemon::stop_then`), no container left.
+async fn close_and_check(
+    d: Daemon,
+    sid: &str,
+    tokens: &[&str],
+    calls: &str,
+    grants: &std::path::Path,
+) {
     for line in d.log_lines() {
         assert!(
-            !line.contains(&items_token) && !line.contains(&invoices_token),
+            !tokens.iter().any(|t| line.contains(t)),
             "the daemon's log holds a token: {line}"
         );
     }
@@ -368,10 +364,8 @@ async fn each_session_call_is_served_its_own_grant_and_no_other() {
     )
     .await;
     assert_eq!(closed.status, 200);
-    assert_eq!(closed.body["calls"], "3");
-    // Counted before the stopped daemon is reaped, so no other daemon's
-    // sweep can have taken a container it left (`Daemon::stop_then`).
+    assert_eq!(closed.body["calls"], calls);
     let left = d.stop_counting_leftovers();
-    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(grants);
     assert_eq!(left, 0, "containers were left behind");
 }

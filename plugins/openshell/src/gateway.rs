@@ -134,15 +134,7 @@ impl Gateway {
             Err(not_started(&why))
         };
         let sandbox = loop {
-            let got: Result<SandboxResponse, _> = grpc::unary(
-                &self.origin,
-                "GetSandbox",
-                &GetSandboxRequest {
-                    name: made.name.clone(),
-                    workspace_scope: default_workspace(),
-                },
-                deadline,
-            );
+            let got = self.get(&made.name, deadline);
             let sandbox = match got {
                 Ok(r) => r.sandbox.unwrap_or_default(),
                 Err(e) => return fail(format!("reading the new sandbox failed: {}", e.say())),
@@ -223,15 +215,7 @@ impl Gateway {
     /// reason), or not known (the read failed; the call is refused, the
     /// session kept).
     pub fn standing(&self, name: &str, deadline: Instant) -> Standing {
-        let got: Result<SandboxResponse, _> = grpc::unary(
-            &self.origin,
-            "GetSandbox",
-            &GetSandboxRequest {
-                name: name.to_string(),
-                workspace_scope: default_workspace(),
-            },
-            deadline,
-        );
+        let got = self.get(name, deadline);
         let sandbox = match got {
             Ok(r) => r.sandbox.unwrap_or_default(),
             Err(CallError::Status(grpc::NOT_FOUND, _)) => return Standing::Gone,
@@ -244,6 +228,18 @@ impl Gateway {
             }
             phase => Standing::Unknown(format!("the sandbox is in phase {phase}, not ready")),
         }
+    }
+
+    fn get(&self, name: &str, deadline: Instant) -> Result<SandboxResponse, CallError> {
+        grpc::unary(
+            &self.origin,
+            "GetSandbox",
+            &GetSandboxRequest {
+                name: name.to_string(),
+                workspace_scope: default_workspace(),
+            },
+            deadline,
+        )
     }
 
     /// Deletes the sandbox and waits until it is gone; true once it is.
@@ -273,15 +269,7 @@ impl Gateway {
     /// Reads until the gateway says the sandbox is not found.
     fn gone(&self, name: &str, deadline: Instant) -> bool {
         loop {
-            let got: Result<SandboxResponse, _> = grpc::unary(
-                &self.origin,
-                "GetSandbox",
-                &GetSandboxRequest {
-                    name: name.to_string(),
-                    workspace_scope: default_workspace(),
-                },
-                deadline,
-            );
+            let got = self.get(name, deadline);
             match got {
                 Err(CallError::Status(grpc::NOT_FOUND, _)) => return true,
                 Ok(_) => {}
