@@ -42,6 +42,7 @@ mod mutation_tests;
 mod replica;
 pub mod serve;
 mod session;
+mod session_error;
 pub mod settings;
 mod stream;
 mod watch;

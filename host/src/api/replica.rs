@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
-use super::session::error_response;
+use super::session_error::error_response;
 use crate::callers::{Caller, Verifier};
 use crate::pipeline::Daemon;
 use crate::pipeline::session::{SessionError, ended_refusal};

@@ -1,20 +1,18 @@
-//! The session procedures' HTTP side: parsing (with Run's protocol gate)
-//! and answers, including the two details only sessions carry: the
-//! session's end (`plimsoll.v1.SessionEnded`) and the record of a call that
-//! may have run without an answer (`plimsoll.v1.UnansweredCall`).
+//! The session procedures' HTTP side: parsing (with Run's protocol gate),
+//! where each is answered (here, or through the replica that holds the
+//! session), and the answers (errors in `session_error.rs`).
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
 use axum::response::Response;
 
-use super::connect::{ConnectDetail, connect_error_with, detail, json_ok, parse};
+use super::connect::{json_ok, parse};
+use super::session_error::error_response;
 use crate::callers::Caller;
 use crate::pipeline::Daemon;
 use crate::pipeline::session::SessionError;
-use crate::providers::Ended;
-use crate::refusal::{Code, Refusal};
-use crate::wire::{self, CloseSessionRequest, OpenSessionRequest, Request, SessionRunRequest};
+use crate::refusal::Refusal;
+use crate::wire::{CloseSessionRequest, OpenSessionRequest, Request, SessionRunRequest};
 
 /// A parsed session request, ready for the pipeline.
 pub enum Parsed {
@@ -71,50 +69,5 @@ fn answer<T: serde::Serialize>(r: Result<T, SessionError>) -> Response {
     match r {
         Ok(v) => json_ok(&v),
         Err(e) => error_response(e),
-    }
-}
-
-fn ended_detail(e: &Ended) -> ConnectDetail {
-    detail(
-        "plimsoll.v1.SessionEnded",
-        &wire::session_ended_detail(e.reason, &e.detail),
-    )
-}
-
-pub fn error_response(e: SessionError) -> Response {
-    match e {
-        SessionError::Refused { refusal, ended } => {
-            let mut resp = connect_error_with(
-                refusal.code,
-                &refusal.message,
-                Some(refusal.reason),
-                ended.iter().map(ended_detail).collect(),
-            );
-            if let Ok(status) = StatusCode::from_u16(refusal.code.http_status()) {
-                *resp.status_mut() = status;
-            }
-            resp
-        }
-        SessionError::Unanswered { id, record, ended } => {
-            let mut extra = vec![detail(
-                "plimsoll.v1.UnansweredCall",
-                &wire::unanswered_detail(&record),
-            )];
-            extra.extend(ended.iter().map(ended_detail));
-            connect_error_with(
-                Code::Internal,
-                &format!(
-                    "internal error {id}; the call may have run, and its record is in this error"
-                ),
-                None,
-                extra,
-            )
-        }
-        SessionError::Internal { id } => connect_error_with(
-            Code::Internal,
-            &format!("internal error {id}"),
-            None,
-            vec![],
-        ),
     }
 }

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::paid_file::{PaidDay, PaidFile};
 use super::{Ask, Booked, utc_day};
-use crate::quota::{QuotaSettings, Shed};
+use crate::limits::{QuotaSettings, Shed};
 
 struct Bucket {
     tokens: f64,

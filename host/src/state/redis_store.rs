@@ -19,7 +19,7 @@ use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::{Ask, Booked};
-use crate::quota::{QuotaSettings, Shed};
+use crate::limits::{QuotaSettings, Shed};
 
 /// How long one call to the store may take before the run is refused.
 const TIMEOUT: Duration = Duration::from_secs(1);
