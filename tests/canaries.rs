@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{Answer, Daemon, client, metrics_url};
+use crate::{Answer, Daemon, metrics_text};
 
 /// A trace ID no other request of this test process carries.
 pub fn canary(what: &str) -> String {
@@ -64,14 +64,7 @@ where
 
 /// The value of a counter or gauge on the daemon's `/metrics` now.
 pub async fn metric(d: &Daemon, series: &str) -> u64 {
-    let text = client()
-        .get(metrics_url(d))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = metrics_text(d).await;
     let prefix = format!("{series} ");
     text.lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))

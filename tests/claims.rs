@@ -253,14 +253,7 @@ async fn every_documented_metrics_series_is_served() {
     plimsoll_tests::wait_inflight(&d, 1).await;
     assert_eq!(call(&d, "Run", &js_run("1")).await.mark(), Some("capacity"));
     busy.await.expect("join").expect("sent");
-    let text = plimsoll_tests::client()
-        .get(plimsoll_tests::metrics_url(&d))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = plimsoll_tests::metrics_text(&d).await;
     let docs = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/api.md"),
     )

@@ -360,14 +360,7 @@ async fn redirects_are_not_followed_and_proxies_are_not_used() {
         "the proxy was used"
     );
     // The host-call series count them by route template, never by path.
-    let text = plimsoll_tests::client()
-        .get(plimsoll_tests::metrics_url(&s.d))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = plimsoll_tests::metrics_text(&s.d).await;
     assert!(
         text.contains(
             "plimsoll_host_calls_total{method=\"GET\",profile=\"inventory\",route=\"/moved/*/*\"} 4"

@@ -603,21 +603,25 @@ pub async fn inflight(d: &Daemon) -> usize {
     canaries::metric(d, "plimsoll_inflight").await as usize
 }
 
+/// The daemon's whole `/metrics` page now.
+pub async fn metrics_text(d: &Daemon) -> String {
+    client()
+        .get(metrics_url(d))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
 /// Waits (at most 10 s) until the daemon's own in-flight gauge reads `n`:
 /// the sentinel for "these runs have started", instead of a guessed sleep.
 pub async fn wait_inflight(d: &Daemon, n: usize) {
-    let url = metrics_url(d);
     let want = format!("plimsoll_inflight {n}");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let text = client()
-            .get(&url)
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
+        let text = metrics_text(d).await;
         if text.lines().any(|l| l == want) {
             return;
         }
