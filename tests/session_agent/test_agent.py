@@ -486,6 +486,47 @@ def test_the_sweep_after_project_steps(s):
     assert strays(s, kernels=2) == []
 
 
+def test_a_sweep_ends_before_the_next_step_starts(s):
+    # A step whose leftover holds its pipes is swept on exit. That sweep must
+    # be over before anything else starts, or it kills what comes next (it
+    # did: a CI run saw exit 137). Threads in the Python kernel, which every
+    # sweep spares, keep starting processes, so a sweep usually runs all its
+    # rounds (about a second); whether it does is timing, so the test does not
+    # ask, it only requires every step and the snippet after them to survive.
+    spawner = ("import os, threading, time\n"
+               "def spawn():\n"
+               "    live = set()\n"  # 16 a thread: the pids limit (256) stays far
+               "    while True:\n"
+               "        for pid in list(live):\n"
+               "            try:\n"
+               "                if os.waitpid(pid, os.WNOHANG)[0]:\n"
+               "                    live.discard(pid)\n"
+               "            except ChildProcessError:\n"
+               "                live.discard(pid)\n"
+               "        if len(live) >= 16:\n"
+               "            time.sleep(0.001)\n"
+               "            continue\n"
+               "        try:\n"
+               "            live.add(os.posix_spawn('/bin/sleep', ['sleep', '1000'], os.environ))\n"
+               "        except OSError:\n"
+               "            time.sleep(0.001)\n"
+               "for _ in range(2):\n"
+               "    threading.Thread(target=spawn, daemon=True).start()")
+    settled = lambda lines: [line for line in lines if line != {"swept": False}]
+    lines = settled(s.call("cell", language="python", code=spawner, budget_ms=20000,
+                           output_limit=1 << 16, files=[]))
+    assert unb64(lines[0]["cell"])["exit_code"] == 0, lines
+    for _ in range(3):  # three chances for a sweep to outlast its step
+        lines = settled(s.project(["setsid sleep 1000 & echo a", "sleep 0.3; echo b", "echo c"]))
+        steps = [unb64(line["step"]) for line in lines if "step" in line]
+        assert [(r["exit_code"], r["stdout"]) for r in steps] == [(0, "a\n"), (0, "b\n"), (0, "c\n")], steps
+        assert lines[-1]["end"]["outcome"] == "completed", lines
+    lines = settled(s.call("snippet", code="setTimeout(() => console.log('d'), 500)",
+                           budget_ms=20000, output_limit=1 << 16, env=[]))
+    out = unb64(lines[0]["process"])
+    assert (out["exit_code"], out["stdout"]) == (0, "d\n"), out
+
+
 def test_the_sweep_after_cells(s):
     out = s.cell("python", "import subprocess\n"
                  "p = subprocess.Popen(['sleep', '1000'])\n"

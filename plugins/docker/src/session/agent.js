@@ -186,7 +186,7 @@ function killPass() {
 
 // Repeats until a scan kills nothing, so what a fork loop makes between two
 // scans is caught by the next. True when the container is clean.
-async function sweep() {
+async function sweepRounds() {
   for (let round = 0; round < 100; round++) {
     const n = killPass();
     if (n <= 0) return n === 0;
@@ -194,6 +194,17 @@ async function sweep() {
   }
   return false;
 }
+
+// One sweep at a time, and nothing starts while one runs: a sweep kills
+// every process it did not start with, so one still going when the next
+// step or call began would kill that too. Callers share the sweep in flight.
+let sweeping = null;
+function sweep() {
+  if (!sweeping) sweeping = sweepRounds().finally(() => (sweeping = null));
+  return sweeping;
+}
+// Resolves when no sweep is running.
+const swept = () => sweeping || Promise.resolve(true);
 
 // ---- Processes: snippets and project steps ----
 
@@ -234,7 +245,9 @@ function runProcess(file, args, { input, env, deadline, limit }) {
       clearTimeout(timer);
       timer = null;
       const exitCode = timedOut ? 124 : code === null ? 127 : code;
-      resolve(report(so, se, exitCode, timedOut, { duration_ms: Date.now() - started }));
+      const r = report(so, se, exitCode, timedOut, { duration_ms: Date.now() - started });
+      swept().then(() => resolve(r)); // the next step must not meet this one's sweep
+
     };
     let timer = setTimeout(() => {
       timedOut = true;
@@ -511,6 +524,7 @@ async function handle(item) {
       emit({ error: e instanceof BadRequest ? e.message : `agent failure: ${e.code || e.message}` });
     }
     if (SWEEPS.has(req.kind)) {
+      await swept(); // one left by the call may have started before its last process
       if (!(await sweep())) emit({ swept: false });
       // Python does not reap on its own (a SIGCHLD handler would steal the
       // status a cell's subprocess waits for): told to, between cells, it
