@@ -26,6 +26,7 @@ pub mod env_vars;
 pub mod fd_limit;
 pub mod grants;
 pub mod hardened;
+pub mod job;
 pub mod limits;
 pub mod live;
 pub mod metrics;

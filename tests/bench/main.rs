@@ -34,8 +34,9 @@ mod stats;
 
 use std::time::{Duration, Instant};
 
+use plimsoll::job::{CellInput, Job, Output, Payload};
+use plimsoll::providers::ProviderSession;
 use plimsoll::providers::wasm::WasmProvider;
-use plimsoll::providers::{CellInput, Job, Output, Payload, ProviderSession};
 use plimsoll_tests::{Daemon, js_run};
 
 use admission::admission;

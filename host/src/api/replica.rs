@@ -11,9 +11,9 @@ use bytes::Bytes;
 
 use super::session_error::error_response;
 use crate::callers::{Caller, Verifier};
+use crate::job::Ended;
 use crate::pipeline::Daemon;
 use crate::pipeline::session::{SessionError, ended_refusal};
-use crate::providers::Ended;
 use crate::quota::{SessionPlace, Shed};
 use crate::refusal::Reason;
 use crate::refusal::Refusal;

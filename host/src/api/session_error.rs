@@ -8,8 +8,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::connect::{ConnectDetail, connect_error_with, detail};
+use crate::job::Ended;
 use crate::pipeline::session::SessionError;
-use crate::providers::Ended;
 use crate::refusal::Code;
 use crate::wire;
 

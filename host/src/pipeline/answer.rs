@@ -2,8 +2,9 @@
 //! into the run record the client recomputes.
 
 use crate::grants::broker::CallTrace;
+use crate::job::Output;
 use crate::outcome::{ProjectOutcome as Outcome, ProjectOutput};
-use crate::providers::{Evidence, Output};
+use crate::providers::Evidence;
 use crate::record;
 use crate::wire::{
     Artifact, B64, CellResult, I64, JavaScriptResult, ProjectOutcome, ProjectResult, RunRequest,
@@ -75,14 +76,7 @@ pub fn seal(
         record::request_digest(req),
         result_digest,
         req.software_rule.as_ref(),
-        &record::Evidence {
-            provider: &ev.sandbox,
-            isolation: ev.tier.as_str(),
-            environment: &ev.environment,
-            policy: &ev.policy,
-            software_identity: &ev.software_identity,
-            instance: "",
-        },
+        &evidence_of(ev),
         started_wall,
         started_wall + elapsed_ms,
         link,
@@ -140,5 +134,36 @@ fn project_result(p: ProjectOutput) -> ProjectResult {
             .collect(),
         artifacts_truncated: p.artifacts_truncated,
         call_trace: None,
+    }
+}
+
+/// The record of a session call that may have run but has no answer: the
+/// chain keeps its place, with no result digest.
+pub fn unanswered(
+    req: &RunRequest,
+    ev: &Evidence,
+    (received, ended): (i64, i64),
+    link: &record::Link,
+) -> crate::wire::RunRecord {
+    record::seal_unanswered(
+        record::request_digest(req),
+        "internal",
+        req.software_rule.as_ref(),
+        &evidence_of(ev),
+        received,
+        ended,
+        link,
+    )
+}
+
+/// The evidence as a record states it.
+fn evidence_of(ev: &Evidence) -> record::Evidence<'_> {
+    record::Evidence {
+        provider: &ev.sandbox,
+        isolation: ev.tier.as_str(),
+        environment: &ev.environment,
+        policy: &ev.policy,
+        software_identity: &ev.software_identity,
+        instance: "",
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod answer;
 pub mod audit;
+pub(crate) mod dispatch;
 pub mod floor;
 pub mod session;
 
@@ -21,10 +22,11 @@ use tokio::sync::Semaphore;
 use crate::admission::{self, Limits};
 use crate::callers::Caller;
 use crate::grants::{Grants, Profile, broker};
+use crate::job::{Payload, ProjectInput};
 use crate::live::Live;
 use crate::metrics::Metrics;
-use crate::outcome::{NotReady, RunFailure};
-use crate::providers::{Evidence, Job, Payload, ProjectInput, Provider};
+use crate::outcome::NotReady;
+use crate::providers::{Evidence, Provider};
 use crate::quota::{Quotas, Shed};
 use crate::refusal::Refusal;
 use crate::replicas::Replicas;
@@ -32,7 +34,7 @@ use crate::sessions::{self, Registry, SessionSettings};
 use crate::wire::{
     DescribeResponse, PROTOCOL, PayloadEnvironment, RunRequest, RunResources, RunResponse,
 };
-use audit::AuditLine;
+use dispatch::{Admitted, Target, Undone};
 
 /// How long a stopping daemon waits for session opens under way before it
 /// ends the sessions it holds: as long as the docker pool waits for its
@@ -157,6 +159,13 @@ impl Daemon {
     }
 
     /// Bytes a run keeps per output stream.
+    /// A capacity refusal, counted under `label` on the shed metric: every
+    /// run, call or open turned away for room goes through here.
+    fn shed(&self, label: &str, text: impl Into<String>) -> Refusal {
+        self.metrics.shed.with_label_values(&[label]).inc();
+        Refusal::capacity(text)
+    }
+
     pub fn output_limit(&self) -> usize {
         self.limits.output_limit
     }
@@ -329,15 +338,7 @@ impl Daemon {
             },
             admission::Payload::Project(p) if offer.project => Work {
                 profile: self.grant_for(&p.grant_profile, true, &caller.id)?,
-                payload: Payload::Project(ProjectInput {
-                    files: p
-                        .files
-                        .iter()
-                        .map(|f| (f.path.clone(), f.content.clone()))
-                        .collect(),
-                    steps: p.steps.clone(),
-                    artifacts: p.artifacts.clone(),
-                }),
+                payload: Payload::Project(ProjectInput::from(p)),
             },
             admission::Payload::Cell(_) => {
                 // validate() refuses a cell outside a session already.
@@ -357,10 +358,7 @@ impl Daemon {
         //    daemon spends nobody's rate), now or a capacity refusal now (no
         //    queue). A metered run reserves its whole budget of paid
         //    seconds up front and is refunded what it did not use.
-        let shed = |why: Shed| {
-            self.metrics.shed.with_label_values(&[why.label()]).inc();
-            Refusal::capacity(why.text())
-        };
+        let shed = |why: Shed| self.shed(why.label(), why.text());
         let slot = self
             .in_flight
             .clone()
@@ -412,61 +410,26 @@ impl Daemon {
 
         // The run's credential is minted here, after every check and
         // immediately before dispatch; it lives in the session only.
-        let op = work.payload_kind();
-        let session = self.mint_grant(work.profile, &caller.id, checked.timeout)?;
+        let grant = self.mint_grant(work.profile, &caller.id, checked.timeout)?;
 
-        // 5. Dispatch.
-        self.metrics.runs.inc();
-        let started_wall = unix_ms();
-        let started = Instant::now();
-        let dispatched = self
-            .provider
-            .run(Job {
-                payload: work.payload,
-                timeout: checked.timeout,
-                output_limit: self.limits.output_limit,
-                grant: session.clone(),
-                live,
-            })
-            .await
-            .map_err(failed);
-        let call_trace = session.as_ref().map(|s| s.trace());
-        let grant_profile = session.as_ref().map(|s| s.profile().name.clone());
-        if let (Some(t), Some(p)) = (&call_trace, &grant_profile) {
-            self.metrics.record_calls(p, t);
-        }
-        let elapsed_ms = started.elapsed().as_millis() as i64;
-        let audit = AuditLine::new(
-            op,
-            &caller.id,
-            &ev,
-            &req,
-            checked.trace_id.as_deref().unwrap_or(""),
-            checked.trace_id_rejected,
-            elapsed_ms,
-        )
-        .with_grant(grant_profile.as_deref(), call_trace.as_ref());
-        let output = match dispatched {
-            Ok(out) => out,
-            Err(e) => {
-                if let RunError::Internal { id, .. } = &e {
-                    audit.failed(id);
-                }
-                return Err(e);
-            }
+        // 5 and 6. Dispatch, the answer and its record.
+        let work = Admitted {
+            req: &req,
+            checked: &checked,
+            evidence: &ev,
+            caller: &caller.id,
+            payload: work.payload,
+            grant,
+            live,
         };
-
-        // 6. The answer and its record.
-        let sealed = answer::seal(
-            &req,
-            &ev,
-            output,
-            call_trace,
-            (started_wall, elapsed_ms),
-            None,
-        );
-        audit.answered(sealed.exit_code, sealed.timed_out, sealed.outcome);
-        Ok(sealed.response)
+        match self
+            .dispatch(work, Target::Run(self.provider.as_ref()))
+            .await
+        {
+            Ok(sealed) => Ok(sealed.response),
+            Err(Undone::Refused(refusal)) => Err(refusal.into()),
+            Err(Undone::MayHaveRun { id, detail }) => Err(RunError::Internal { id, detail }),
+        }
     }
 }
 
@@ -491,25 +454,6 @@ impl Drop for InFlight {
 struct Work {
     payload: Payload,
     profile: Option<Arc<Profile>>,
-}
-
-impl Work {
-    fn payload_kind(&self) -> &'static str {
-        match self.payload {
-            Payload::JavaScript(_) => "javascript",
-            Payload::Project(_) => "project",
-            Payload::Cell(_) => "cell",
-        }
-    }
-}
-
-/// A provider's failure as the API answers it: a refusal stays marked,
-/// anything that may have run becomes an unmarked internal error.
-fn failed(f: RunFailure) -> RunError {
-    match f {
-        RunFailure::NotDispatched(r) => r.into(),
-        RunFailure::MayHaveRun(detail) => internal(detail),
-    }
 }
 
 fn internal(detail: String) -> RunError {

@@ -32,9 +32,8 @@ pub mod strings;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::grants::broker;
-use crate::live::Live;
-use crate::outcome::{NotReady, ProcessOutput, ProjectOutput, RunFailure};
+use crate::job::{Job, Kind, Output, Payload};
+use crate::outcome::{CellOutput, NotReady, ProjectOutput, RunFailure};
 use crate::refusal::Refusal;
 use crate::text::sanitize;
 use crate::tier::Tier;
@@ -70,26 +69,12 @@ pub struct SessionSupport {
     pub cell_languages: Vec<String>,
 }
 
-/// A validated project, as the host hands it to a plugin.
-pub struct ProjectPayloadIn {
-    pub files: Vec<(String, String)>,
-    pub steps: Vec<String>,
-    pub artifacts: Vec<String>,
-}
-
 /// A plugin that loaded, described itself and passed its smoke test.
 pub struct PluginProvider {
     runner: Arc<Runner>,
     sha256: String,
     described: Described,
     tier: Tier,
-}
-
-/// What a plugin's run produced, copied out of its memory under budget.
-enum PluginResult {
-    Javascript(ProcessOutput),
-    Project(ProjectOutput),
-    Cell(crate::outcome::CellOutput),
 }
 
 impl PluginProvider {
@@ -123,79 +108,23 @@ impl PluginProvider {
         self.backend().map_or(Ok(()), |b| b.ready())
     }
 
-    /// Runs one JavaScript snippet through the plugin. The output the plugin
-    /// returns is read in place and capped here: the host never trusts a
-    /// plugin to keep to a limit it could enforce itself, and never copies
-    /// more than the cap out of the plugin's memory.
-    pub async fn run_javascript(
-        &self,
-        code: String,
-        timeout: Duration,
-        output_limit: usize,
-        grant: Option<Arc<broker::Session>>,
-        live: Option<Live>,
-    ) -> Result<ProcessOutput, RunFailure> {
-        match self
-            .run(
-                types::Payload::Javascript(code),
-                timeout,
-                output_limit,
-                grant,
-                live,
-            )
-            .await?
-        {
-            PluginResult::Javascript(out) => Ok(out),
-            _ => Err(RunFailure::MayHaveRun(format!(
-                "plugin {} answered a snippet with another kind of result",
-                self.name()
-            ))),
-        }
-    }
-
-    pub async fn run_project(
-        &self,
-        project: ProjectPayloadIn,
-        timeout: Duration,
-        output_limit: usize,
-        grant: Option<Arc<broker::Session>>,
-        live: Option<Live>,
-    ) -> Result<ProjectOutput, RunFailure> {
-        let project = types::ProjectPayload {
-            files: project
-                .files
-                .into_iter()
-                .map(|(path, content)| types::ProjectFile { path, content })
-                .collect(),
-            steps: project.steps,
-            artifacts: project.artifacts,
-        };
-        match self
-            .run(
-                types::Payload::Project(project),
-                timeout,
-                output_limit,
-                grant,
-                live,
-            )
-            .await?
-        {
-            PluginResult::Project(out) => Ok(out),
-            _ => Err(RunFailure::MayHaveRun(format!(
-                "plugin {} answered a project with another kind of result",
-                self.name()
-            ))),
-        }
-    }
-
-    async fn run(
-        &self,
-        payload: types::Payload,
-        timeout: Duration,
-        output_limit: usize,
-        grant: Option<Arc<broker::Session>>,
-        live: Option<Live>,
-    ) -> Result<PluginResult, RunFailure> {
+    /// Runs one job through the plugin. The output the plugin returns is
+    /// read in place and capped here: the host never trusts a plugin to keep
+    /// to a limit it could enforce itself, and never copies more than the
+    /// cap out of the plugin's memory.
+    pub async fn run(&self, job: Job) -> Result<Output, RunFailure> {
+        let Job {
+            payload,
+            timeout,
+            output_limit,
+            grant,
+            live,
+        } = job;
+        let asked = payload.kind();
+        // A project's output reaches the caller through the plugin's report,
+        // at its end: nothing is streamed.
+        let live = live.filter(|_| asked != Kind::Project);
+        let payload = wit_payload(payload);
         // A plugin whose backend is not ready never gets the run: nothing is
         // dispatched, and the refusal says why.
         if let Err(why) = self.ready() {
@@ -232,7 +161,9 @@ impl PluginProvider {
         store.data().report.report_unrequested(self.name());
         let name = self.name();
         match outcome {
-            Ok(Ok(Ok(result))) => Ok(result_of(result, &mut store, output_limit)),
+            Ok(Ok(Ok(result))) => {
+                answered(name, asked, result_of(result, &mut store, output_limit))
+            }
             Ok(Ok(Err(e))) => Err(error_of(name, e, &store)),
             Ok(Err(e)) => Err(store
                 .data()
@@ -272,14 +203,14 @@ fn result_of(
     result: types::RunResult,
     store: &mut wasmtime::Store<call::PluginState>,
     output_limit: usize,
-) -> PluginResult {
+) -> Output {
     match result {
         types::RunResult::Javascript(out) => {
-            PluginResult::Javascript(results::cap_output(out, output_limit))
+            Output::JavaScript(results::cap_output(out, output_limit))
         }
         types::RunResult::Project(summary) => {
             let report = std::mem::take(&mut store.data_mut().report);
-            PluginResult::Project(ProjectOutput {
+            Output::Project(ProjectOutput {
                 steps: report.steps,
                 outcome: results::outcome_of(summary.outcome),
                 outcome_detail: sanitize(&summary.outcome_detail, MESSAGE_BYTES),
@@ -287,10 +218,54 @@ fn result_of(
                 artifacts_truncated: summary.artifacts_truncated || report.refused_artifacts,
             })
         }
-        types::RunResult::Cell(c) => PluginResult::Cell(crate::outcome::CellOutput {
+        types::RunResult::Cell(c) => Output::Cell(CellOutput {
             output: results::cap_output(c.output, output_limit),
             interpreter_started: c.interpreter_started,
             interpreter_ended: c.interpreter_ended,
         }),
     }
+}
+
+/// The payload in the plugin's terms: the one conversion, for runs and
+/// session calls alike.
+fn wit_payload(p: Payload) -> types::Payload {
+    let files = |files: Vec<(String, String)>| {
+        files
+            .into_iter()
+            .map(|(path, content)| types::ProjectFile { path, content })
+            .collect()
+    };
+    match p {
+        Payload::JavaScript(code) => types::Payload::Javascript(code),
+        Payload::Project(p) => types::Payload::Project(types::ProjectPayload {
+            files: files(p.files),
+            steps: p.steps,
+            artifacts: p.artifacts,
+        }),
+        Payload::Cell(c) => types::Payload::Cell(types::CellPayload {
+            language: if c.language == "python" {
+                types::Language::Python
+            } else {
+                types::Language::Javascript
+            },
+            code: c.code,
+            files: files(c.files),
+        }),
+    }
+}
+
+/// A result of the kind asked for, or the plugin answered something else
+/// (after the call ran: it may have happened).
+fn answered(name: &str, asked: Kind, out: Output) -> Result<Output, RunFailure> {
+    if out.kind() == asked {
+        return Ok(out);
+    }
+    let what = match asked {
+        Kind::JavaScript => "a snippet",
+        Kind::Project => "a project",
+        Kind::Cell => "a cell",
+    };
+    Err(RunFailure::MayHaveRun(format!(
+        "plugin {name} answered {what} with another kind of result"
+    )))
 }

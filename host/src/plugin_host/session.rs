@@ -10,14 +10,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
-
 use super::bindings::types;
 use super::call::{self, Runner};
 use super::capabilities::container_engine::SessionSlot;
-use super::{CALL_MARGIN, MESSAGE_BYTES, PluginProvider, PluginResult, error_of, result_of};
+use super::{
+    CALL_MARGIN, MESSAGE_BYTES, PluginProvider, answered, error_of, result_of, wit_payload,
+};
+use crate::job::{Ended, Job, Output, SessionOptions};
 use crate::outcome::RunFailure;
-use crate::providers::{Ended, Job, Output, Payload, ProviderSession, SessionOptions};
 use crate::refusal::Refusal;
 use crate::text::sanitize;
 use crate::wire::SessionEnd;
@@ -145,33 +145,20 @@ fn end_of(e: types::SessionEnded) -> Ended {
     }
 }
 
-fn payload_of(p: Payload) -> types::Payload {
-    let files = |files: Vec<(String, String)>| {
-        files
-            .into_iter()
-            .map(|(path, content)| types::ProjectFile { path, content })
-            .collect()
-    };
-    match p {
-        Payload::JavaScript(code) => types::Payload::Javascript(code),
-        Payload::Project(p) => types::Payload::Project(types::ProjectPayload {
-            files: files(p.files),
-            steps: p.steps,
-            artifacts: p.artifacts,
-        }),
-        Payload::Cell(c) => types::Payload::Cell(types::CellPayload {
-            language: if c.language == "python" {
-                types::Language::Python
-            } else {
-                types::Language::Javascript
-            },
-            code: c.code,
-            files: files(c.files),
-        }),
-    }
-}
-
 impl PluginSession {
+    /// The host's own observation decides over the plugin's report: a
+    /// container the host saw die ends the session.
+    fn observe(&self) {
+        if let Some(slot) = &self.slot
+            && !slot.alive()
+        {
+            self.note_end(Ended {
+                reason: SessionEnd::MainProcessEnded,
+                detail: "the session's container ended".into(),
+            });
+        }
+    }
+
     fn note_end(&self, e: Ended) {
         let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
         if ended.is_none() {
@@ -179,13 +166,11 @@ impl PluginSession {
         }
     }
 
-    async fn call(&self, job: Job) -> Result<Output, RunFailure> {
+    /// Runs one call of the session, in a fresh instance with the session's
+    /// state and slot.
+    pub async fn call(&self, job: Job) -> Result<Output, RunFailure> {
         let runner = &self.runner;
-        let kind = match &job.payload {
-            Payload::JavaScript(_) => 0,
-            Payload::Project(_) => 1,
-            Payload::Cell(_) => 2,
-        };
+        let asked = job.payload.kind();
         let deadline = job.timeout + SESSION_CALL_MARGIN;
         // However this call ends (even dropped mid-way), the session's
         // broker directory stops serving its grant.
@@ -205,7 +190,7 @@ impl PluginSession {
         let request = types::RunRequest {
             timeout_ms: u32::try_from(job.timeout.as_millis()).unwrap_or(u32::MAX),
             output_limit: u32::try_from(job.output_limit).unwrap_or(u32::MAX),
-            payload: payload_of(job.payload),
+            payload: wit_payload(job.payload),
         };
         // The report keeps only the artifacts this request names.
         if let types::Payload::Project(p) = &request.payload {
@@ -227,15 +212,11 @@ impl PluginSession {
                 if let Some(e) = a.ended {
                     self.note_end(end_of(e));
                 }
-                let result = result_of(a.outcome, &mut store, job.output_limit);
-                match (kind, result) {
-                    (0, PluginResult::Javascript(o)) => Ok(Output::JavaScript(o)),
-                    (1, PluginResult::Project(o)) => Ok(Output::Project(o)),
-                    (2, PluginResult::Cell(o)) => Ok(Output::Cell(o)),
-                    _ => Err(RunFailure::MayHaveRun(format!(
-                        "plugin {name} answered a session call with another kind of result"
-                    ))),
-                }
+                answered(
+                    &name,
+                    asked,
+                    result_of(a.outcome, &mut store, job.output_limit),
+                )
             }
             Ok(Ok((Err(f),))) => {
                 if let Some(e) = f.ended {
@@ -254,54 +235,34 @@ impl PluginSession {
                 .mark
                 .failed(&name, "the session call overran its deadline")),
         };
-        // The host's own observation decides over the plugin's report.
-        if let Some(slot) = &self.slot
-            && !slot.alive()
-        {
-            self.note_end(Ended {
-                reason: SessionEnd::MainProcessEnded,
-                detail: "the session's container ended".into(),
-            });
-        }
+        self.observe();
         answer
     }
-}
 
-impl ProviderSession for PluginSession {
-    fn run(&self, job: Job) -> BoxFuture<'_, Result<Output, RunFailure>> {
-        Box::pin(self.call(job))
-    }
-
-    fn ended(&self) -> Option<Ended> {
-        if let Some(slot) = &self.slot
-            && !slot.alive()
-        {
-            self.note_end(Ended {
-                reason: SessionEnd::MainProcessEnded,
-                detail: "the session's container ended".into(),
-            });
-        }
+    /// Why the session's sandbox ended by itself, if it did.
+    pub fn ended(&self) -> Option<Ended> {
+        self.observe();
         self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            let runner = &self.runner;
-            let mut store = runner.store(CLOSE_TIMEOUT);
-            store.data_mut().bind_session(self.slot.clone());
-            // The plugin's close is best effort; the host's end is not.
-            let _ = runner
-                .call::<(String,), ()>(
-                    &mut store,
-                    CLOSE_TIMEOUT,
-                    runner.exports.close_session,
-                    (self.state.clone(),),
-                )
-                .await;
-            store.data().log.report_dropped();
-            if let Some(slot) = &self.slot {
-                slot.end().await;
-            }
-        })
+    /// Ends the session: the plugin's close, then the host's own end of
+    /// whatever the session's slot holds.
+    pub async fn close(&self) {
+        let runner = &self.runner;
+        let mut store = runner.store(CLOSE_TIMEOUT);
+        store.data_mut().bind_session(self.slot.clone());
+        // The plugin's close is best effort; the host's end is not.
+        let _ = runner
+            .call::<(String,), ()>(
+                &mut store,
+                CLOSE_TIMEOUT,
+                runner.exports.close_session,
+                (self.state.clone(),),
+            )
+            .await;
+        store.data().log.report_dropped();
+        if let Some(slot) = &self.slot {
+            slot.end().await;
+        }
     }
 }

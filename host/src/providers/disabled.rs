@@ -6,7 +6,8 @@
 
 use futures_util::future::{BoxFuture, ready};
 
-use super::{Evidence, Job, Offer, Output, Provider, not_offered};
+use super::{Evidence, Offer, Provider, not_offered};
+use crate::job::{Job, Output};
 use crate::outcome::RunFailure;
 use crate::refusal::{Code, Reason, Refusal};
 use crate::tier::Tier;

@@ -17,16 +17,14 @@ pub mod settings;
 pub mod wasm;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::future::{BoxFuture, ready};
 
-use crate::grants::broker;
-use crate::live::Live;
-use crate::outcome::{CellOutput, NotReady, ProcessOutput, ProjectOutput, RunFailure};
+use crate::job::{Job, Output, SessionOptions};
+use crate::outcome::{NotReady, RunFailure};
 use crate::refusal::Refusal;
 use crate::tier::Tier;
-pub use session::{Ended, ProviderSession, SessionOffer, SessionOptions};
+pub use session::{ProviderSession, SessionOffer};
 pub use settings::{ProviderKind, ProviderSettings};
 
 /// What a provider can stand behind right now.
@@ -64,50 +62,6 @@ pub struct Resources {
     pub cpus: f64,
     pub pids: u32,
     pub disk_mb: u32,
-}
-
-/// A validated project, as a provider receives it.
-#[derive(Debug, Clone)]
-pub struct ProjectInput {
-    pub files: Vec<(String, String)>,
-    pub steps: Vec<String>,
-    pub artifacts: Vec<String>,
-}
-
-/// A validated cell, as a session's provider receives it.
-#[derive(Debug, Clone)]
-pub struct CellInput {
-    pub language: String,
-    pub code: String,
-    pub files: Vec<(String, String)>,
-}
-
-/// What one admitted run carries.
-pub enum Payload {
-    JavaScript(String),
-    Project(ProjectInput),
-    /// Only in a session.
-    Cell(CellInput),
-}
-
-/// One admitted run, with its budget and its grant's broker session.
-pub struct Job {
-    pub payload: Payload,
-    pub timeout: Duration,
-    /// Bytes kept per output stream.
-    pub output_limit: usize,
-    pub grant: Option<Arc<broker::Session>>,
-    /// Where output goes as it is written, when a caller watches the run.
-    /// A provider that cannot pass output on early ignores it: the result
-    /// carries everything either way.
-    pub live: Option<Live>,
-}
-
-/// What a run produced.
-pub enum Output {
-    JavaScript(ProcessOutput),
-    Project(ProjectOutput),
-    Cell(CellOutput),
 }
 
 /// A configured provider, as the pipeline sees it.

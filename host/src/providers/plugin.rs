@@ -6,17 +6,17 @@ use std::sync::Arc;
 
 use futures_util::future::{BoxFuture, ready};
 
-use super::{
-    Evidence, Job, Offer, Output, Payload, Provider, ProviderSettings, Resources, StartError,
-};
+use super::{Evidence, Offer, Provider, ProviderSession, ProviderSettings, Resources, StartError};
 use crate::backends::docker::{self, DockerEngine};
+use crate::job::{Ended, Job, Output, Payload, SessionOptions};
 use crate::outcome::{NotReady, RunFailure};
 use crate::plugin_host::call::Granted;
 use crate::plugin_host::capabilities::container_engine::ContainerEngine;
 use crate::plugin_host::capabilities::http::HttpCapability;
 use crate::plugin_host::capabilities::http::policy::HttpAllowance;
 use crate::plugin_host::load::{self, Grants, PluginSource};
-use crate::plugin_host::{PluginError, PluginProvider, ProjectPayloadIn};
+use crate::plugin_host::session::PluginSession;
+use crate::plugin_host::{PluginError, PluginProvider};
 use crate::tier::Tier;
 
 /// Starts the plugin `name` from the plugin directory, with what the
@@ -169,40 +169,37 @@ impl Provider for PluginProvider {
 
     fn open_session(
         &self,
-        options: super::SessionOptions,
-    ) -> BoxFuture<'_, Result<Box<dyn super::ProviderSession>, RunFailure>> {
+        options: SessionOptions,
+    ) -> BoxFuture<'_, Result<Box<dyn ProviderSession>, RunFailure>> {
         Box::pin(async move {
             PluginProvider::open_session(self, options)
                 .await
-                .map(|s| Box::new(s) as Box<dyn super::ProviderSession>)
+                .map(|s| Box::new(s) as Box<dyn ProviderSession>)
         })
     }
 
     fn run(&self, job: Job) -> BoxFuture<'_, Result<Output, RunFailure>> {
         Box::pin(async move {
             match job.payload {
-                Payload::JavaScript(code) => self
-                    .run_javascript(code, job.timeout, job.output_limit, job.grant, job.live)
-                    .await
-                    .map(Output::JavaScript),
-                Payload::Project(p) => self
-                    .run_project(
-                        ProjectPayloadIn {
-                            files: p.files,
-                            steps: p.steps,
-                            artifacts: p.artifacts,
-                        },
-                        job.timeout,
-                        job.output_limit,
-                        job.grant,
-                        // A project's output reaches the caller through the
-                        // plugin's report, at its end: nothing is streamed.
-                        None,
-                    )
-                    .await
-                    .map(Output::Project),
                 Payload::Cell(_) => Err(super::not_offered()),
+                _ => PluginProvider::run(self, job).await,
             }
         })
+    }
+}
+
+/// A plugin's session as the pipeline holds it: the plugin host does the
+/// work, this is only the provider's face of it.
+impl ProviderSession for PluginSession {
+    fn run(&self, job: Job) -> BoxFuture<'_, Result<Output, RunFailure>> {
+        Box::pin(self.call(job))
+    }
+
+    fn ended(&self) -> Option<Ended> {
+        PluginSession::ended(self)
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(PluginSession::close(self))
     }
 }

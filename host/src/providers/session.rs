@@ -6,13 +6,10 @@
 //! pipeline never overlaps them), says when its sandbox ended by itself,
 //! and is closed exactly once.
 
-use std::time::Duration;
-
 use futures_util::future::BoxFuture;
 
-use super::{Job, Output};
+use crate::job::{Ended, Job, Output};
 use crate::outcome::RunFailure;
-use crate::wire::SessionEnd;
 
 /// What a provider's sessions can run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -26,29 +23,6 @@ pub struct SessionOffer {
     /// What every session call runs in, when it is not what single runs
     /// run in (docker: the session agent's container); `None` for the same.
     pub software_identity: Option<String>,
-}
-
-/// What a provider is told when a session opens.
-#[derive(Debug, Clone)]
-pub struct SessionOptions {
-    /// Interpreters the caller's cells will use: a hint, so a pool can hand
-    /// over a sandbox with them already running.
-    pub languages: Vec<String>,
-    /// The session's whole life; its sandbox must not outlive it.
-    pub lifetime: Duration,
-    /// How long opening may take.
-    pub open_timeout: Duration,
-    /// The daemon has grant profiles: a sandbox that can carry a grant into
-    /// a call should be made able to (a docker session's broker mount).
-    pub grants: bool,
-}
-
-/// Why a session's sandbox ended without being closed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ended {
-    pub reason: SessionEnd,
-    /// Operator-safe context for the caller (no paths, no engine text).
-    pub detail: String,
 }
 
 /// One open session's sandbox.

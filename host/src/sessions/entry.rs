@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, OwnedSemaphorePermit};
 
+use crate::job::Ended;
 use crate::metrics::Metrics;
-use crate::providers::{Ended, Evidence, ProviderSession, SessionOffer};
+use crate::providers::{Evidence, ProviderSession, SessionOffer};
 use crate::quota::{SessionPlace, Slot};
 use crate::replicas::HolderRecord;
 use crate::tier::Tier;

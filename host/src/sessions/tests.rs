@@ -8,8 +8,9 @@ use futures_util::future::BoxFuture;
 use tokio::sync::Semaphore;
 
 use super::*;
+use crate::job::{Ended, Job, Output};
 use crate::outcome::RunFailure;
-use crate::providers::{Ended, Evidence, Job, Output, ProviderSession, SessionOffer};
+use crate::providers::{Evidence, ProviderSession, SessionOffer};
 use crate::quota::{QuotaSettings, Quotas};
 use crate::tier::Tier;
 

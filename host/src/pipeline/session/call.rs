@@ -12,18 +12,32 @@
 //! the one its caller accepted.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{SessionError, ended_refusal, not_found};
 use crate::admission::{self, Payload as Checked};
 use crate::callers::Caller;
-use crate::outcome::RunFailure;
-use crate::pipeline::{Daemon, answer, audit::AuditLine, floor, internal_id};
-use crate::providers::{CellInput, Ended, Job, Payload, ProjectInput};
-use crate::record::{self, Link};
+use crate::grants::Profile;
+use crate::job::{CellInput, Ended, Payload, ProjectInput};
+use crate::pipeline::dispatch::{Admitted, Target, Undone};
+use crate::pipeline::{Daemon, answer, floor, internal_id};
+use crate::record::Link;
 use crate::refusal::{Reason, Refusal};
-use crate::sessions::{Entry, reaper};
+use crate::sessions::{Entry, Turn, reaper};
 use crate::wire::{RunRequest, SessionEnd, SessionRunRequest, SessionRunResponse, SoftwareRule};
+use tokio::sync::OwnedMutexGuard;
+
+/// A session call that passed its checks, waiting for nothing but its turn.
+struct Call {
+    req: RunRequest,
+    checked: admission::Checked,
+    caller: Arc<Caller>,
+    entry: Arc<Entry>,
+    payload: Payload,
+    profile: Option<Arc<Profile>>,
+    /// When the call arrived (an unanswered record's start).
+    received: i64,
+}
 
 impl Daemon {
     pub async fn session_run(
@@ -54,151 +68,149 @@ impl Daemon {
         };
 
         // 3. The turn: one call at a time, at most one waiting.
-        let Some(mut turn) = entry.wait_turn().await else {
+        let Some(turn) = entry.wait_turn().await else {
             return Err(Refusal::capacity(
                 "another call is already waiting for this session's turn",
             )
             .into());
         };
 
-        let daemon = self.clone();
-        let task = tokio::spawn(async move {
-            // 4. Under the turn: the end, the evidence, the wall, the rate.
-            if let Some(ended) = entry.ended() {
-                return Err(ended_refusal(ended, Reason::Request));
-            }
-            if let Some(ended) = turn.sandbox.as_ref().and_then(|s| s.ended()) {
-                reaper::end(
-                    &entry,
-                    ended.reason,
-                    ended.detail.clone(),
-                    &daemon.metrics,
-                    None,
-                );
-                return Err(ended_refusal(ended, Reason::Environment));
-            }
-            if let Err(why) = daemon.session_evidence_holds(&entry) {
-                let ended = Ended {
-                    reason: SessionEnd::SandboxChanged,
-                    detail: why,
-                };
-                reaper::end(
-                    &entry,
-                    ended.reason,
-                    ended.detail.clone(),
-                    &daemon.metrics,
-                    None,
-                );
-                return Err(ended_refusal(ended, Reason::Environment));
-            }
-            floor::check(checked.floor, req.software_rule.as_ref(), &entry.evidence)?;
-            if let Err(why) = daemon.quotas.charge(&caller.id).await {
-                daemon.metrics.shed.with_label_values(&[why.label()]).inc();
-                return Err(Refusal::capacity(why.text()).into());
-            }
-            let grant = daemon.mint_grant(profile, &caller.id, checked.timeout)?;
-
-            // 5. Dispatch, in the session's sandbox.
-            let Some(sandbox) = turn.sandbox.as_ref() else {
-                let ended = entry.ended().unwrap_or(Ended {
-                    reason: SessionEnd::Closed,
-                    detail: String::new(),
-                });
-                return Err(ended_refusal(ended, Reason::Request));
-            };
-            let link = Link {
-                session: entry.fingerprint.clone(),
-                sequence: turn.chain.calls + 1,
-                previous: turn.chain.last.clone(),
-            };
-            daemon.metrics.session_calls.inc();
-            let started_wall = unix_ms();
-            let started = Instant::now();
-            let dispatched = sandbox
-                .run(Job {
-                    live: None,
-                    payload,
-                    timeout: checked.timeout,
-                    output_limit: daemon.limits.output_limit,
-                    grant: grant.clone(),
-                })
-                .await;
-            let elapsed_ms = started.elapsed().as_millis() as i64;
-            let ended = sandbox.ended();
-            let call_trace = grant.as_ref().map(|s| s.trace());
-            let grant_name = grant.as_ref().map(|s| s.profile().name.clone());
-            if let (Some(t), Some(p)) = (&call_trace, &grant_name) {
-                daemon.metrics.record_calls(p, t);
-            }
-            let audit = AuditLine::new(
-                checked.payload.kind(),
-                &caller.id,
-                &entry.evidence,
-                &req,
-                checked.trace_id.as_deref().unwrap_or(""),
-                checked.trace_id_rejected,
-                elapsed_ms,
-            )
-            .with_grant(grant_name.as_deref(), call_trace.as_ref())
-            .with_session(&entry.fingerprint, link.sequence);
-
-            // 6. The answer, or the unanswered record, in the chain.
-            let answer = match dispatched {
-                Ok(output) => {
-                    let sealed = answer::seal(
-                        &req,
-                        &entry.evidence,
-                        output,
-                        call_trace,
-                        (started_wall, elapsed_ms),
-                        Some(&link),
-                    );
-                    audit.answered(sealed.exit_code, sealed.timed_out, sealed.outcome);
-                    turn.chain.calls = link.sequence;
-                    turn.chain.last = sealed.response.record.record_sha256.clone();
-                    let (reason, detail) = ended
-                        .as_ref()
-                        .map_or((SessionEnd::Open, String::new()), |e| {
-                            (e.reason, e.detail.clone())
-                        });
-                    Ok(SessionRunResponse {
-                        run: sealed.response,
-                        ended: reason,
-                        end_detail: detail,
-                    })
-                }
-                Err(RunFailure::NotDispatched(refusal)) => Err(SessionError::Refused {
-                    refusal,
-                    ended: ended.clone(),
-                }),
-                Err(RunFailure::MayHaveRun(detail)) => {
-                    let id = internal_id(&detail);
-                    audit.failed(&id);
-                    let record = unanswered(&req, &entry, received, &link);
-                    turn.chain.calls = link.sequence;
-                    turn.chain.last = record.record_sha256.clone();
-                    daemon.metrics.runs_failed.inc();
-                    Err(SessionError::Unanswered {
-                        id,
-                        record: Box::new(record),
-                        ended: ended.clone(),
-                    })
-                }
-            };
-            if answer.is_ok() || matches!(answer, Err(SessionError::Unanswered { .. })) {
-                entry.touch(daemon.sessions.tick());
-            }
-            if let Some(e) = ended {
-                reaper::end(&entry, e.reason, e.detail, &daemon.metrics, Some(turn));
-            }
-            answer
-        });
+        let call = Call {
+            req,
+            checked,
+            caller,
+            entry,
+            payload,
+            profile,
+            received,
+        };
+        let task = tokio::spawn(self.clone().in_turn(call, turn));
         match task.await {
             Ok(answer) => answer,
             Err(join) => Err(SessionError::Internal {
                 id: internal_id(&format!("session call task failed: {join}")),
             }),
         }
+    }
+
+    /// Steps 4 to 6 of a call that holds its session's turn; in a task of
+    /// its own, so the call keeps its place in the chain whatever the
+    /// caller does.
+    async fn in_turn(
+        self: Arc<Self>,
+        call: Call,
+        mut turn: OwnedMutexGuard<Turn>,
+    ) -> Result<SessionRunResponse, SessionError> {
+        let Call {
+            req,
+            checked,
+            caller,
+            entry,
+            payload,
+            profile,
+            received,
+        } = call;
+        // 4. Under the turn: the end, the evidence, the wall, the rate.
+        if let Some(ended) = entry.ended() {
+            return Err(ended_refusal(ended, Reason::Request));
+        }
+        // A sandbox that ended by itself, or evidence that no longer
+        // holds, ends the session here and refuses the call.
+        let end_now = |ended: Ended| {
+            reaper::end(
+                &entry,
+                ended.reason,
+                ended.detail.clone(),
+                &self.metrics,
+                None,
+            );
+            ended_refusal(ended, Reason::Environment)
+        };
+        if let Some(ended) = turn.sandbox.as_ref().and_then(|s| s.ended()) {
+            return Err(end_now(ended));
+        }
+        if let Err(why) = self.session_evidence_holds(&entry) {
+            return Err(end_now(Ended {
+                reason: SessionEnd::SandboxChanged,
+                detail: why,
+            }));
+        }
+        floor::check(checked.floor, req.software_rule.as_ref(), &entry.evidence)?;
+        if let Err(why) = self.quotas.charge(&caller.id).await {
+            return Err(self.shed(why.label(), why.text()).into());
+        }
+        let grant = self.mint_grant(profile, &caller.id, checked.timeout)?;
+
+        // 5. Dispatch, in the session's sandbox.
+        let Some(sandbox) = turn.sandbox.as_ref() else {
+            let ended = entry.ended().unwrap_or(Ended {
+                reason: SessionEnd::Closed,
+                detail: String::new(),
+            });
+            return Err(ended_refusal(ended, Reason::Request));
+        };
+        let link = Link {
+            session: entry.fingerprint.clone(),
+            sequence: turn.chain.calls + 1,
+            previous: turn.chain.last.clone(),
+        };
+        let work = Admitted {
+            req: &req,
+            checked: &checked,
+            evidence: &entry.evidence,
+            caller: &caller.id,
+            payload,
+            grant,
+            live: None,
+        };
+        let target = Target::Call {
+            sandbox: sandbox.as_ref(),
+            session: &entry.fingerprint,
+            link: &link,
+        };
+        let dispatched = self.dispatch(work, target).await;
+        let ended = sandbox.ended();
+
+        // 6. The answer, or the unanswered record, in the chain.
+        let answer = match dispatched {
+            Ok(sealed) => {
+                turn.chain.calls = link.sequence;
+                turn.chain.last = sealed.response.record.record_sha256.clone();
+                let (reason, detail) = ended
+                    .as_ref()
+                    .map_or((SessionEnd::Open, String::new()), |e| {
+                        (e.reason, e.detail.clone())
+                    });
+                Ok(SessionRunResponse {
+                    run: sealed.response,
+                    ended: reason,
+                    end_detail: detail,
+                })
+            }
+            Err(Undone::Refused(refusal)) => Err(SessionError::Refused {
+                refusal,
+                ended: ended.clone(),
+            }),
+            Err(Undone::MayHaveRun { id, .. }) => {
+                let record =
+                    answer::unanswered(&req, &entry.evidence, (received, unix_ms()), &link);
+                turn.chain.calls = link.sequence;
+                turn.chain.last = record.record_sha256.clone();
+                self.metrics.runs_failed.inc();
+                Err(SessionError::Unanswered {
+                    id,
+                    record: Box::new(record),
+                    ended: ended.clone(),
+                })
+            }
+        };
+        if answer.is_ok() || matches!(answer, Err(SessionError::Unanswered { .. })) {
+            entry.touch(self.sessions.tick());
+        }
+        if let Some(e) = ended {
+            reaper::end(&entry, e.reason, e.detail, &self.metrics, Some(turn));
+        }
+        answer
     }
 
     /// The payload as the session's sandbox takes it, and the grant profile
@@ -224,29 +236,12 @@ impl Daemon {
                 Ok((Payload::JavaScript(code.clone()), profile(grant_profile)))
             }
             Checked::Project(p) if offer.project => Ok((
-                Payload::Project(ProjectInput {
-                    files: p
-                        .files
-                        .iter()
-                        .map(|f| (f.path.clone(), f.content.clone()))
-                        .collect(),
-                    steps: p.steps.clone(),
-                    artifacts: p.artifacts.clone(),
-                }),
+                Payload::Project(ProjectInput::from(p)),
                 profile(&p.grant_profile),
             )),
-            Checked::Cell(c) if offer.cell_languages.contains(&c.language) => Ok((
-                Payload::Cell(CellInput {
-                    language: c.language.clone(),
-                    code: c.code.clone(),
-                    files: c
-                        .files
-                        .iter()
-                        .map(|f| (f.path.clone(), f.content.clone()))
-                        .collect(),
-                }),
-                None,
-            )),
+            Checked::Cell(c) if offer.cell_languages.contains(&c.language) => {
+                Ok((Payload::Cell(CellInput::from(c)), None))
+            }
             Checked::Cell(c) => Err(unsupported(&format!("{} cells", c.language))),
             other => Err(unsupported(&format!("{} payloads", other.kind()))),
         }
@@ -261,7 +256,7 @@ impl Daemon {
         name: &str,
         caller: &str,
         payload: &Checked,
-    ) -> Result<Arc<crate::grants::Profile>, SessionError> {
+    ) -> Result<Arc<Profile>, SessionError> {
         let carries = match payload {
             Checked::JavaScript { .. } => entry.offer.javascript_grants,
             Checked::Project(_) => entry.offer.project_grants,
@@ -308,32 +303,6 @@ fn within(call: Option<&SoftwareRule>, session: Option<&SoftwareRule>) -> bool {
         (None, Some(_)) => false,
         (Some(c), Some(s)) => c.identities.iter().all(|i| s.identities.contains(i)),
     }
-}
-
-/// The record of a call that may have run but has no answer.
-fn unanswered(
-    req: &RunRequest,
-    entry: &Entry,
-    received: i64,
-    link: &Link,
-) -> crate::wire::RunRecord {
-    let ev = &entry.evidence;
-    record::seal_unanswered(
-        record::request_digest(req),
-        "internal",
-        req.software_rule.as_ref(),
-        &record::Evidence {
-            provider: &ev.sandbox,
-            isolation: ev.tier.as_str(),
-            environment: &ev.environment,
-            policy: &ev.policy,
-            software_identity: &ev.software_identity,
-            instance: "",
-        },
-        received,
-        unix_ms(),
-        link,
-    )
 }
 
 fn unix_ms() -> i64 {

@@ -8,7 +8,7 @@ mod call;
 mod close;
 mod open;
 
-use crate::providers::Ended;
+use crate::job::Ended;
 use crate::refusal::{Code, Reason, Refusal};
 use crate::wire::{RunRecord, SessionEnd};
 

@@ -10,15 +10,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use tokio::sync::oneshot;
+
 use super::SessionError;
 use crate::admission::{CELL_LANGUAGES, valid_trace_id};
 use crate::callers::Caller;
+use crate::job::SessionOptions;
+use crate::outcome::RunFailure;
 use crate::pipeline::{Daemon, floor, internal_id};
-use crate::providers::{Evidence, ProviderSession, SessionOptions};
+use crate::providers::{Evidence, ProviderSession, SessionOffer};
 use crate::quota::{SessionPlace, Shed};
 use crate::refusal::Refusal;
 use crate::replicas::HolderRecord;
-use crate::sessions::{self, Entry, Holds, Opened, reaper, settings::MIN_IDLE};
+use crate::sessions::{self, Entry, Holds, Opened, Reservation, reaper, settings::MIN_IDLE};
 use crate::tier::Tier;
 use crate::wire::{I64, OpenSessionRequest, OpenSessionResponse, SessionEnd};
 
@@ -54,6 +58,65 @@ async fn abandon(
     }
 }
 
+/// An open request that passed every check needing nothing but itself.
+struct Asked {
+    floor: Option<Tier>,
+    owner: Option<String>,
+    trace_id: Option<String>,
+}
+
+/// Step 1: the request on its own.
+fn validate(req: &OpenSessionRequest) -> Result<Asked, SessionError> {
+    let floor =
+        Tier::parse_floor(&req.minimum_isolation).map_err(|e| Refusal::request(e.to_string()))?;
+    if let Some(rule) = &req.software_rule {
+        crate::admission::validate_rule(rule)?;
+    }
+    for l in &req.languages {
+        if !CELL_LANGUAGES.contains(&l.as_str()) {
+            return Err(Refusal::request(format!(
+                "unknown language {l:?} in the hint (want javascript or python)"
+            ))
+            .into());
+        }
+    }
+    let owner = match req.owner.as_str() {
+        "" => None,
+        o if sessions::valid_owner(o) => Some(o.to_string()),
+        _ => {
+            return Err(
+                Refusal::request("owner must be 1 to 64 characters of [A-Za-z0-9._:-]").into(),
+            );
+        }
+    };
+    let trace_id = Some(req.trace_id.clone()).filter(|t| valid_trace_id(t));
+    Ok(Asked {
+        floor,
+        owner,
+        trace_id,
+    })
+}
+
+/// What an open holds before its sandbox exists: its place among the
+/// sessions and every slot the session keeps for its life.
+struct Reserved {
+    reservation: Reservation,
+    holds: Holds,
+    lifetime: Duration,
+    idle: Duration,
+}
+
+/// Everything the sandbox's task needs to open, commit and answer.
+struct Plan {
+    req: OpenSessionRequest,
+    caller: Arc<Caller>,
+    asked: Asked,
+    evidence: Evidence,
+    offer: SessionOffer,
+    languages: Vec<String>,
+    reserved: Reserved,
+}
+
 impl Daemon {
     /// `owner_place`: the new session's place among its owner's sessions
     /// across the fleet, when the replicas count them (`api::replica`).
@@ -64,30 +127,7 @@ impl Daemon {
         owner_place: Option<SessionPlace>,
     ) -> Result<OpenSessionResponse, SessionError> {
         // 1. The request on its own.
-        let floor = Tier::parse_floor(&req.minimum_isolation)
-            .map_err(|e| Refusal::request(e.to_string()))?;
-        if let Some(rule) = &req.software_rule {
-            crate::admission::validate_rule(rule)?;
-        }
-        for l in &req.languages {
-            if !CELL_LANGUAGES.contains(&l.as_str()) {
-                return Err(Refusal::request(format!(
-                    "unknown language {l:?} in the hint (want javascript or python)"
-                ))
-                .into());
-            }
-        }
-        let owner = match req.owner.as_str() {
-            "" => None,
-            o if sessions::valid_owner(o) => Some(o.to_string()),
-            _ => {
-                return Err(Refusal::request(
-                    "owner must be 1 to 64 characters of [A-Za-z0-9._:-]",
-                )
-                .into());
-            }
-        };
-        let trace_id = Some(req.trace_id.as_str()).filter(|t| valid_trace_id(t));
+        let asked = validate(&req)?;
 
         // 2. What this daemon can do.
         if let Some(refusal) = self.provider.refuses_everything() {
@@ -121,23 +161,50 @@ impl Daemon {
                 .unwrap_or_else(|| now.software_identity.clone()),
             ..now
         };
-        floor::check(floor, req.software_rule.as_ref(), &evidence)?;
+        floor::check(asked.floor, req.software_rule.as_ref(), &evidence)?;
 
         // 4. A place, then the slots a session holds for its life.
-        let shed = |why: Shed| {
-            self.metrics.shed.with_label_values(&[why.label()]).inc();
-            Refusal::capacity(why.text())
+        let reserved = self.reserve(&req, &caller, &asked, owner_place).await?;
+
+        // 5. The sandbox, in a task that outlives a caller who left.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let plan = Plan {
+            req,
+            caller,
+            asked,
+            evidence,
+            offer,
+            languages,
+            reserved,
         };
+        tokio::spawn(self.clone().open(plan, tx));
+        match rx.await {
+            Ok(answer) => answer,
+            Err(_) => Err(SessionError::Internal {
+                id: internal_id("the session open task ended without an answer"),
+            }),
+        }
+    }
+
+    /// Step 4: a place among the sessions (closing any it replaces), then
+    /// the daemon's slot, the caller's paid seconds and the caller's place
+    /// in the fleet's count. Nothing is held when it refuses.
+    async fn reserve(
+        &self,
+        req: &OpenSessionRequest,
+        caller: &Caller,
+        asked: &Asked,
+        owner_place: Option<SessionPlace>,
+    ) -> Result<Reserved, SessionError> {
+        let settings = &self.sessions.settings;
+        let shed = |why: Shed| self.shed(why.label(), why.text());
         let mut reservation = self
             .sessions
-            .reserve(&caller.id, owner.as_deref())
+            .reserve(&caller.id, asked.owner.as_deref())
             .map_err(|full| match full {
                 // Not a limit: the daemon is stopping, so not counted as shed.
                 sessions::Full::Stopping => Refusal::environment(full.text()),
-                _ => {
-                    self.metrics.shed.with_label_values(&[full.label()]).inc();
-                    Refusal::capacity(full.text())
-                }
+                _ => self.shed(full.label(), full.text()),
             })?;
         // Replaced sessions are closed before this one takes a slot, so the
         // owner never holds more sandboxes than its cap. In a task of its
@@ -199,153 +266,165 @@ impl Daemon {
                     Some(s) => shed(s),
                     None => {
                         let full = sessions::Full::Caller(settings.max_per_caller);
-                        self.metrics.shed.with_label_values(&[full.label()]).inc();
-                        Refusal::capacity(full.text())
+                        self.shed(full.label(), full.text())
                     }
                 }
                 .into());
             }
         };
-        let holds = Holds {
-            daemon_slot,
-            caller_slot,
-            fleet_place,
-            owner_place,
-        };
+        Ok(Reserved {
+            reservation,
+            holds: Holds {
+                daemon_slot,
+                caller_slot,
+                fleet_place,
+                owner_place,
+            },
+            lifetime,
+            idle,
+        })
+    }
 
-        // 5. The sandbox, in a task that outlives a caller who left.
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let daemon = self.clone();
-        let trace = trace_id.map(str::to_string);
-        let grants = !self.grants.is_empty();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let opened = daemon
-                .provider
-                .open_session(SessionOptions {
-                    languages,
-                    lifetime,
-                    open_timeout: OPEN_TIMEOUT,
-                    grants,
-                })
-                .await;
-            let sandbox = match opened {
-                Ok(s) => s,
-                Err(f) => {
-                    let e = match f {
-                        crate::outcome::RunFailure::NotDispatched(r) => r.into(),
-                        crate::outcome::RunFailure::MayHaveRun(detail) => SessionError::Internal {
-                            id: internal_id(&detail),
-                        },
-                    };
-                    // The reservation and the slots go back as they drop;
-                    // the paid seconds reserved for the lifetime are settled
-                    // to the time the attempt took.
-                    holds.settle(started.elapsed()).await;
-                    let _ = tx.send(Err(e));
-                    return;
+    /// Step 5: the provider's sandbox, the session committed, and the
+    /// answer sent. Runs in a task of its own, so a caller who leaves
+    /// mid-open cannot leak the sandbox: if nobody takes the answer, the
+    /// session is ended here.
+    async fn open(
+        self: Arc<Self>,
+        plan: Plan,
+        tx: oneshot::Sender<Result<OpenSessionResponse, SessionError>>,
+    ) {
+        match self.start(plan).await {
+            Ok((answer, entry)) => {
+                if tx.send(Ok(answer)).is_err() {
+                    // Nobody holds the ID: nobody can ever use or close it.
+                    reaper::end(
+                        &entry,
+                        SessionEnd::Closed,
+                        "the caller left before the session was opened",
+                        &self.metrics,
+                        None,
+                    );
                 }
-            };
-            // The sandbox was started (the plugin's start ran), so an open
-            // given up from here on is answered unmarked: not a refusal.
-            let id = match sessions::new_id() {
-                Ok(id) => id,
-                Err(_) => {
-                    abandon(sandbox, holds, None, started).await;
-                    let _ = tx.send(Err(SessionError::Internal {
-                        id: internal_id("no session ID could be drawn from the OS random source"),
-                    }));
-                    return;
-                }
-            };
-            let fingerprint = sessions::fingerprint(&id);
-            // With replicas, the holder record is written before the
-            // session is committed: however the session then ends, its
-            // end finds the record to remove (one written after the commit
-            // could land after an end that came first, and stay for the
-            // session's lifetime). And before the caller has the ID, so a
-            // call through any replica finds it.
-            let holder = match &daemon.replicas {
-                Some(r) => Some(r.hold(&fingerprint, lifetime).await),
-                None => None,
-            };
-            // The daemon began to stop while this session started. Its
-            // place is still reserved, so a stop still waiting for opens
-            // under way waits for this close too; one that has given up
-            // waiting would never end the session, so it is closed here
-            // rather than handed out. Checked after the last wait and
-            // right before the commit: a stop that begins after this check
-            // finds the committed session in its list and ends it.
-            if daemon.sessions.is_closed() {
-                abandon(sandbox, holds, holder, started).await;
-                let _ = tx.send(Err(SessionError::Internal {
-                    id: internal_id("the daemon began to stop while the session was starting"),
-                }));
-                return;
             }
-            let expires_unix_ms = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64)
-                + lifetime.as_millis() as i64;
-            let entry = Entry::new(
-                Opened {
-                    fingerprint: fingerprint.clone(),
-                    caller: caller.id.clone(),
-                    owner,
-                    evidence: evidence.clone(),
-                    floor,
-                    rule: req.software_rule.clone(),
-                    offer,
-                    lifetime,
-                    expires_unix_ms,
-                    idle_timeout: idle,
-                    holder,
-                },
-                sandbox,
-                holds,
-                daemon.sessions.tick(),
-            );
-            daemon.sessions.commit(reservation, entry.clone());
-            daemon.metrics.sessions_open.inc();
-            daemon.metrics.sessions_opened.inc();
-            tracing::info!(
-                target: "plimsoll::audit",
-                op = "session_open",
-                caller = caller.id.as_str(),
-                session = fingerprint.as_str(),
-                sandbox = evidence.sandbox.as_str(),
-                isolation = evidence.tier.as_str(),
-                lifetime_ms = lifetime.as_millis() as u64,
-                idle_timeout_ms = idle.as_millis() as u64,
-                duration_ms = started.elapsed().as_millis() as u64,
-                trace_id = trace.as_deref().unwrap_or(""),
-                "session opened"
-            );
-            let answer = OpenSessionResponse {
-                session_id: id,
-                session: fingerprint,
-                sandbox: evidence.sandbox.clone(),
-                isolation: evidence.tier.as_str().to_string(),
-                expires_unix_ms: I64(expires_unix_ms),
-                idle_timeout_ms: u32::try_from(idle.as_millis()).unwrap_or(u32::MAX),
-                software_identity: evidence.software_identity.clone(),
-            };
-            if tx.send(Ok(answer)).is_err() {
-                // Nobody holds the ID: nobody can ever use or close it.
-                reaper::end(
-                    &entry,
-                    SessionEnd::Closed,
-                    "the caller left before the session was opened",
-                    &daemon.metrics,
-                    None,
-                );
+            Err(e) => {
+                let _ = tx.send(Err(e));
             }
-        });
-        match rx.await {
-            Ok(answer) => answer,
-            Err(_) => Err(SessionError::Internal {
-                id: internal_id("the session open task ended without an answer"),
-            }),
         }
+    }
+
+    async fn start(&self, plan: Plan) -> Result<(OpenSessionResponse, Arc<Entry>), SessionError> {
+        let (req, caller, asked, evidence) = (plan.req, plan.caller, plan.asked, plan.evidence);
+        let Reserved {
+            reservation,
+            holds,
+            lifetime,
+            idle,
+        } = plan.reserved;
+        let started = Instant::now();
+        let opened = self
+            .provider
+            .open_session(SessionOptions {
+                languages: plan.languages,
+                lifetime,
+                open_timeout: OPEN_TIMEOUT,
+                grants: !self.grants.is_empty(),
+            })
+            .await;
+        let sandbox = match opened {
+            Ok(s) => s,
+            Err(f) => {
+                // The reservation and the slots go back as they drop; the
+                // paid seconds reserved for the lifetime are settled to the
+                // time the attempt took.
+                holds.settle(started.elapsed()).await;
+                return Err(match f {
+                    RunFailure::NotDispatched(r) => r.into(),
+                    RunFailure::MayHaveRun(detail) => SessionError::Internal {
+                        id: internal_id(&detail),
+                    },
+                });
+            }
+        };
+        // The sandbox was started (the plugin's start ran), so an open
+        // given up from here on is answered unmarked: not a refusal.
+        let Ok(id) = sessions::new_id() else {
+            abandon(sandbox, holds, None, started).await;
+            return Err(SessionError::Internal {
+                id: internal_id("no session ID could be drawn from the OS random source"),
+            });
+        };
+        let fingerprint = sessions::fingerprint(&id);
+        // With replicas, the holder record is written before the session is
+        // committed: however the session then ends, its end finds the
+        // record to remove (one written after the commit could land after
+        // an end that came first, and stay for the session's lifetime). And
+        // before the caller has the ID, so a call through any replica
+        // finds it.
+        let holder = match &self.replicas {
+            Some(r) => Some(r.hold(&fingerprint, lifetime).await),
+            None => None,
+        };
+        // The daemon began to stop while this session started. Its place
+        // is still reserved, so a stop still waiting for opens under way
+        // waits for this close too; one that has given up waiting would
+        // never end the session, so it is closed here rather than handed
+        // out. Checked after the last wait and right before the commit: a
+        // stop that begins after this check finds the committed session in
+        // its list and ends it.
+        if self.sessions.is_closed() {
+            abandon(sandbox, holds, holder, started).await;
+            return Err(SessionError::Internal {
+                id: internal_id("the daemon began to stop while the session was starting"),
+            });
+        }
+        let expires_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+            + lifetime.as_millis() as i64;
+        let entry = Entry::new(
+            Opened {
+                fingerprint: fingerprint.clone(),
+                caller: caller.id.clone(),
+                owner: asked.owner,
+                evidence: evidence.clone(),
+                floor: asked.floor,
+                rule: req.software_rule.clone(),
+                offer: plan.offer,
+                lifetime,
+                expires_unix_ms,
+                idle_timeout: idle,
+                holder,
+            },
+            sandbox,
+            holds,
+            self.sessions.tick(),
+        );
+        self.sessions.commit(reservation, entry.clone());
+        self.metrics.sessions_open.inc();
+        self.metrics.sessions_opened.inc();
+        tracing::info!(
+            target: "plimsoll::audit",
+            op = "session_open",
+            caller = caller.id.as_str(),
+            session = fingerprint.as_str(),
+            sandbox = evidence.sandbox.as_str(),
+            isolation = evidence.tier.as_str(),
+            lifetime_ms = lifetime.as_millis() as u64,
+            idle_timeout_ms = idle.as_millis() as u64,
+            duration_ms = started.elapsed().as_millis() as u64,
+            trace_id = asked.trace_id.as_deref().unwrap_or(""),
+            "session opened"
+        );
+        let answer = OpenSessionResponse {
+            session_id: id,
+            session: fingerprint,
+            sandbox: evidence.sandbox.clone(),
+            isolation: evidence.tier.as_str().to_string(),
+            expires_unix_ms: I64(expires_unix_ms),
+            idle_timeout_ms: u32::try_from(idle.as_millis()).unwrap_or(u32::MAX),
+            software_identity: evidence.software_identity.clone(),
+        };
+        Ok((answer, entry))
     }
 }

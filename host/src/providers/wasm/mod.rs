@@ -31,12 +31,11 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, Trap};
 
-use super::{
-    Evidence, Job, Offer, Output, Payload, Provider, ProviderSettings, Resources, not_offered,
-};
+use super::{Evidence, Offer, Provider, ProviderSettings, Resources, not_offered};
 use crate::admission::OUTPUT_LIMIT;
 use crate::compile_cache::CompileCache;
 use crate::grants::broker;
+use crate::job::{Job, Output, Payload};
 use crate::live::{Channel, Live};
 use crate::outcome::{ProcessOutput, RunFailure};
 use crate::refusal::Refusal;
@@ -356,7 +355,7 @@ impl Provider for WasmProvider {
 
     fn open_session(
         &self,
-        _options: super::SessionOptions,
+        _options: crate::job::SessionOptions,
     ) -> BoxFuture<'_, Result<Box<dyn super::ProviderSession>, RunFailure>> {
         Box::pin(async move {
             self.open_session()

@@ -20,8 +20,9 @@ use super::output::Capped;
 use super::store::{self, RunState};
 use super::{EXIT_ENGINE_TRAP, EXIT_OUT_OF_MEMORY, EXIT_TIMED_OUT, WasmProvider, generated};
 use crate::grants::broker;
+use crate::job::{Ended, Job, Output, Payload};
 use crate::outcome::{CellOutput, ProcessOutput, RunFailure};
-use crate::providers::{Ended, Job, Output, Payload, ProviderSession, SessionOffer, not_offered};
+use crate::providers::{ProviderSession, SessionOffer, not_offered};
 use crate::refusal::Refusal;
 use crate::wire::SessionEnd;
 
