@@ -108,6 +108,7 @@ impl Config {
     /// testable. Every part is parsed, and every error is reported, the
     /// provider's first: an operator fixes them in one go, and a misspelt
     /// provider is never reported as some other part's problem.
+    /// Long on purpose: one parse per part, then the rules that span parts.
     pub fn from_map(vars: &BTreeMap<String, String>) -> Result<Config, ConfigErrors> {
         let env = Env::new(vars);
         let mut errors = Vec::new();

@@ -9,6 +9,7 @@ use crate::tier::Tier;
 
 /// Everything wrong with `cfg` for hardened mode, before any provider is
 /// started (so a misconfigured daemon touches nothing).
+/// Long on purpose: one rule of hardened mode per check, read as a list.
 pub fn violations(cfg: &Config) -> Vec<String> {
     let mut v = Vec::new();
     let set = |name: &str| cfg.set.contains(name);

@@ -75,6 +75,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// Start-up, top to bottom. Long on purpose: the order (limits, store,
+/// provider, listeners, then readiness) is what a reader must check, and it
+/// reads best as one sequence.
 async fn serve(cfg: Config) -> anyhow::Result<()> {
     // Connections may use at most part of the open-file limit, raised to
     // its hard limit first, so idle connections cannot starve every other

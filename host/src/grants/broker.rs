@@ -178,6 +178,8 @@ impl Session {
     }
 
     /// One call the guest asked for.
+    /// Long on purpose: the grant's checks in the order the promise states
+    /// them, each counted in the CallTrace.
     pub async fn call(
         &self,
         method: &str,

@@ -49,6 +49,8 @@ pub fn tool_of(procedure: &str) -> Option<&'static str> {
 
 /// The holder's result for a session tool call on a session another
 /// replica holds; None means answer it here.
+/// Long on purpose: find the holder, check, sign, forward and relay, in
+/// the order a forwarded call must take them.
 pub async fn elsewhere(
     daemon: &Daemon,
     tool: &str,

@@ -24,6 +24,7 @@ const RESULT: &str = "The result states the provider, the isolation tier that he
 code, whether the run timed out or its output was truncated, and the SHA-256 of its run record. \
 A tool error with outcome not_dispatched means nothing ran.";
 
+/// Long on purpose: the tools' schemas are data, written out.
 pub fn list(sessions: bool) -> Vec<Tool> {
     let mut tools = vec![
         tool(

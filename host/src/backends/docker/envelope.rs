@@ -69,6 +69,8 @@ impl DockerEngine {
 
 /// The whole create request for one container. Pure, so the envelope is
 /// tested without an engine.
+/// Long on purpose: the whole envelope is one literal, so what every
+/// container gets is read in one place.
 pub(super) fn create_body(
     s: &Settings,
     image_id: &str,

@@ -281,6 +281,8 @@ impl DockerEngine {
     }
 
     /// Runs one approved container to completion or its deadline.
+    /// Long on purpose: one container's life, create to removal, where each
+    /// exit path must give the container back.
     async fn run_container(
         &self,
         spec: Approved,

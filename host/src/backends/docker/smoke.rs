@@ -123,6 +123,7 @@ struct Expectations {
 
 /// Judges the smoke probe's report. Pure, so it is tested on recorded
 /// reports from both runtimes.
+/// Long on purpose: one check per line of the report, in the probe's order.
 fn judge_smoke(report: &str, want: &Expectations) -> Result<Vec<String>, String> {
     let mut checks = Vec::new();
     let field = |prefix: &str| {

@@ -96,6 +96,8 @@ impl Daemon {
     /// Steps 4 to 6 of a call that holds its session's turn; in a task of
     /// its own, so the call keeps its place in the chain whatever the
     /// caller does.
+    /// Long on purpose: steps 4 to 6 in order, as the module comment numbers
+    /// them; each refusal must come before the dispatch below it.
     async fn in_turn(
         self: Arc<Self>,
         call: Call,

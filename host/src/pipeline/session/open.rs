@@ -313,6 +313,8 @@ impl Daemon {
         }
     }
 
+    /// The sandbox, then the commit. Long on purpose: every way out after
+    /// the sandbox exists must close it, and they read best in sequence.
     async fn start(&self, plan: Plan) -> Result<(OpenSessionResponse, Arc<Entry>), SessionError> {
         let (req, caller, asked, evidence) = (plan.req, plan.caller, plan.asked, plan.evidence);
         let Reserved {
