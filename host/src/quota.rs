@@ -7,22 +7,18 @@
 use std::sync::Arc;
 
 use crate::outcome::NotReady;
+use crate::state::counters::{self, Counters};
 use crate::state::embedded::Embedded;
-use crate::state::paid_file::PaidFile;
 use crate::state::redis_store::RedisStore;
-use crate::state::{Ask, Booked, StateSettings};
+use crate::state::{Ask, Booked};
 
 pub use crate::limits::{QuotaSettings, Shed, VARIABLES};
 
-/// The store the counters live in.
-enum Store {
-    Embedded(Arc<Embedded>),
-    Redis(Arc<RedisStore>),
-}
-
 pub struct Quotas {
     settings: QuotaSettings,
-    store: Store,
+    counters: Arc<dyn Counters>,
+    /// The store the replicas share, for the fleet's session places.
+    shared: Option<Arc<RedisStore>>,
 }
 
 /// A caller's admission: its place among the runs in flight and the paid
@@ -40,37 +36,16 @@ impl Slot {
     pub async fn settle(mut self, used: u64) {
         let Some(b) = self.booked.take() else { return };
         let refund = b.reserved.saturating_sub(used);
-        match &self.quotas.store {
-            Store::Embedded(e) => {
-                e.release(&self.caller, &b, refund);
-                if refund > 0
-                    && let Err(err) = e.persist().await
-                {
-                    // The refund is lost on a restart: the caller keeps
-                    // having used more, never less.
-                    tracing::warn!(error = %err, "the paid seconds' file could not take a refund");
-                }
-            }
-            Store::Redis(r) => r.release(&self.caller, &b, refund).await,
-        }
+        let counters = self.quotas.counters.clone();
+        counters.release(&self.caller, &b, refund).await;
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let Some(b) = self.booked.take() else { return };
-        match &self.quotas.store {
-            Store::Embedded(e) => e.release(&self.caller, &b, 0),
-            Store::Redis(r) => {
-                // Not renewed from here on; without a runtime to tell the
-                // store, the lease expires.
-                r.forget(&b);
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    let (r, caller) = (r.clone(), self.caller.clone());
-                    rt.spawn(async move { r.release(&caller, &b, 0).await });
-                }
-            }
-        }
+        let counters = self.quotas.counters.clone();
+        counters.abandon(std::mem::take(&mut self.caller), b);
     }
 }
 
@@ -117,28 +92,22 @@ impl Drop for SessionPlace {
 impl Quotas {
     /// Counters in this process's memory only.
     pub fn new(settings: QuotaSettings) -> Arc<Quotas> {
-        Arc::new(Quotas {
+        Quotas::with(
             settings,
-            store: Store::Embedded(Embedded::in_memory()),
-        })
+            counters::Opened {
+                counters: Embedded::in_memory(),
+                shared: None,
+            },
+        )
     }
 
-    /// Counters in the configured store. The embedded store keeps a file
-    /// only on a metered provider (nothing else it counts outlives a
-    /// restart); a shared store connects on first use.
-    pub fn open(settings: QuotaSettings, state: &StateSettings) -> Result<Arc<Quotas>, String> {
-        let store = match state {
-            StateSettings::Embedded { dir } if settings.metered => {
-                let file = PaidFile::open(dir)
-                    .map_err(|e| format!("PLIMSOLL_STATE_DIR {}: {e}", dir.display()))?;
-                let embedded = Embedded::with_file(file)
-                    .map_err(|e| format!("PLIMSOLL_STATE_DIR {}: {e}", dir.display()))?;
-                Store::Embedded(embedded)
-            }
-            StateSettings::Embedded { .. } => Store::Embedded(Embedded::in_memory()),
-            StateSettings::Redis { url, lease } => Store::Redis(RedisStore::connect(url, *lease)?),
-        };
-        Ok(Arc::new(Quotas { settings, store }))
+    /// Counters in a store opened at start (`state::counters::open`).
+    pub fn with(settings: QuotaSettings, store: counters::Opened) -> Arc<Quotas> {
+        Arc::new(Quotas {
+            settings,
+            counters: store.counters,
+            shared: store.shared,
+        })
     }
 
     /// Whether any limit is configured: with none, a shared store is not
@@ -181,26 +150,26 @@ impl Quotas {
             paid_allowance,
             reserve,
         };
-        let booked = match &self.store {
-            Store::Embedded(e) => e.admit(&self.settings, &ask)?,
-            Store::Redis(_) if !self.counts_anything() => Booked {
+        let booked = if self.counters.remote() && !self.counts_anything() {
+            Booked {
                 id: None,
                 leased: false,
                 day: 0,
                 reserved: 0,
-            },
-            Store::Redis(r) => r.admit(&self.settings, &ask).await?,
+            }
+        } else {
+            self.counters.clone().admit(&self.settings, &ask).await?
         };
         let slot = Slot {
             quotas: self.clone(),
             caller: caller.clone(),
             booked: Some(booked),
         };
-        // The embedded store's booking is on disk before the run is
-        // dispatched; if it cannot be, the run is refused and refunded.
-        if let Store::Embedded(e) = &self.store
-            && slot.booked.as_ref().is_some_and(|b| b.reserved > 0)
-            && let Err(err) = e.persist().await
+        // The booking is durable (the embedded store's file) before the
+        // run is dispatched; if it cannot be, the run is refused and
+        // refunded.
+        if slot.booked.as_ref().is_some_and(|b| b.reserved > 0)
+            && let Err(err) = self.counters.clone().persist().await
         {
             tracing::error!(error = %err, "the paid seconds' file could not be written; the run is refused");
             slot.settle(0).await;
@@ -213,29 +182,12 @@ impl Quotas {
     /// call, whose session already holds the caller's concurrency slot and
     /// its paid seconds.
     pub async fn charge(&self, caller: &str) -> Result<(), Shed> {
-        match &self.store {
-            Store::Embedded(e) => e.charge(&self.settings, caller),
-            Store::Redis(r) => r.charge(&self.settings, caller).await,
-        }
+        self.counters.charge(&self.settings, caller).await
     }
 
     /// Whether runs can be counted: a shared store must answer.
     pub async fn check_ready(&self) -> Result<(), NotReady> {
-        match &self.store {
-            Store::Embedded(_) => Ok(()),
-            Store::Redis(r) => r
-                .ping()
-                .await
-                .map_err(|e| NotReady::new("state_store_unreachable", e)),
-        }
-    }
-
-    /// The shared store, when there is one (session holders live there).
-    pub fn shared_store(&self) -> Option<Arc<RedisStore>> {
-        match &self.store {
-            Store::Redis(r) => Some(r.clone()),
-            Store::Embedded(_) => None,
-        }
+        self.counters.check_ready().await
     }
 
     /// With a shared store, one of the caller's `cap` session places across
@@ -247,7 +199,7 @@ impl Quotas {
         caller: &str,
         cap: u32,
     ) -> Result<Option<SessionPlace>, Option<Shed>> {
-        let Store::Redis(r) = &self.store else {
+        let Some(r) = &self.shared else {
             return Ok(None);
         };
         if cap == 0 {
@@ -274,18 +226,12 @@ impl Quotas {
 
     /// Which store counts, for the start-up log line.
     pub fn store_label(&self) -> &'static str {
-        match &self.store {
-            Store::Embedded(_) => "embedded",
-            Store::Redis(_) => "redis",
-        }
+        self.counters.label()
     }
 
     /// Paid seconds counted today in the embedded store, (caller, daemon).
     pub fn embedded_paid_today(&self, caller: &str) -> Option<(u64, u64)> {
-        match &self.store {
-            Store::Embedded(e) => Some(e.paid_today(caller)),
-            Store::Redis(_) => None,
-        }
+        self.counters.paid_today(caller)
     }
 }
 

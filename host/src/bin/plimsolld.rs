@@ -129,9 +129,13 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         }
     }
     let metrics = Arc::new(plimsoll::metrics::Metrics::new()?);
-    let quotas = plimsoll::quota::Quotas::open(cfg.quotas.clone(), &cfg.state)
+    // The store is opened once: its counters go to the quotas and, when
+    // the replicas share it, the store itself to the replicas.
+    let store = plimsoll::state::counters::open(&cfg.state, cfg.quotas.metered)
         .map_err(anyhow::Error::msg)?;
-    let replicas = match (&cfg.replicas, quotas.shared_store()) {
+    let shared = store.shared.clone();
+    let quotas = plimsoll::quota::Quotas::with(cfg.quotas.clone(), store);
+    let replicas = match (&cfg.replicas, shared) {
         (Some(s), Some(store)) => {
             Some(plimsoll::replicas::Replicas::open(s, store).map_err(anyhow::Error::msg)?)
         }

@@ -1,7 +1,8 @@
 //! Where per-caller limits are counted: the runs each caller has in flight,
 //! its rate bucket, and the day's paid seconds, per caller and in all.
 //!
-//! Two stores behind one interface (`quota::Quotas` is the only user):
+//! Two stores behind one interface, `counters::Counters` (`quota::Quotas`
+//! is its only user):
 //! - `embedded`: one daemon's memory, plus a file for the day's paid
 //!   seconds on a metered provider. The default.
 //! - `redis_store`: a Redis every replica shares (`PLIMSOLL_STATE_URL`),
@@ -11,6 +12,7 @@
 //! lock here, one server-side script there), and a store that cannot be
 //! asked refuses the run rather than admitting it uncounted.
 
+pub mod counters;
 pub mod embedded;
 pub mod paid_file;
 pub mod redis_store;
