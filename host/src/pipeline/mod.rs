@@ -158,7 +158,6 @@ impl Daemon {
         }
     }
 
-    /// Bytes a run keeps per output stream.
     /// A capacity refusal, counted under `label` on the shed metric: every
     /// run, call or open turned away for room goes through here.
     fn shed(&self, label: &str, text: impl Into<String>) -> Refusal {
@@ -166,6 +165,7 @@ impl Daemon {
         Refusal::capacity(text)
     }
 
+    /// Bytes a run keeps per output stream.
     pub fn output_limit(&self) -> usize {
         self.limits.output_limit
     }
