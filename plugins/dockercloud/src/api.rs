@@ -14,7 +14,7 @@ use wasi::http::types::Method;
 
 use crate::bindings::plimsoll::provider::types::{Refusal, RunError};
 use crate::checks::{self, CPUS, MEMORY_MIB};
-use crate::wire::{self, Failure, Request};
+use crate::wire::{self, Failure};
 
 /// The image every sandbox boots: node and a POSIX shell with coreutils'
 /// `timeout` and `head`, which the command wrapper needs.
@@ -408,17 +408,15 @@ impl Service {
         for (k, v) in extra {
             headers.push((k, v.as_bytes().to_vec()));
         }
-        let url = format!("{}{API_PREFIX}{path}", self.api);
-        let mut r = wire::send(
-            Request {
-                method,
-                url: &url,
-                headers,
-                body,
-            },
+        let mut r = wire::send_to(
+            &self.api,
+            method,
+            &format!("{API_PREFIX}{path}"),
+            headers,
+            body,
             deadline,
         )?;
-        let retry_after = r.header("retry-after").and_then(|s| s.trim().parse().ok());
+        let retry_after = r.retry_after();
         let etag = r.header("etag").map(str::to_string);
         let bytes = r.read_all(ANSWER_BYTES, deadline)?;
         Ok(Answer {
@@ -463,21 +461,6 @@ pub fn refusal(what: &str, a: &Answer) -> Refusal {
     }
 }
 
-/// No process was started: from this plugin's side nothing ran (the host
-/// still withholds the mark once a request went out).
-pub fn not_started(why: &str) -> RunError {
-    RunError::NotDispatched(Refusal::Environment(why.to_string()))
-}
-
-pub fn lost(e: Failure, what: &str) -> RunError {
-    not_started(&match e {
-        Failure::Refused(why) => why,
-        Failure::Deadline => format!("the {what} answered too late"),
-        Failure::TooLarge => format!("the {what} answer was too large"),
-        Failure::Transport(why) => format!("the {what} failed: {why}"),
-    })
-}
-
 /// Sandbox uids go into URL paths: only short runs of safe characters.
 pub fn valid_uid(s: &str) -> bool {
     !s.is_empty()
@@ -486,4 +469,4 @@ pub fn valid_uid(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-pub use crate::wire::{encode, sleep_ms, wall_seconds};
+pub use crate::wire::{encode, lost, not_started, sleep_ms, wall_seconds};

@@ -8,9 +8,10 @@ use wasi::clocks::monotonic_clock::{self, Instant};
 use wasi::http::types::Method;
 
 use crate::api::{self, Sandbox};
-use crate::bindings::plimsoll::provider::types::{ProcessOutput, Refusal, RunError};
+use crate::bindings::plimsoll::provider::project_report;
+use crate::bindings::plimsoll::provider::types::{Artifact, ProcessOutput, Refusal, RunError};
 use crate::multipart;
-use crate::wire::{self, Failure, Request};
+use crate::wire::{self, Failure};
 use crate::wrapper;
 use plimsoll_plugin_probe::leftovers;
 
@@ -56,42 +57,12 @@ impl<'a> Endpoint<'a> {
         }
     }
 
-    /// Runs `argv` under the wrapper (time limit and output cap inside the
-    /// VM), in `cwd` if given. From the send on, the guest may have run.
-    pub fn run(
-        &self,
-        argv: &[&str],
-        cwd: Option<&str>,
-        limit: u32,
-        deadline: Instant,
-    ) -> Result<ProcessOutput, RunError> {
-        let secs = wrapper::seconds_for(wire::remaining_ms(deadline));
-        let sweep = self.mark.map(|_| leftovers::sweep_marked());
-        let mark = self.mark.zip(sweep.as_deref());
-        let cmd = wrapper::wrap(argv, secs, limit, mark);
-        // Both streams base64 (4 bytes per 3) at the cap plus one, and room
-        // for the JSON around them.
-        let b64 = (limit as usize + 1).div_ceil(3) * 4;
-        let bound = 2 * b64 + SMALL_ANSWER;
-        let began = monotonic_clock::now();
-        let answer = self.exec(&cmd, cwd, bound, deadline);
-        let elapsed_ms = (monotonic_clock::now() - began) / 1_000_000;
-        match answer {
-            Ok(v) => wrapper::output(&v, limit, secs, elapsed_ms).map_err(RunError::MayHaveRun),
-            Err(Failure::TooLarge) => Ok(wrapper::flooded()),
-            Err(e) => Err(RunError::MayHaveRun(format!(
-                "the exec failed: {}",
-                say(&e)
-            ))),
-        }
-    }
-
     /// `mkdir -p` of `dirs`, unwrapped (nothing of the guest's runs).
     pub fn make_dirs(&self, dirs: &[&str], deadline: Instant) -> Result<(), RunError> {
         let mut cmd = vec!["mkdir".to_string(), "-p".to_string(), "--".to_string()];
         cmd.extend(dirs.iter().map(|d| d.to_string()));
         let v = self
-            .exec(&cmd, None, SMALL_ANSWER, deadline)
+            .exec_json(&cmd, None, SMALL_ANSWER, deadline)
             .map_err(|e| api::not_started(&format!("mkdir failed: {}", say(&e))))?;
         match v["exitCode"].as_i64().unwrap_or(0) {
             0 => Ok(()),
@@ -101,7 +72,9 @@ impl<'a> Endpoint<'a> {
         }
     }
 
-    fn exec(
+    /// One exec request, its answer's JSON (the process's status and
+    /// output, base64).
+    fn exec_json(
         &self,
         cmd: &[String],
         cwd: Option<&str>,
@@ -128,45 +101,6 @@ impl<'a> Endpoint<'a> {
         }
         serde_json::from_slice(&bytes)
             .map_err(|_| Failure::Transport("the exec answer is not JSON".into()))
-    }
-
-    /// One upload for every file; the service must say it wrote them all.
-    pub fn upload(&self, files: &[(String, &[u8])], deadline: Instant) -> Result<(), RunError> {
-        if files.is_empty() {
-            return Ok(());
-        }
-        let boundary = format!(
-            "plimsoll-{:016x}{:016x}",
-            wasi::random::random::get_random_u64(),
-            wasi::random::random::get_random_u64()
-        );
-        let (body, content_type) = multipart::form(files, &boundary);
-        let (status, bytes) = self
-            .send(
-                Method::Post,
-                "/v1/files/upload",
-                Some(&content_type),
-                &body,
-                SMALL_ANSWER,
-                deadline,
-            )
-            .map_err(|e| api::lost(e, "upload"))?;
-        if status != 200 {
-            return Err(RunError::NotDispatched(Refusal::Environment(format!(
-                "the upload answered HTTP {status}"
-            ))));
-        }
-        let written = serde_json::from_slice::<Value>(&bytes)
-            .ok()
-            .and_then(|v| v["filesWritten"].as_u64());
-        if written != Some(files.len() as u64) {
-            return Err(api::not_started(&format!(
-                "the upload wrote {} of {} files",
-                written.map_or("an unknown number".to_string(), |n| n.to_string()),
-                files.len()
-            )));
-        }
-        Ok(())
     }
 
     /// The files at `paths`, in one request, at most `budget` bytes in all.
@@ -266,16 +200,139 @@ impl<'a> Endpoint<'a> {
         if let Some(ct) = content_type {
             headers.push(("content-type", ct.as_bytes().to_vec()));
         }
-        let url = format!("{}{path}", self.base);
-        wire::send(
-            Request {
-                method,
-                url: &url,
-                headers,
-                body,
-            },
-            deadline,
-        )
+        wire::send_to(self.base, method, path, headers, body, deadline)
+    }
+}
+
+/// What the shared runs (projects, the probe step, the session sweep) drive.
+impl wire::Sandbox for Endpoint<'_> {
+    fn make_dir(&self, dir: &str, deadline: Instant) -> Result<(), RunError> {
+        self.make_dirs(&[dir], deadline)
+    }
+
+    /// The project directory and every file's parent made first, in one
+    /// `mkdir`, then the files in one upload.
+    fn put_project(
+        &self,
+        dir: &str,
+        files: &[(String, &[u8])],
+        deadline: Instant,
+    ) -> Result<(), RunError> {
+        let mut dirs: Vec<&str> = files
+            .iter()
+            .filter_map(|(path, _)| path.rsplit_once('/').map(|(d, _)| d))
+            .collect();
+        dirs.push(dir);
+        dirs.sort_unstable();
+        dirs.dedup();
+        self.make_dirs(&dirs, deadline)?;
+        wire::Sandbox::put_files(self, files, deadline)
+    }
+
+    /// One upload for every file; the service must say it wrote them all.
+    fn put_files(&self, files: &[(String, &[u8])], deadline: Instant) -> Result<(), RunError> {
+        if files.is_empty() {
+            return Ok(());
+        }
+        let boundary = format!(
+            "plimsoll-{:016x}{:016x}",
+            wasi::random::random::get_random_u64(),
+            wasi::random::random::get_random_u64()
+        );
+        let (body, content_type) = multipart::form(files, &boundary);
+        let (status, bytes) = self
+            .send(
+                Method::Post,
+                "/v1/files/upload",
+                Some(&content_type),
+                &body,
+                SMALL_ANSWER,
+                deadline,
+            )
+            .map_err(|e| api::lost(e, "upload"))?;
+        if status != 200 {
+            return Err(RunError::NotDispatched(Refusal::Environment(format!(
+                "the upload answered HTTP {status}"
+            ))));
+        }
+        let written = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| v["filesWritten"].as_u64());
+        if written != Some(files.len() as u64) {
+            return Err(api::not_started(&format!(
+                "the upload wrote {} of {} files",
+                written.map_or("an unknown number".to_string(), |n| n.to_string()),
+                files.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `argv` under the wrapper (time limit and output cap inside the
+    /// VM), in `cwd` if given. From the send on, the guest may have run.
+    fn exec(
+        &self,
+        argv: &[&str],
+        cwd: Option<&str>,
+        limit: u32,
+        deadline: Instant,
+    ) -> Result<ProcessOutput, RunError> {
+        let secs = wrapper::seconds_for(wire::remaining_ms(deadline));
+        let sweep = self.mark.map(|_| leftovers::sweep_marked());
+        let mark = self.mark.zip(sweep.as_deref());
+        let cmd = wrapper::wrap(argv, secs, limit, mark);
+        // Both streams base64 (4 bytes per 3) at the cap plus one, and room
+        // for the JSON around them.
+        let b64 = (limit as usize + 1).div_ceil(3) * 4;
+        let bound = 2 * b64 + SMALL_ANSWER;
+        let began = monotonic_clock::now();
+        let answer = self.exec_json(&cmd, cwd, bound, deadline);
+        let elapsed_ms = (monotonic_clock::now() - began) / 1_000_000;
+        match answer {
+            Ok(v) => wrapper::output(&v, limit, secs, elapsed_ms).map_err(RunError::MayHaveRun),
+            Err(Failure::TooLarge) => Ok(wrapper::flooded()),
+            Err(e) => Err(RunError::MayHaveRun(format!(
+                "the exec failed: {}",
+                say(&e)
+            ))),
+        }
+    }
+
+    /// One path's download.
+    fn get_file(
+        &self,
+        path: &str,
+        max: usize,
+        deadline: Instant,
+    ) -> Result<Option<Vec<u8>>, String> {
+        let got = self.download(&[path.to_string()], max, deadline)?;
+        if got.truncated {
+            return Err("too large".into());
+        }
+        Ok(got.files.into_iter().next().map(|(_, content)| content))
+    }
+
+    /// Every artifact in one download, under the one budget.
+    fn get_artifacts(&self, dir: &str, paths: &[String], budget: usize, deadline: Instant) -> bool {
+        let full: Vec<String> = paths.iter().map(|a| format!("{dir}/{a}")).collect();
+        match self.download(&full, budget, deadline) {
+            Ok(got) => {
+                let mut truncated = got.truncated;
+                for (path, content) in got.files {
+                    let path = path
+                        .strip_prefix(dir)
+                        .and_then(|p| p.strip_prefix('/'))
+                        .unwrap_or(&path)
+                        .to_string();
+                    if !project_report::add_artifact(&Artifact { path, content }) {
+                        truncated = true;
+                    }
+                }
+                truncated
+            }
+            // The steps ran; what they made could not be brought back.
+            Err(_) => true,
+        }
     }
 }
 

@@ -22,31 +22,27 @@ mod api;
 mod checks;
 mod endpoint;
 mod multipart;
-mod project;
 mod session;
 mod smoke;
 mod wrapper;
 
-/// The shared wasi:http client every cloud adapter uses.
+/// The cloud adapters' kit: the bindings, the wasi:http client, the project
+/// runner and the probe step.
 use plimsoll_plugin_wire as wire;
+/// The `cloud-adapter` world's bindings, generated once, in the kit.
+use wire::bindings;
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "cloud-adapter",
-        path: "../../wit/provider",
-        generate_all,
-    });
-}
-
-use bindings::exports::plimsoll::provider::adapter::Guest;
 use bindings::plimsoll::provider::http;
 use bindings::plimsoll::provider::types::{
     Description, Payload, PayloadKind, PreflightReport, ProcessOutput, Refusal, RunError,
     RunRequest, RunResult, SessionAnswer, SessionFailure, SessionOptions, Tier,
 };
 use wasi::clocks::monotonic_clock::Instant;
+use wire::Sandbox as _;
 
 const NAME: &str = "dockercloud";
+/// Where a project's files go and its steps run.
+pub const PROJECT_DIR: &str = "/tmp/plimsoll-project";
 /// Longest run: the endpoint credential lives 300 s and an exec still
 /// running when it expires is cut off, so a run ends well inside it.
 pub const MAX_RUN_MS: u32 = 270_000;
@@ -59,14 +55,14 @@ const SNIPPET: &str = "/tmp/plimsoll-snippet.js";
 
 struct DockerCloud;
 
-impl Guest for DockerCloud {
+impl wire::CloudAdapter for DockerCloud {
     fn describe() -> Description {
         Description {
             name: NAME.to_string(),
             tier: Tier::Vm,
             payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
             environment: format!("dockercloud:image={}", api::IMAGE),
-            sessions: Some(session::support()),
+            sessions: Some(wire::session::support()),
         }
     }
 
@@ -90,7 +86,7 @@ impl Guest for DockerCloud {
                 .map(RunResult::Javascript)
             }
             Payload::Project(p) => in_sandbox(&service, request.timeout_ms, deadline, |sandbox| {
-                project::run(sandbox, &p, limit, deadline)
+                wire::project::run(sandbox, PROJECT_DIR, &p, limit, deadline)
             })
             .map(RunResult::Project),
             Payload::Cell(_) => Err(RunError::NotDispatched(Refusal::Unsupported(
@@ -115,7 +111,7 @@ impl Guest for DockerCloud {
     }
 }
 
-bindings::export!(DockerCloud with_types_in bindings);
+bindings::export!(DockerCloud);
 
 fn service() -> Result<api::Service, RunError> {
     api::Service::configured(http::allowed_origins())
@@ -153,6 +149,6 @@ fn snippet(
     limit: u32,
     deadline: Instant,
 ) -> Result<ProcessOutput, RunError> {
-    sandbox.upload(&[(SNIPPET.to_string(), code.as_bytes())], deadline)?;
-    sandbox.run(&["node", SNIPPET], None, limit, deadline)
+    sandbox.put_files(&[(SNIPPET.to_string(), code.as_bytes())], deadline)?;
+    sandbox.exec(&["node", SNIPPET], None, limit, deadline)
 }

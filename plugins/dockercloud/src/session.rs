@@ -21,22 +21,15 @@ use wasi::clocks::monotonic_clock::Instant;
 
 use crate::api::{self, Sandbox, Service, Standing};
 use crate::bindings::plimsoll::provider::types::{
-    Payload, PayloadKind, ProcessOutput, Refusal, RunError, RunRequest, RunResult, SessionAnswer,
-    SessionEndReason, SessionEnded, SessionFailure, SessionOptions, SessionSupport,
+    Payload, Refusal, RunError, RunRequest, RunResult, SessionAnswer, SessionEndReason,
+    SessionFailure, SessionOptions,
 };
 use crate::endpoint::{Endpoint, SESSION_MARK};
-use crate::project::{self, PROJECT_DIR};
+use crate::wire::session::{self, ended, failure};
+use crate::{MAX_RUN_MS, PROJECT_DIR, wire};
 
 /// Where a session's snippets are written (made at open).
 const SNIPPET_DIR: &str = "/tmp/plimsoll-snippet";
-use crate::{MAX_RUN_MS, wire};
-
-pub fn support() -> SessionSupport {
-    SessionSupport {
-        payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
-        cell_languages: vec![],
-    }
-}
 
 /// What `open` returns and each call parses.
 struct Kept {
@@ -126,34 +119,27 @@ pub fn run(
     let endpoint = plain.marked(&marker);
     let limit = request.output_limit;
     let outcome = match request.payload {
+        // A session's snippet: written beside an empty package.json, so
+        // node reads it as CommonJS unless it uses module syntax, whatever
+        // package.json an earlier call left higher up; run in the project
+        // directory.
         Payload::Javascript(code) => {
-            snippet(&endpoint, &code, limit, deadline).map(RunResult::Javascript)
+            wire::sandbox::node_snippet(&endpoint, SNIPPET_DIR, PROJECT_DIR, &code, limit, deadline)
+                .map(RunResult::Javascript)
         }
-        Payload::Project(p) => project::run(&endpoint, &p, limit, deadline).map(RunResult::Project),
-        Payload::Cell(_) => {
-            return Err(failure(
-                RunError::NotDispatched(Refusal::Unsupported(
-                    "this provider's sessions keep no interpreter".into(),
-                )),
-                None,
-            ));
+        Payload::Project(p) => {
+            wire::project::run(&endpoint, PROJECT_DIR, &p, limit, deadline).map(RunResult::Project)
         }
+        Payload::Cell(_) => return Err(session::no_interpreter()),
     };
-    let swept = sweep(&plain, &marker);
-    match outcome {
-        Ok(outcome) => Ok(SessionAnswer {
-            outcome,
-            ended: (!swept).then(unswept),
-        }),
-        // A failed call may mean the sandbox ended: ask, so the host can
-        // end the session.
-        Err(error) => {
-            let gone = standing(service, &kept, wire::cleanup_deadline())
-                .err()
-                .and_then(|f| f.ended);
-            Err(failure(error, gone.or_else(|| (!swept).then(unswept))))
-        }
-    }
+    // Every process carrying the session's mark, killed. Sent without the
+    // mark, so the sweep does not find itself.
+    let swept = session::sweep(&plain, &leftovers::sweep_marked(), &marker, None);
+    session::answer(outcome, swept, || {
+        standing(service, &kept, wire::cleanup_deadline())
+            .err()
+            .and_then(|f| f.ended)
+    })
 }
 
 pub fn close(service: &Service, state: &str) {
@@ -162,26 +148,6 @@ pub fn close(service: &Service, state: &str) {
     if let Some(kept) = parse(state) {
         service.delete(&kept.uid);
     }
-}
-
-/// A session's snippet: written beside an empty package.json, so node
-/// reads it as CommonJS unless it uses module syntax, whatever package.json
-/// an earlier call left higher up; run in the project directory.
-fn snippet(
-    endpoint: &Endpoint<'_>,
-    code: &str,
-    limit: u32,
-    deadline: Instant,
-) -> Result<ProcessOutput, RunError> {
-    let file = format!("{SNIPPET_DIR}/snippet.js");
-    endpoint.upload(
-        &[
-            (format!("{SNIPPET_DIR}/package.json"), b"{}\n".as_slice()),
-            (file.clone(), code.as_bytes()),
-        ],
-        deadline,
-    )?;
-    endpoint.run(&["node", &file], Some(PROJECT_DIR), limit, deadline)
 }
 
 /// The sandbox, running and still what was checked at open; otherwise the
@@ -214,35 +180,4 @@ fn standing(service: &Service, kept: &Kept, deadline: Instant) -> Result<Sandbox
         )),
         Standing::Unknown(why) => Err(failure(refused(why), None)),
     }
-}
-
-/// Kills every process carrying the session's mark; true when none is
-/// left. Sent without the mark, so the sweep does not find itself.
-fn sweep(plain: &Endpoint<'_>, marker: &str) -> bool {
-    let script = leftovers::sweep_marked();
-    let out = plain.run(
-        &["/bin/sh", "-c", &script, "plimsoll-sweep", marker],
-        None,
-        4096,
-        wire::cleanup_deadline(),
-    );
-    matches!(out, Ok(o) if o.exit_code == 0 && !o.timed_out && leftovers::swept_clean(&o.stdout))
-}
-
-fn unswept() -> SessionEnded {
-    ended(
-        SessionEndReason::SandboxChanged,
-        "a process the call started could not be stopped",
-    )
-}
-
-fn ended(reason: SessionEndReason, detail: &str) -> SessionEnded {
-    SessionEnded {
-        reason,
-        detail: detail.to_string(),
-    }
-}
-
-fn failure(error: RunError, ended: Option<SessionEnded>) -> SessionFailure {
-    SessionFailure { error, ended }
 }

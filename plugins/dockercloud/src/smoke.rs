@@ -11,16 +11,17 @@
 //! it runs could show all of this. docs/providers/dockercloud.md says what
 //! it rests on.
 
+use crate::PROJECT_DIR;
 use crate::api::Service;
-use crate::bindings::plimsoll::provider::types::{Language, PreflightReport, RunError};
+use crate::bindings::plimsoll::provider::types::{PreflightReport, ProcessOutput, RunError};
 use crate::endpoint::Endpoint;
-use crate::project::PROJECT_DIR;
-use crate::wire;
-use plimsoll_plugin_probe::{Checks, Probe};
+use crate::wire::smoke::{self, describe};
+use crate::wire::{self, Sandbox as _};
+use plimsoll_plugin_probe::Checks;
+use wasi::clocks::monotonic_clock::Instant;
 
 /// Budget for the whole probe, inside the host's preflight limit.
 const PROBE_MS: u64 = 90_000;
-const PROBE_FILE: &str = "plimsoll-probe.txt";
 /// The cap the flood check uses.
 const CAP: u32 = 4096;
 
@@ -47,7 +48,7 @@ pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
         )),
         Err(e) => return Err(format!("listing sandboxes failed: {e}")),
     }
-    let token = format!("{:016x}", wasi::random::random::get_random_u64());
+    let token = smoke::token();
     let sandbox = service
         .create(PROBE_MS / 1000, deadline)
         .map_err(|e| format!("creating the probe sandbox failed: {}", describe(&e)))?;
@@ -60,18 +61,8 @@ pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
         true,
         "the sandbox's network policy reads back deny-all, no allow rule",
     );
-    let probe = Probe::new(&out.stdout);
-    checks.check(out.exit_code == 0 && !out.timed_out, "probe step exit 0");
-    checks.check(
-        probe.is("cwd", PROJECT_DIR),
-        "the step ran in the project directory",
-    );
-    checks.check(probe.is("file", &token), "the project file arrived intact");
-    checks.check(probe.is("hypervisor", "yes"), "the CPU is virtual (a VM)");
-    checks.check(
-        probe.is("container", "no"),
-        "no container runtime marker (a VM, not a container)",
-    );
+    let probe = smoke::step_checks(&mut checks, &out, PROJECT_DIR, "project", &token);
+    checks.vm(&probe);
     checks.egress_and_node(&probe);
     checks.check(
         slept.timed_out && slept.exit_code == 124,
@@ -81,49 +72,23 @@ pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
         flood.stdout.len() == CAP as usize && flood.stdout_truncated && flood.exit_code == 0,
         "the wrapper cuts output at exactly the cap, and the writer's exit status survives the cut",
     );
-    Ok(PreflightReport {
-        passed: checks.passed(),
-        checks: checks.report(),
-        languages: vec![Language::Javascript],
-    })
+    Ok(smoke::report(&checks))
 }
 
-type Probed = (
-    crate::bindings::plimsoll::provider::types::ProcessOutput,
-    crate::bindings::plimsoll::provider::types::ProcessOutput,
-    crate::bindings::plimsoll::provider::types::ProcessOutput,
-);
+type Probed = (ProcessOutput, ProcessOutput, ProcessOutput);
 
-fn probe(
-    sandbox: &Endpoint<'_>,
-    token: &str,
-    deadline: wasi::clocks::monotonic_clock::Instant,
-) -> Result<Probed, RunError> {
-    let file = format!("{PROJECT_DIR}/{PROBE_FILE}");
-    sandbox.make_dirs(&[PROJECT_DIR], deadline)?;
-    sandbox.upload(&[(file, token.as_bytes())], deadline)?;
-    let out = sandbox.run(
-        &["sh", "-c", PROBE_STEP],
-        Some(PROJECT_DIR),
-        64 << 10,
-        deadline,
-    )?;
+fn probe(sandbox: &Endpoint<'_>, token: &str, deadline: Instant) -> Result<Probed, RunError> {
+    sandbox.make_dir(PROJECT_DIR, deadline)?;
+    let out = smoke::step(sandbox, PROJECT_DIR, token, PROBE_STEP, deadline)?;
     // A 1 s limit: the wrapper's seconds come from the budget left, so the
     // probe asks with a deadline 3 s away (2 s are kept back).
-    let slept = sandbox.run(
+    let slept = sandbox.exec(
         &["sleep", "30"],
         None,
         CAP,
         wire::after_ms(3_500).min(deadline),
     )?;
     // More than the cap, from a program that then exits 0 on its own.
-    let flood = sandbox.run(&["head", "-c", "200000", "/dev/zero"], None, CAP, deadline)?;
+    let flood = sandbox.exec(&["head", "-c", "200000", "/dev/zero"], None, CAP, deadline)?;
     Ok((out, slept, flood))
-}
-
-fn describe(e: &RunError) -> String {
-    match e {
-        RunError::NotDispatched(r) => format!("{r:?}"),
-        RunError::MayHaveRun(s) => s.clone(),
-    }
 }

@@ -21,6 +21,7 @@ use base64::Engine;
 use serde_json::Value;
 
 use crate::bindings::plimsoll::provider::types::ProcessOutput;
+use crate::wire::capture::{EXIT_FLOODED, EXIT_TIMED_OUT};
 
 /// `sh -c WRAPPER plimsoll-exec <secs> <cap> <mark> <sweep> argv...`, the
 /// mark (`NAME=value`) and sweep empty outside a session.
@@ -41,11 +42,6 @@ run() {
 if [ -s "$status" ]; then code=$(cat "$status"); rm -f "$status"; exit "$code"; fi
 exit 125"#;
 
-/// The exit code of a process ended at its time limit.
-pub const EXIT_TIMED_OUT: i32 = 124;
-/// The exit code of a process whose output the service could not carry
-/// whole (its own capture cap, or an answer past what the plugin reads).
-pub const EXIT_FLOODED: i32 = 153;
 /// Seconds kept back from the budget for the answer to come home.
 const MARGIN_S: u64 = 2;
 
@@ -114,7 +110,8 @@ pub fn output(v: &Value, limit: u32, secs: u64, elapsed_ms: u64) -> Result<Proce
     })
 }
 
-/// A process whose output could not be carried whole: both streams
+/// A process whose output could not be carried whole (the service's own
+/// capture cap, or an answer past what the plugin reads): both streams
 /// flagged, nothing kept, as the reference reports it.
 pub fn flooded() -> ProcessOutput {
     ProcessOutput {

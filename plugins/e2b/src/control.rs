@@ -12,7 +12,7 @@ use wasi::clocks::monotonic_clock::Instant;
 use wasi::http::types::Method;
 
 use crate::bindings::plimsoll::provider::types::{Refusal, RunError};
-use crate::wire::{self, Failure, Request};
+use crate::wire::{self, Failure};
 
 /// The label every sandbox of ours carries, with this value.
 pub const LABEL_OWNER: (&str, &str) = ("created-by", "plimsoll");
@@ -304,17 +304,8 @@ impl Service {
         if !body.is_empty() {
             headers.push(("content-type", b"application/json".to_vec()));
         }
-        let url = format!("{}{path}", self.api);
-        let mut r = wire::send(
-            Request {
-                method,
-                url: &url,
-                headers,
-                body,
-            },
-            deadline,
-        )?;
-        let retry_after = r.header("retry-after").and_then(|s| s.trim().parse().ok());
+        let mut r = wire::send_to(&self.api, method, path, headers, body, deadline)?;
+        let retry_after = r.retry_after();
         let next_token = r
             .header("x-next-token")
             .map(str::trim)
@@ -362,22 +353,6 @@ fn refusal(status: u16, v: &Value) -> Refusal {
     }
 }
 
-/// No process was started: from this plugin's side nothing ran. (The host
-/// still withholds the mark once a request went out: it cannot know what the
-/// service did with it.)
-pub fn not_started(why: &str) -> RunError {
-    RunError::NotDispatched(Refusal::Environment(why.to_string()))
-}
-
-fn lost(e: Failure, what: &str) -> RunError {
-    not_started(&match e {
-        Failure::Refused(why) => why,
-        Failure::Deadline => format!("the {what} answered too late"),
-        Failure::TooLarge => format!("the {what} answer was too large"),
-        Failure::Transport(why) => format!("the {what} failed: {why}"),
-    })
-}
-
 /// Sandbox IDs are short lowercase alphanumerics; anything else is not put
 /// in a URL path or header.
 pub fn valid_id(s: &str) -> bool {
@@ -390,4 +365,4 @@ fn parse_version(s: &str) -> Option<(u64, u64, u64)> {
     Some((n()?, n()?, n().unwrap_or(0)))
 }
 
-pub use crate::wire::{encode, sleep_ms, wall_seconds};
+pub use crate::wire::{encode, lost, not_started, sleep_ms, wall_seconds};

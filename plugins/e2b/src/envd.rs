@@ -10,19 +10,15 @@ use wasi::clocks::monotonic_clock::Instant;
 use wasi::http::types::Method;
 
 use crate::bindings::plimsoll::provider::types::{ProcessOutput, RunError};
-use crate::capture::{Capture, EXIT_TIMED_OUT, Stream};
 use crate::connect::{self, Decoder, END_STREAM};
 use crate::control::{self, Sandbox, Service, not_started};
-use crate::wire::{self, Failure, Request, Response};
+use crate::wire::capture::{CALL_RECEIVED_CAP, Capture, Stream};
+use crate::wire::{self, Failure, Response};
 
 /// envd's port inside the sandbox.
 const ENVD_PORT: &str = "49983";
 /// The user commands and files act as: the template's default user.
 pub const USER: &str = "user";
-/// Answer bytes a call may receive before a process's output counts as a
-/// flood, whatever its own size: 16 MiB short of the host's 64 MiB per call,
-/// for the cleanup's answers and base64's overhead.
-const CALL_RECEIVED_CAP: u64 = 48 << 20;
 /// Grace past the run's deadline given to envd's own deadline, so this
 /// side's deadline (which kills and reports) fires first.
 const ENVD_DEADLINE_SLACK_MS: u64 = 1000;
@@ -39,10 +35,10 @@ pub struct Envd<'a> {
 }
 
 /// A command to start.
-pub struct Command<'a> {
-    pub cmd: &'a str,
-    pub args: &'a [&'a str],
-    pub cwd: &'a str,
+struct Command<'a> {
+    cmd: &'a str,
+    args: &'a [&'a str],
+    cwd: &'a str,
 }
 
 impl<'a> Envd<'a> {
@@ -86,103 +82,13 @@ impl<'a> Envd<'a> {
             headers.push(("content-type", ct.as_bytes().to_vec()));
         }
         headers.extend(extra);
-        let url = format!("{}{path}", self.service.edge);
-        wire::send(
-            Request {
-                method,
-                url: &url,
-                headers,
-                body,
-            },
-            deadline,
-        )
-    }
-
-    /// Writes `files` (absolute path, content) in one request; parents are
-    /// created by envd.
-    pub fn upload(&self, files: &[(String, &[u8])], deadline: Instant) -> Result<(), RunError> {
-        let boundary = boundary_for(files);
-        let mut body = Vec::new();
-        for (path, content) in files {
-            body.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
-            body.extend_from_slice(
-                format!(
-                    "Content-Disposition: form-data; name=\"file\"; filename=\"{}\"\r\n\
-                     Content-Type: application/octet-stream\r\n\r\n",
-                    path.replace('"', "%22")
-                )
-                .as_bytes(),
-            );
-            body.extend_from_slice(content);
-            body.extend_from_slice(b"\r\n");
-        }
-        body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
-        let ct = format!("multipart/form-data; boundary={boundary}");
-        let path = format!("/files?username={USER}");
-        let mut r = self
-            .send(Method::Post, &path, Some(&ct), vec![], &body, deadline)
-            .map_err(|e| not_started(&failed("the upload", e)))?;
-        let _ = r.read_all(1 << 20, deadline);
-        if r.status != 200 {
-            return Err(not_started(&format!(
-                "the sandbox refused the files ({})",
-                r.status
-            )));
-        }
-        Ok(())
-    }
-
-    /// Makes a directory (and its parents).
-    pub fn make_dir(&self, path: &str, deadline: Instant) -> Result<(), RunError> {
-        let body = json!({"path": path}).to_string();
-        let mut r = self
-            .send(
-                Method::Post,
-                "/filesystem.Filesystem/MakeDir",
-                Some("application/json"),
-                vec![("connect-protocol-version", b"1".to_vec())],
-                body.as_bytes(),
-                deadline,
-            )
-            .map_err(|e| not_started(&failed("making a directory", e)))?;
-        let _ = r.read_all(64 << 10, deadline);
-        // 409: it exists already, which is what was wanted.
-        if r.status != 200 && r.status != 409 {
-            return Err(not_started(&format!(
-                "the sandbox refused a directory ({})",
-                r.status
-            )));
-        }
-        Ok(())
-    }
-
-    /// A file's bytes, `None` if it does not exist or is not a file; at most
-    /// `max` bytes (`Err` past it, so the caller can flag the truncation).
-    pub fn download(
-        &self,
-        path: &str,
-        max: usize,
-        deadline: Instant,
-    ) -> Result<Option<Vec<u8>>, String> {
-        let q = format!("/files?path={}&username={USER}", control::encode(path));
-        let mut r = self
-            .send(Method::Get, &q, None, vec![], b"", deadline)
-            .map_err(|e| failed("a download", e))?;
-        match r.status {
-            200 => match r.read_all(max, deadline) {
-                Ok(b) => Ok(Some(b)),
-                Err(Failure::TooLarge) => Err("too large".into()),
-                Err(e) => Err(failed("a download", e)),
-            },
-            400 | 404 => Ok(None),
-            s => Err(format!("a download answered {s}")),
-        }
+        wire::send_to(&self.service.edge, method, path, headers, body, deadline)
     }
 
     /// Runs a command to its end or the deadline, keeping `limit` bytes of
     /// each stream. At the deadline (or past the flood cap) the process is
     /// killed and the output so far returned, flagged.
-    pub fn run(
+    fn run(
         &self,
         command: &Command<'_>,
         limit: u32,
@@ -210,7 +116,7 @@ impl<'a> Envd<'a> {
         let mut r = match started {
             Ok(r) => r,
             Err(Failure::Deadline) => {
-                return Ok(Capture::new(limit).finish(EXIT_TIMED_OUT, true));
+                return Ok(Capture::new(limit as usize).timed_out());
             }
             Err(Failure::Refused(why)) => return Err(not_started(&why)),
             Err(e) => return Err(RunError::MayHaveRun(failed("the process start", e))),
@@ -244,7 +150,7 @@ impl<'a> Envd<'a> {
             Err(Failure::Deadline) => {
                 drop(r);
                 self.kill(stream.pid);
-                Ok(stream.capture.finish(EXIT_TIMED_OUT, true))
+                Ok(stream.capture.timed_out())
             }
             Err(e) => {
                 drop(r);
@@ -276,6 +182,131 @@ impl<'a> Envd<'a> {
     }
 }
 
+/// What the shared runs (projects, the probe step, the session sweep) drive.
+impl wire::Sandbox for Envd<'_> {
+    const SHELL: &'static str = "/bin/sh";
+
+    /// The project's files in one upload, envd making their parents (the
+    /// project directory among them); the directory on its own only when
+    /// there are none, since the steps run in it.
+    fn put_project(
+        &self,
+        dir: &str,
+        files: &[(String, &[u8])],
+        deadline: Instant,
+    ) -> Result<(), RunError> {
+        if files.is_empty() {
+            wire::Sandbox::make_dir(self, dir, deadline)
+        } else {
+            wire::Sandbox::put_files(self, files, deadline)
+        }
+    }
+
+    /// Writes `files` (absolute path, content) in one request; parents are
+    /// created by envd.
+    fn put_files(&self, files: &[(String, &[u8])], deadline: Instant) -> Result<(), RunError> {
+        let boundary = boundary_for(files);
+        let mut body = Vec::new();
+        for (path, content) in files {
+            body.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+            body.extend_from_slice(
+                format!(
+                    "Content-Disposition: form-data; name=\"file\"; filename=\"{}\"\r\n\
+                     Content-Type: application/octet-stream\r\n\r\n",
+                    path.replace('"', "%22")
+                )
+                .as_bytes(),
+            );
+            body.extend_from_slice(content);
+            body.extend_from_slice(b"\r\n");
+        }
+        body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+        let ct = format!("multipart/form-data; boundary={boundary}");
+        let path = format!("/files?username={USER}");
+        let mut r = self
+            .send(Method::Post, &path, Some(&ct), vec![], &body, deadline)
+            .map_err(|e| not_started(&failed("the upload", e)))?;
+        let _ = r.read_all(1 << 20, deadline);
+        if r.status != 200 {
+            return Err(not_started(&format!(
+                "the sandbox refused the files ({})",
+                r.status
+            )));
+        }
+        Ok(())
+    }
+
+    /// Makes a directory (and its parents).
+    fn make_dir(&self, path: &str, deadline: Instant) -> Result<(), RunError> {
+        let body = json!({"path": path}).to_string();
+        let mut r = self
+            .send(
+                Method::Post,
+                "/filesystem.Filesystem/MakeDir",
+                Some("application/json"),
+                vec![("connect-protocol-version", b"1".to_vec())],
+                body.as_bytes(),
+                deadline,
+            )
+            .map_err(|e| not_started(&failed("making a directory", e)))?;
+        let _ = r.read_all(64 << 10, deadline);
+        // 409: it exists already, which is what was wanted.
+        if r.status != 200 && r.status != 409 {
+            return Err(not_started(&format!(
+                "the sandbox refused a directory ({})",
+                r.status
+            )));
+        }
+        Ok(())
+    }
+
+    /// A file's bytes, `None` if it does not exist or is not a file; at most
+    /// `max` bytes (`Err` past it, so the caller can flag the truncation).
+    fn get_file(
+        &self,
+        path: &str,
+        max: usize,
+        deadline: Instant,
+    ) -> Result<Option<Vec<u8>>, String> {
+        let q = format!("/files?path={}&username={USER}", control::encode(path));
+        let mut r = self
+            .send(Method::Get, &q, None, vec![], b"", deadline)
+            .map_err(|e| failed("a download", e))?;
+        match r.status {
+            200 => match r.read_all(max, deadline) {
+                Ok(b) => Ok(Some(b)),
+                Err(Failure::TooLarge) => Err("too large".into()),
+                Err(e) => Err(failed("a download", e)),
+            },
+            400 | 404 => Ok(None),
+            s => Err(format!("a download answered {s}")),
+        }
+    }
+
+    fn exec(
+        &self,
+        argv: &[&str],
+        cwd: Option<&str>,
+        limit: u32,
+        deadline: Instant,
+    ) -> Result<ProcessOutput, RunError> {
+        let Some((&cmd, args)) = argv.split_first() else {
+            return Err(not_started("a command with no program"));
+        };
+        self.run(
+            &Command {
+                cmd,
+                args,
+                // envd takes a directory for every command; `/` is always
+                // there.
+                cwd: cwd.unwrap_or("/"),
+            },
+            limit,
+            deadline,
+        )
+    }
+}
+
 enum Ended {
     Exited(i32),
     Flooded,
@@ -291,7 +322,7 @@ struct ProcessStream {
 impl ProcessStream {
     fn new(limit: u32) -> ProcessStream {
         ProcessStream {
-            capture: Capture::new(limit),
+            capture: Capture::new(limit as usize),
             pid: None,
             exit: None,
         }

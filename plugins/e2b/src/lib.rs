@@ -15,49 +15,43 @@
 //! is vm, from provider identity; the host caps it at the operator's
 //! `SANDBOX_PLUGIN_MAX_TIER`. See docs/providers/e2b.md.
 
-mod capture;
 mod connect;
 mod control;
 mod envd;
-mod project;
 mod session;
 mod smoke;
 
-/// The shared wasi:http client every cloud adapter uses.
+/// The cloud adapters' kit: the bindings, the wasi:http client, the project
+/// runner and the probe step.
 use plimsoll_plugin_wire as wire;
+/// The `cloud-adapter` world's bindings, generated once, in the kit.
+use wire::bindings;
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "cloud-adapter",
-        path: "../../wit/provider",
-        generate_all,
-    });
-}
-
-use bindings::exports::plimsoll::provider::adapter::Guest;
 use bindings::plimsoll::provider::http;
 use bindings::plimsoll::provider::types::{
-    Description, PayloadKind, PreflightReport, ProcessOutput, Refusal, RunError, RunRequest,
-    RunResult, SessionAnswer, SessionFailure, SessionOptions, Tier,
+    Description, Payload, PayloadKind, PreflightReport, ProcessOutput, Refusal, RunError,
+    RunRequest, RunResult, SessionAnswer, SessionFailure, SessionOptions, Tier,
 };
 use control::{Sandbox, Service};
-use envd::{Command, Envd};
+use envd::Envd;
 use wasi::clocks::monotonic_clock::Instant;
 
 const NAME: &str = "e2b";
 /// Where a snippet is written and run.
 const WORK_DIR: &str = "/home/user/work";
+/// Where a project's files go and its steps run.
+const PROJECT_DIR: &str = "/home/user/project";
 
 struct E2b;
 
-impl Guest for E2b {
+impl wire::CloudAdapter for E2b {
     fn describe() -> Description {
         Description {
             name: NAME.to_string(),
             tier: Tier::Vm,
             payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
             environment: format!("e2b:template={}", control::TEMPLATE),
-            sessions: Some(session::support()),
+            sessions: Some(wire::session::support()),
         }
     }
 
@@ -70,14 +64,13 @@ impl Guest for E2b {
         wire::set_call_deadline(deadline);
         let service = service()?;
         let lifetime_s = u64::from(request.timeout_ms).div_ceil(1000);
-        use bindings::plimsoll::provider::types::Payload;
         match request.payload {
             Payload::Javascript(code) => in_sandbox(&service, lifetime_s, deadline, |envd| {
                 snippet(envd, &code, request.output_limit, deadline)
             })
             .map(RunResult::Javascript),
             Payload::Project(p) => in_sandbox(&service, lifetime_s, deadline, |envd| {
-                project::run(envd, &p, request.output_limit, deadline)
+                wire::project::run(envd, PROJECT_DIR, &p, request.output_limit, deadline)
             })
             .map(RunResult::Project),
             Payload::Cell(_) => Err(RunError::NotDispatched(Refusal::Unsupported(
@@ -99,7 +92,7 @@ impl Guest for E2b {
     }
 }
 
-bindings::export!(E2b with_types_in bindings);
+bindings::export!(E2b);
 
 fn service() -> Result<Service, RunError> {
     Service::configured(http::allowed_origins())
@@ -119,34 +112,14 @@ fn in_sandbox<T>(
     outcome
 }
 
-/// A snippet: written to the work directory, run with node.
+/// A snippet: written beside an empty package.json in its own directory
+/// under the work directory, run with node there.
 fn snippet(
     envd: &Envd<'_>,
     code: &str,
     limit: u32,
     deadline: Instant,
 ) -> Result<ProcessOutput, RunError> {
-    // `.js`, not `.cjs`: node then reads a snippet with module syntax
-    // (top-level `await`) as a module, as `node -` does on the docker tiers.
-    // An empty package.json beside it ends node's search for one, so a
-    // package.json a session's earlier call left higher up (with a `type`)
-    // cannot change how the snippet is read.
     let dir = format!("{WORK_DIR}/.plimsoll-snippet");
-    let file = format!("{dir}/snippet.js");
-    envd.upload(
-        &[
-            (format!("{dir}/package.json"), b"{}\n".as_slice()),
-            (file.clone(), code.as_bytes()),
-        ],
-        deadline,
-    )?;
-    envd.run(
-        &Command {
-            cmd: "node",
-            args: &[&file],
-            cwd: WORK_DIR,
-        },
-        limit,
-        deadline,
-    )
+    wire::sandbox::node_snippet(envd, &dir, WORK_DIR, code, limit, deadline)
 }

@@ -7,20 +7,14 @@
 //! and nothing of the sandbox's own runs as that user, so none is spared.
 
 use crate::bindings::plimsoll::provider::types::{
-    Payload, PayloadKind, Refusal, RunError, RunRequest, RunResult, SessionAnswer,
-    SessionEndReason, SessionEnded, SessionFailure, SessionOptions, SessionSupport,
+    Payload, Refusal, RunError, RunRequest, RunResult, SessionAnswer, SessionEndReason,
+    SessionFailure, SessionOptions,
 };
 use crate::control::{Sandbox, Service, valid_id};
-use crate::envd::{Command, Envd};
-use crate::{project, service, snippet, wire};
+use crate::envd::Envd;
+use crate::wire::session::{self, ended, failure};
+use crate::{PROJECT_DIR, service, snippet, wire};
 use plimsoll_plugin_probe::leftovers;
-
-pub fn support() -> SessionSupport {
-    SessionSupport {
-        payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
-        cell_languages: vec![],
-    }
-}
 
 pub fn open(service: &Service, options: SessionOptions) -> Result<String, RunError> {
     let deadline = wire::after_ms(u64::from(options.timeout_ms));
@@ -46,7 +40,7 @@ fn parse(state: &str) -> Option<Sandbox> {
 }
 
 pub fn run(state: &str, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
-    let fail = |error| SessionFailure { error, ended: None };
+    let fail = |error| failure(error, None);
     let sandbox = parse(state).ok_or_else(|| {
         fail(RunError::NotDispatched(Refusal::Environment(
             "the session's state is not this plugin's".into(),
@@ -61,57 +55,21 @@ pub fn run(state: &str, request: RunRequest) -> Result<SessionAnswer, SessionFai
             snippet(&envd, &code, request.output_limit, deadline).map(RunResult::Javascript)
         }
         Payload::Project(p) => {
-            project::run(&envd, &p, request.output_limit, deadline).map(RunResult::Project)
+            wire::project::run(&envd, PROJECT_DIR, &p, request.output_limit, deadline)
+                .map(RunResult::Project)
         }
-        Payload::Cell(_) => {
-            return Err(fail(RunError::NotDispatched(Refusal::Unsupported(
-                "this provider's sessions keep no interpreter".into(),
-            ))));
-        }
+        Payload::Cell(_) => return Err(session::no_interpreter()),
     };
-    let swept = sweep(&envd);
-    match outcome {
-        Ok(outcome) => Ok(SessionAnswer {
-            outcome,
-            ended: (!swept).then(unswept),
-        }),
-        // A failed call may mean the service ended the sandbox (its own
-        // timeout, say): ask, so the host can end the session.
-        Err(error) => Err(SessionFailure {
-            error,
-            ended: (service.exists(&sandbox.id) == Some(false))
-                .then(|| SessionEnded {
-                    reason: SessionEndReason::Expired,
-                    detail: "the E2B sandbox is gone".into(),
-                })
-                .or_else(|| (!swept).then(unswept)),
-        }),
-    }
-}
-
-/// Kills every process of the commands' user the call left; true when
-/// none is left.
-fn sweep(envd: &Envd<'_>) -> bool {
-    let script = leftovers::sweep();
-    let out = envd.run(
-        &Command {
-            cmd: "/bin/sh",
-            args: &["-c", &script, "plimsoll-sweep", "0"],
-            // A directory that is always there: the work directory may not
-            // be yet (a session's first call may be a project).
-            cwd: "/",
-        },
-        4096,
-        wire::cleanup_deadline(),
-    );
-    matches!(out, Ok(o) if o.exit_code == 0 && !o.timed_out && leftovers::swept_clean(&o.stdout))
-}
-
-fn unswept() -> SessionEnded {
-    SessionEnded {
-        reason: SessionEndReason::SandboxChanged,
-        detail: "a process the call started could not be stopped".into(),
-    }
+    // Every process of the commands' user the call left, killed: none is
+    // spared (`0`). Run in a directory that is always there: the work
+    // directory may not be yet (a session's first call may be a project).
+    let swept = session::sweep(&envd, &leftovers::sweep(), "0", Some("/"));
+    // A failed call may mean the service ended the sandbox (its own
+    // timeout, say).
+    session::answer(outcome, swept, || {
+        (service.exists(&sandbox.id) == Some(false))
+            .then(|| ended(SessionEndReason::Expired, "the E2B sandbox is gone"))
+    })
 }
 
 pub fn close(state: &str) {

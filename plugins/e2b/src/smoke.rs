@@ -8,16 +8,16 @@
 //! This is observation, not attestation: a service that lied about what it
 //! runs could show all of this. docs/providers/e2b.md says what it rests on.
 
-use crate::bindings::plimsoll::provider::types::{Language, PreflightReport, RunError};
+use crate::PROJECT_DIR;
+use crate::bindings::plimsoll::provider::types::PreflightReport;
 use crate::control::Service;
-use crate::envd::{Command, Envd};
-use crate::project::PROJECT_DIR;
-use crate::wire;
-use plimsoll_plugin_probe::{Checks, Probe};
+use crate::envd::Envd;
+use crate::wire::smoke::{self, describe};
+use crate::wire::{self, Sandbox as _};
+use plimsoll_plugin_probe::Checks;
 
 /// Budget for the whole probe, inside the host's preflight limit.
 const PROBE_MS: u64 = 60_000;
-const PROBE_FILE: &str = "plimsoll-probe.txt";
 
 /// One step; each line is `key=value` for the checks below. Egress is tried
 /// twice, to addresses that answer on the open internet, with a short
@@ -40,53 +40,20 @@ pub fn preflight(service: &Service) -> Result<PreflightReport, String> {
     }
     let deadline = wire::after_ms(PROBE_MS);
     wire::set_call_deadline(deadline);
-    let token = format!("{:016x}", wasi::random::random::get_random_u64());
+    let token = smoke::token();
     let sandbox = service
         .create(PROBE_MS / 1000, deadline)
         .map_err(|e| format!("creating the probe sandbox failed: {}", describe(&e)))?;
     let envd = Envd::for_run(service, &sandbox);
-    let file = format!("{PROJECT_DIR}/{PROBE_FILE}");
     // The directory is made on its own, so a lost upload shows as a missing
     // file rather than a step that cannot start.
     let ran = envd
         .make_dir(PROJECT_DIR, deadline)
-        .and_then(|()| envd.upload(&[(file, token.as_bytes())], deadline))
-        .and_then(|()| {
-            envd.run(
-                &Command {
-                    cmd: "/bin/sh",
-                    args: &["-c", PROBE_STEP],
-                    cwd: PROJECT_DIR,
-                },
-                64 << 10,
-                deadline,
-            )
-        });
+        .and_then(|()| smoke::step(&envd, PROJECT_DIR, &token, PROBE_STEP, deadline));
     service.delete(&sandbox.id);
     let out = ran.map_err(|e| format!("the probe step failed: {}", describe(&e)))?;
-    let probe = Probe::new(&out.stdout);
-    checks.check(out.exit_code == 0 && !out.timed_out, "probe step exit 0");
-    checks.check(
-        probe.is("cwd", PROJECT_DIR),
-        "the step ran in the project directory",
-    );
-    checks.check(probe.is("file", &token), "the project file arrived intact");
-    checks.check(probe.is("hypervisor", "yes"), "the CPU is virtual (a VM)");
-    checks.check(
-        probe.is("container", "no"),
-        "no container runtime marker (a VM, not a container)",
-    );
+    let probe = smoke::step_checks(&mut checks, &out, PROJECT_DIR, "project", &token);
+    checks.vm(&probe);
     checks.egress_and_node(&probe);
-    Ok(PreflightReport {
-        passed: checks.passed(),
-        checks: checks.report(),
-        languages: vec![Language::Javascript],
-    })
-}
-
-fn describe(e: &RunError) -> String {
-    match e {
-        RunError::NotDispatched(r) => format!("{r:?}"),
-        RunError::MayHaveRun(s) => s.clone(),
-    }
+    Ok(smoke::report(&checks))
 }

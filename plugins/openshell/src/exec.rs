@@ -13,14 +13,9 @@ use crate::gateway::{self, Gateway};
 use crate::grpc::{self, CallError, Frames};
 use crate::messages::{ExecSandboxEvent, ExecSandboxInput, ExecSandboxRequest, default_workspace};
 use crate::wire::Failure;
+use crate::wire::capture::{CALL_RECEIVED_CAP, Capture, Stream};
 
 const STDIN_FRAME: usize = 64 << 10;
-pub const EXIT_TIMED_OUT: i32 = 124;
-/// The exit code of a process ended for flooding its output.
-pub const EXIT_FLOODED: i32 = 153;
-/// Answer bytes a call may take in before a flooding command is cut off:
-/// well short of the host's 64 MiB per call, so the delete still fits.
-const CALL_RECEIVED_CAP: u64 = 48 << 20;
 
 pub struct Command<'a> {
     pub argv: &'a [&'a str],
@@ -58,7 +53,7 @@ pub fn run(
             .encode_to_vec(),
         );
     }
-    let mut out = Output::new(cmd.limit);
+    let mut out = Capture::new(cmd.limit);
     let mut r = match grpc::start(
         &gw.origin,
         "ExecSandboxInteractive",
@@ -97,7 +92,8 @@ pub fn run(
             }
         };
         // A flood past what the call can carry: dropping the stream cancels
-        // the call, and the process with it.
+        // the call, and the process with it. (The per-process flood count
+        // `add` keeps is not used here: this cap is the one that ends it.)
         if crate::wire::received() > CALL_RECEIVED_CAP {
             return Ok(out.flooded());
         }
@@ -108,9 +104,9 @@ pub fn run(
             let event = ExecSandboxEvent::decode(m.as_slice())
                 .map_err(|_| RunError::MayHaveRun("an exec event does not decode".into()))?;
             if let Some(d) = event.stdout {
-                out.add(true, &d.data);
+                out.add(Stream::Out, &d.data);
             } else if let Some(d) = event.stderr {
-                out.add(false, &d.data);
+                out.add(Stream::Err, &d.data);
             } else if let Some(e) = event.exit {
                 exit = Some(e.exit_code);
             }
@@ -133,59 +129,4 @@ pub fn run(
         RunError::MayHaveRun("the exec stream ended without an exit status".into())
     })?;
     Ok(out.finish(code, false))
-}
-
-struct Output {
-    limit: usize,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    stdout_truncated: bool,
-    stderr_truncated: bool,
-}
-
-impl Output {
-    fn new(limit: usize) -> Output {
-        Output {
-            limit,
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-        }
-    }
-
-    fn add(&mut self, stdout: bool, bytes: &[u8]) {
-        let (buf, cut) = if stdout {
-            (&mut self.stdout, &mut self.stdout_truncated)
-        } else {
-            (&mut self.stderr, &mut self.stderr_truncated)
-        };
-        let room = self.limit.saturating_sub(buf.len());
-        buf.extend_from_slice(&bytes[..room.min(bytes.len())]);
-        if bytes.len() > room {
-            *cut = true;
-        }
-    }
-
-    /// Both streams flagged, as a flood is reported everywhere.
-    fn flooded(mut self) -> ProcessOutput {
-        self.stdout_truncated = true;
-        self.stderr_truncated = true;
-        self.finish(EXIT_FLOODED, false)
-    }
-
-    fn timed_out(self) -> ProcessOutput {
-        self.finish(EXIT_TIMED_OUT, true)
-    }
-
-    fn finish(self, exit_code: i32, timed_out: bool) -> ProcessOutput {
-        ProcessOutput {
-            stdout: self.stdout,
-            stderr: self.stderr,
-            exit_code,
-            timed_out,
-            stdout_truncated: self.stdout_truncated,
-            stderr_truncated: self.stderr_truncated,
-        }
-    }
 }

@@ -11,6 +11,7 @@ use crate::grpc::{self, CallError};
 use crate::messages::*;
 use crate::policy;
 use crate::wire;
+pub use crate::wire::not_started;
 
 /// The image every sandbox runs: node and a POSIX shell.
 pub const IMAGE: &str = "docker.io/library/node:22-bookworm-slim";
@@ -409,10 +410,6 @@ pub fn execution_timeout(deadline: Instant) -> Duration {
         seconds: (wire::remaining_ms(deadline) / 1000 + 10) as i64,
         nanos: 0,
     }
-}
-
-pub fn not_started(why: &str) -> RunError {
-    RunError::NotDispatched(Refusal::Environment(why.to_string()))
 }
 
 fn isolation(why: String) -> RunError {

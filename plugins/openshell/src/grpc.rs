@@ -8,7 +8,7 @@ use prost::Message;
 use wasi::clocks::monotonic_clock::Instant;
 use wasi::http::types::Method;
 
-use crate::wire::{self, Failure, Request, Response};
+use crate::wire::{self, Failure, Response};
 
 /// Largest message this plugin accepts from the gateway.
 const MAX_MESSAGE: usize = 4 << 20;
@@ -61,19 +61,17 @@ pub fn start(
     body: &[u8],
     deadline: Instant,
 ) -> Result<Response, CallError> {
-    let url = format!("{origin}/openshell.v1.OpenShell/{method}");
     let timeout = format!("{}m", wire::remaining_ms(deadline).max(1));
-    let r = wire::send(
-        Request {
-            method: Method::Post,
-            url: &url,
-            headers: vec![
-                ("content-type", b"application/grpc".to_vec()),
-                ("te", b"trailers".to_vec()),
-                ("grpc-timeout", timeout.into_bytes()),
-            ],
-            body,
-        },
+    let r = wire::send_to(
+        origin,
+        Method::Post,
+        &format!("/openshell.v1.OpenShell/{method}"),
+        vec![
+            ("content-type", b"application/grpc".to_vec()),
+            ("te", b"trailers".to_vec()),
+            ("grpc-timeout", timeout.into_bytes()),
+        ],
+        body,
         deadline,
     )
     .map_err(CallError::Wire)?;

@@ -28,35 +28,30 @@ mod project;
 mod session;
 mod smoke;
 
-/// The shared wasi:http client every cloud adapter uses.
+/// The cloud adapters' kit: the bindings, the wasi:http client, the project
+/// runner and the probe step.
 use plimsoll_plugin_wire as wire;
+/// The `cloud-adapter` world's bindings, generated once, in the kit.
+use wire::bindings;
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "cloud-adapter",
-        path: "../../wit/provider",
-        generate_all,
-    });
-}
-
-use bindings::exports::plimsoll::provider::adapter::Guest;
 use bindings::plimsoll::provider::http;
 use bindings::plimsoll::provider::types::{
     Description, Payload, PayloadKind, PreflightReport, Refusal, RunError, RunRequest, RunResult,
     SessionAnswer, SessionFailure, SessionOptions, Tier,
 };
 use gateway::Gateway;
+use project::{Target, WORK_DIR};
 
 struct OpenShell;
 
-impl Guest for OpenShell {
+impl wire::CloudAdapter for OpenShell {
     fn describe() -> Description {
         Description {
             name: "openshell".to_string(),
             tier: Tier::Container,
             payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
             environment: format!("openshell:image={}", gateway::IMAGE),
-            sessions: Some(session::support()),
+            sessions: Some(wire::session::support()),
         }
     }
 
@@ -85,7 +80,11 @@ impl Guest for OpenShell {
             )
             .map(RunResult::Javascript),
             Payload::Project(p) => {
-                project::run(&gw, &made.name, &p, limit, deadline).map(RunResult::Project)
+                let target = Target {
+                    gw: &gw,
+                    name: &made.name,
+                };
+                wire::project::run(&target, WORK_DIR, &p, limit, deadline).map(RunResult::Project)
             }
             Payload::Cell(_) => Err(RunError::NotDispatched(Refusal::Unsupported(
                 "cells need a session, and openshell's sessions keep no interpreter".into(),
@@ -115,7 +114,7 @@ impl Guest for OpenShell {
     }
 }
 
-bindings::export!(OpenShell with_types_in bindings);
+bindings::export!(OpenShell);
 
 fn gateway() -> Result<Gateway, String> {
     Gateway::configured(http::allowed_origins())

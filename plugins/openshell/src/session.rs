@@ -13,22 +13,16 @@
 //! any instance's sweep reap it if this one is gone by then.
 
 use crate::bindings::plimsoll::provider::types::{
-    Payload, PayloadKind, ProcessOutput, Refusal, RunError, RunRequest, RunResult, SessionAnswer,
-    SessionEndReason, SessionEnded, SessionFailure, SessionOptions, SessionSupport,
+    Payload, ProcessOutput, Refusal, RunError, RunRequest, RunResult, SessionAnswer,
+    SessionEndReason, SessionFailure, SessionOptions,
 };
 use crate::exec::{self, Command};
 use crate::gateway::{self, Gateway, Standing};
-use crate::project::{self, WORK_DIR};
+use crate::project::{Target, WORK_DIR};
 use crate::wire;
+use crate::wire::session::{self, ended, failure};
 use plimsoll_plugin_probe::leftovers;
 use wasi::clocks::monotonic_clock::Instant;
-
-pub fn support() -> SessionSupport {
-    SessionSupport {
-        payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
-        cell_languages: vec![],
-    }
-}
 
 /// The state `open` returns and each call parses: the sandbox's name and
 /// its main process as the sweep takes it (`<pid>:<start time>`, or `0`:
@@ -116,35 +110,26 @@ pub fn run(
         ));
     }
     let limit = request.output_limit as usize;
+    let target = Target {
+        gw,
+        name: &kept.name,
+    };
     let outcome = match request.payload {
         Payload::Javascript(code) => {
             snippet(gw, &kept.name, &code, limit, deadline).map(RunResult::Javascript)
         }
         Payload::Project(p) => {
-            project::run(gw, &kept.name, &p, request.output_limit, deadline).map(RunResult::Project)
+            wire::project::run(&target, WORK_DIR, &p, request.output_limit, deadline)
+                .map(RunResult::Project)
         }
-        Payload::Cell(_) => {
-            return Err(failure(
-                RunError::NotDispatched(Refusal::Unsupported(
-                    "this provider's sessions keep no interpreter".into(),
-                )),
-                None,
-            ));
-        }
+        Payload::Cell(_) => return Err(session::no_interpreter()),
     };
-    let swept = sweep(gw, &kept);
-    match outcome {
-        Ok(outcome) => Ok(SessionAnswer {
-            outcome,
-            ended: (!swept).then(unswept),
-        }),
-        // A failed call may mean the sandbox ended: ask, so the host can
-        // end the session.
-        Err(error) => {
-            let gone = check(gw, &kept.name, wire::cleanup_deadline()).and_then(|f| f.ended);
-            Err(failure(error, gone.or_else(|| (!swept).then(unswept))))
-        }
-    }
+    // Every process the call left, killed; the main process found at open
+    // is spared.
+    let swept = session::sweep(&target, &leftovers::sweep(), &kept.main, None);
+    session::answer(outcome, swept, || {
+        check(gw, &kept.name, wire::cleanup_deadline()).and_then(|f| f.ended)
+    })
 }
 
 pub fn close(gw: &Gateway, state: &str) {
@@ -195,39 +180,4 @@ fn check(gw: &Gateway, name: &str, deadline: Instant) -> Option<SessionFailure> 
         )),
         Standing::Unknown(why) => Some(failure(refused(why), None)),
     }
-}
-
-/// Kills every process the call left; true when none is left.
-fn sweep(gw: &Gateway, kept: &Kept) -> bool {
-    let script = leftovers::sweep();
-    let out = exec::run(
-        gw,
-        &kept.name,
-        &Command {
-            argv: &["/bin/sh", "-c", &script, "plimsoll-sweep", &kept.main],
-            workdir: "",
-            stdin: b"",
-            limit: 4096,
-        },
-        wire::cleanup_deadline(),
-    );
-    matches!(out, Ok(o) if o.exit_code == 0 && !o.timed_out && leftovers::swept_clean(&o.stdout))
-}
-
-fn unswept() -> SessionEnded {
-    ended(
-        SessionEndReason::SandboxChanged,
-        "a process the call started could not be stopped",
-    )
-}
-
-fn ended(reason: SessionEndReason, detail: &str) -> SessionEnded {
-    SessionEnded {
-        reason,
-        detail: detail.to_string(),
-    }
-}
-
-fn failure(error: RunError, ended: Option<SessionEnded>) -> SessionFailure {
-    SessionFailure { error, ended }
 }

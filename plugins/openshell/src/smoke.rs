@@ -7,12 +7,12 @@
 //! naming it. Observation, not attestation: docs/providers/openshell.md
 //! says what it rests on.
 
-use crate::bindings::plimsoll::provider::types::{Language, PreflightReport, RunError};
-use crate::exec::{self, Command};
+use crate::bindings::plimsoll::provider::types::PreflightReport;
 use crate::gateway::Gateway;
-use crate::project::{self, WORK_DIR};
+use crate::project::{Target, WORK_DIR};
 use crate::wire;
-use plimsoll_plugin_probe::{Checks, Probe};
+use crate::wire::smoke::{self, describe};
+use plimsoll_plugin_probe::Checks;
 
 const PROBE_MS: u64 = 60_000;
 
@@ -48,51 +48,20 @@ pub fn preflight(gw: &Gateway) -> Result<PreflightReport, String> {
         true,
         "the sandbox reads back as created (its main process the one asked for), its own policy in force and admitted, proposals off",
     );
-    let token = format!("{:016x}", wasi::random::random::get_random_u64());
-    let ran = project::put(
+    let token = smoke::token();
+    let target = Target {
         gw,
-        &made.name,
-        &format!("{WORK_DIR}/plimsoll-probe.txt"),
-        token.as_bytes(),
-        deadline,
-    )
-    .and_then(|()| {
-        exec::run(
-            gw,
-            &made.name,
-            &Command {
-                argv: &["sh", "-c", PROBE_STEP],
-                workdir: WORK_DIR,
-                stdin: b"",
-                limit: 64 << 10,
-            },
-            deadline,
-        )
-    });
+        name: &made.name,
+    };
+    // The file's own write makes the work directory.
+    let ran = smoke::step(&target, WORK_DIR, &token, PROBE_STEP, deadline);
     gw.delete(&made.name);
     let out = ran.map_err(|e| format!("the probe failed: {}", describe(&e)))?;
-    let probe = Probe::new(&out.stdout);
-    checks.check(out.exit_code == 0 && !out.timed_out, "probe step exit 0");
-    checks.check(
-        probe.is("cwd", WORK_DIR),
-        "the step ran in the work directory",
-    );
-    checks.check(probe.is("file", &token), "the project file arrived intact");
+    let probe = smoke::step_checks(&mut checks, &out, WORK_DIR, "work", &token);
     checks.check(
         probe.is("writable-done", "yes") && probe.values("writable").is_empty(),
         "nothing outside /tmp is writable",
     );
     checks.egress_and_node(&probe);
-    Ok(PreflightReport {
-        passed: checks.passed(),
-        checks: checks.report(),
-        languages: vec![Language::Javascript],
-    })
-}
-
-fn describe(e: &RunError) -> String {
-    match e {
-        RunError::NotDispatched(r) => format!("{r:?}"),
-        RunError::MayHaveRun(s) => s.clone(),
-    }
+    Ok(smoke::report(&checks))
 }

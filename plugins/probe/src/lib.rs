@@ -70,6 +70,18 @@ impl Checks {
         );
     }
 
+    /// The two signs of a virtual machine rather than a container, which
+    /// the VM adapters' probe steps show the same way: a virtual CPU
+    /// (`hypervisor=yes`) and no container runtime's marker
+    /// (`container=no`).
+    pub fn vm(&mut self, probe: &Probe) {
+        self.check(probe.is("hypervisor", "yes"), "the CPU is virtual (a VM)");
+        self.check(
+            probe.is("container", "no"),
+            "no container runtime marker (a VM, not a container)",
+        );
+    }
+
     pub fn passed(&self) -> bool {
         !self.failed
     }

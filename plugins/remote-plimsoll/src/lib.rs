@@ -13,7 +13,9 @@
 //!   `not-dispatched`, anything else `may-have-run`. (The host still answers
 //!   unmarked once a request has gone out; see docs/plugins.md.)
 //! - sessions are forwarded (`session`): the upstream's session ID is the
-//!   session's state, which the host keeps and hands back with each call.
+//!   session's state, which the host keeps and hands back with each call;
+//! - the world's bindings and the `CloudAdapter` trait (no sessions unless
+//!   an adapter says otherwise) come from the kit, `plugins/wire`.
 //!
 //! Configuration: the first origin the operator allowed
 //! (`SANDBOX_PLUGIN_HTTP_ORIGINS`) is the upstream. The upstream's token, if
@@ -26,15 +28,12 @@ mod transport;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-mod bindings {
-    wit_bindgen::generate!({
-        world: "cloud-adapter",
-        path: "../../wit/provider",
-        generate_all,
-    });
-}
+/// The cloud adapters' kit: the `cloud-adapter` world's bindings, generated
+/// once there, and what adapters share (here, how a `wasi:http` error
+/// reads).
+use plimsoll_plugin_wire as wire;
+use wire::bindings;
 
-use bindings::exports::plimsoll::provider::adapter::Guest;
 use bindings::plimsoll::provider::http;
 use bindings::plimsoll::provider::log::{self, Level};
 use bindings::plimsoll::provider::types::{
@@ -48,7 +47,7 @@ const PROTOCOL: u32 = 4;
 
 struct RemotePlimsoll;
 
-impl Guest for RemotePlimsoll {
+impl wire::CloudAdapter for RemotePlimsoll {
     fn describe() -> Description {
         // describe cannot fail; an unreachable upstream claims the weakest
         // tier, and preflight then refuses to start.
@@ -128,7 +127,7 @@ impl Guest for RemotePlimsoll {
     }
 }
 
-bindings::export!(RemotePlimsoll with_types_in bindings);
+bindings::export!(RemotePlimsoll);
 
 fn upstream() -> Result<String, String> {
     http::allowed_origins()
@@ -175,11 +174,17 @@ fn call_full(procedure: &str, body: &Value) -> Result<(Answer, bool), String> {
     let url = format!("{}/plimsoll.v1.SandboxService/{procedure}", upstream()?);
     let response = match transport::post_json(&url, body.to_string().as_bytes()) {
         Ok(r) => r,
-        Err(transport::Failure::Refused(why)) => {
+        Err(wire::Failure::Refused(why)) => {
             return Err(format!("the host refused the request: {why}"));
         }
-        Err(transport::Failure::Transport(why)) => {
+        Err(wire::Failure::Transport(why)) => {
             return Ok((Answer::Failed(format!("transport: {why}")), false));
+        }
+        // This client sets no deadline and reads a bounded answer itself,
+        // so neither comes back from it; were one to, the request may have
+        // left, as with any transport failure.
+        Err(other @ (wire::Failure::Deadline | wire::Failure::TooLarge)) => {
+            return Ok((Answer::Failed(format!("transport: {other:?}")), false));
         }
     };
     let parsed: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);

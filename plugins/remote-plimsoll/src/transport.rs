@@ -4,8 +4,13 @@
 //! reads a bounded answer.
 
 use wasi::http::outgoing_handler;
-use wasi::http::types::{ErrorCode, Fields, Method, OutgoingBody, OutgoingRequest, Scheme};
+use wasi::http::types::{Fields, Method, OutgoingBody, OutgoingRequest, Scheme};
 use wasi::io::streams::StreamError;
+
+// What failed, read the way every adapter reads it: a refusal by the host
+// is the one error that proves nothing left. Only `Refused` and
+// `Transport` come back from here.
+use crate::wire::{Failure, failure};
 
 /// Most of an answer this plugin keeps; a Connect JSON answer carrying
 /// 64 KiB of each stream base64-encoded fits with room to spare.
@@ -15,13 +20,6 @@ pub struct Response {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
-}
-
-pub enum Failure {
-    /// The host refused the request before it left.
-    Refused(String),
-    /// It may have reached the upstream.
-    Transport(String),
 }
 
 /// POSTs `body` as JSON to `url` (`scheme://host:port/path`).
@@ -106,21 +104,4 @@ pub fn post_json(url: &str, body: &[u8]) -> Result<Response, Failure> {
         headers,
         body,
     })
-}
-
-/// A refusal by the host is the one error that proves nothing left.
-fn failure(e: ErrorCode) -> Failure {
-    match e {
-        ErrorCode::HttpRequestDenied => Failure::Refused("the host denied the request".into()),
-        ErrorCode::ConnectionLimitReached => {
-            Failure::Refused("the host's in-flight limit was reached".into())
-        }
-        other => Failure::Transport(
-            format!("{other:?}")
-                .split(['(', ' ', '{'])
-                .next()
-                .unwrap_or("transport")
-                .to_string(),
-        ),
-    }
 }

@@ -1,10 +1,48 @@
-//! HTTP over standard `wasi:http`, with the run's deadline on every wait:
-//! the client the cloud adapters (e2b, dockercloud) share.
+//! The cloud adapters' kit: what every adapter of a hosted sandbox service
+//! (e2b, dockercloud, openshell) and the remote-plimsoll example share, so
+//! a new cloud adapter is its service's API and nothing else.
+//!
+//! - `bindings`: the `cloud-adapter` world, generated once, here; an
+//!   adapter implements `CloudAdapter` (no sessions unless it says so) and
+//!   exports it with `plimsoll_plugin_wire::bindings::export!`.
+//! - `sandbox` and `project`: the `Sandbox` trait (files in, a command run,
+//!   a file back) and the one project runner over it; `capture` keeps a
+//!   process's output as the API reports it.
+//! - `smoke`: the startup smoke test's probe step and its shared checks.
+//! - `session`: what sessions on a kept sandbox share: the sweep after each
+//!   call and the answer it shapes.
+//! - this module: HTTP over standard `wasi:http`, with the run's deadline
+//!   on every wait.
 //!
 //! The host polices each request (the allowlist, reserved headers, the
 //! operator's key added, byte and time budgets); this side builds requests,
 //! waits for answers no later than the deadline it is given, and reads
 //! bodies either whole (bounded) or a chunk at a time (the process stream).
+
+pub mod adapter;
+pub mod capture;
+pub mod project;
+pub mod sandbox;
+pub mod session;
+pub mod smoke;
+
+/// The `cloud-adapter` world's bindings, generated once for every cloud
+/// adapter. Its `export!` is public, so an adapter's own crate (the
+/// component) exports its `CloudAdapter` with
+/// `plimsoll_plugin_wire::bindings::export!(MyAdapter);`: the exports, and
+/// the world's description they carry, are then emitted in that crate.
+pub mod bindings {
+    wit_bindgen::generate!({
+        world: "cloud-adapter",
+        path: "../../wit/provider",
+        generate_all,
+        pub_export_macro: true,
+        default_bindings_module: "plimsoll_plugin_wire::bindings",
+    });
+}
+
+pub use adapter::CloudAdapter;
+pub use sandbox::Sandbox;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use wasi::clocks::monotonic_clock::{self, Instant};
@@ -16,6 +54,8 @@ use wasi::http::types::{
 
 use wasi::io::poll;
 use wasi::io::streams::{InputStream, OutputStream, StreamError};
+
+use bindings::plimsoll::provider::types::{Refusal, RunError};
 
 /// Most the host lets a plugin write per `write` call.
 const WRITE_CHUNK: usize = 4096;
@@ -95,6 +135,12 @@ impl Response {
             .and_then(|(_, v)| std::str::from_utf8(v).ok())
     }
 
+    /// `Retry-After`, in seconds (the date form is not read).
+    pub fn retry_after(&self) -> Option<u64> {
+        self.header("retry-after")
+            .and_then(|s| s.trim().parse().ok())
+    }
+
     /// The next bytes of the body, `None` at its end. Waits no later than
     /// `deadline`.
     pub fn next_chunk(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, Failure> {
@@ -147,6 +193,29 @@ impl Response {
         }
         Ok(body)
     }
+}
+
+/// Sends `method` to `base` (an origin, or an origin and a path prefix)
+/// followed by `path`, the way every adapter addresses its service, and
+/// waits for the answer's head, no later than `deadline`.
+pub fn send_to(
+    base: &str,
+    method: Method,
+    path: &str,
+    headers: Vec<(&str, Vec<u8>)>,
+    body: &[u8],
+    deadline: Instant,
+) -> Result<Response, Failure> {
+    let url = format!("{base}{path}");
+    send(
+        Request {
+            method,
+            url: &url,
+            headers,
+            body,
+        },
+        deadline,
+    )
 }
 
 /// Sends `req` and waits for the answer's head, no later than `deadline`.
@@ -267,8 +336,10 @@ fn wait(ready: &poll::Pollable, deadline: Instant) -> Result<(), Failure> {
     }
 }
 
-/// A refusal by the host is the one error that proves nothing left.
-fn failure(e: ErrorCode) -> Failure {
+/// A `wasi:http` error as a `Failure`: a refusal by the host is the one
+/// error that proves nothing left. Public for an adapter with a `wasi:http`
+/// client of its own (remote-plimsoll's).
+pub fn failure(e: ErrorCode) -> Failure {
     match e {
         ErrorCode::HttpRequestDenied => Failure::Refused("the host denied the request".into()),
         ErrorCode::ConnectionLimitReached => {
@@ -282,6 +353,24 @@ fn failure(e: ErrorCode) -> Failure {
                 .to_string(),
         ),
     }
+}
+
+/// No process was started: from the adapter's side nothing ran. (The host
+/// still withholds the mark once a request went out: it cannot know what
+/// the service did with it.)
+pub fn not_started(why: &str) -> RunError {
+    RunError::NotDispatched(Refusal::Environment(why.to_string()))
+}
+
+/// A request made before any process started (a create, a mint, an
+/// upload, named by `what`) that failed: nothing ran, as `not_started`.
+pub fn lost(e: Failure, what: &str) -> RunError {
+    not_started(&match e {
+        Failure::Refused(why) => why,
+        Failure::Deadline => format!("the {what} answered too late"),
+        Failure::TooLarge => format!("the {what} answer was too large"),
+        Failure::Transport(why) => format!("the {what} failed: {why}"),
+    })
 }
 
 /// Milliseconds from now until `deadline` (0 once it passed).

@@ -1,23 +1,29 @@
 //! A process's output as the API reports it: the first `limit` bytes of
-//! each stream, a flag when more came, and a cap on everything read so a
-//! flood ends the process instead of the run's byte budget.
+//! each stream, a flag when more came, and a count of everything read so a
+//! flood can end the process instead of the run's byte budget. The exit
+//! codes every adapter reports a stopped process with are here too.
 
 use crate::bindings::plimsoll::provider::types::ProcessOutput;
 
 /// Everything read from one process, both streams together; past it the
-/// process is killed and reported as flooded.
+/// process is killed and reported as flooded (by an adapter that counts).
 pub const FLOOD_BYTES: u64 = 32 << 20;
-/// The exit code of a process ended for flooding its output.
+/// The exit code of a process ended for flooding its output (or whose
+/// output could not be carried whole).
 pub const EXIT_FLOODED: i32 = 153;
 /// The exit code of a process ended at the run's deadline.
 pub const EXIT_TIMED_OUT: i32 = 124;
+/// Answer bytes a call may take in before a process's output counts as a
+/// flood, whatever its own size: 16 MiB short of the host's 64 MiB per
+/// call, so the cleanup's answers (a kill, a delete) still fit.
+pub const CALL_RECEIVED_CAP: u64 = 48 << 20;
 
 pub struct Capture {
     limit: usize,
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
     seen: u64,
 }
 
@@ -27,9 +33,10 @@ pub enum Stream {
 }
 
 impl Capture {
-    pub fn new(limit: u32) -> Capture {
+    /// Keeps `limit` bytes of each stream.
+    pub fn new(limit: usize) -> Capture {
         Capture {
-            limit: limit as usize,
+            limit,
             stdout: Vec::new(),
             stderr: Vec::new(),
             stdout_truncated: false,
@@ -62,6 +69,11 @@ impl Capture {
             stdout_truncated: self.stdout_truncated,
             stderr_truncated: self.stderr_truncated,
         }
+    }
+
+    /// A process ended at the deadline: what it printed so far, flagged.
+    pub fn timed_out(self) -> ProcessOutput {
+        self.finish(EXIT_TIMED_OUT, true)
     }
 
     /// A flooded process: both streams flagged, as the reference reports it.
