@@ -7,8 +7,9 @@
 use std::sync::Arc;
 
 use crate::outcome::NotReady;
-use crate::state::counters::{self, Counters};
+use crate::state::counters::Counters;
 use crate::state::embedded::Embedded;
+use crate::state::opened::Opened;
 use crate::state::redis_store::RedisStore;
 use crate::state::{Ask, Booked};
 
@@ -94,7 +95,7 @@ impl Quotas {
     pub fn new(settings: QuotaSettings) -> Arc<Quotas> {
         Quotas::with(
             settings,
-            counters::Opened {
+            Opened {
                 counters: Embedded::in_memory(),
                 shared: None,
             },
@@ -102,7 +103,7 @@ impl Quotas {
     }
 
     /// Counters in a store opened at start (`state::counters::open`).
-    pub fn with(settings: QuotaSettings, store: counters::Opened) -> Arc<Quotas> {
+    pub fn with(settings: QuotaSettings, store: Opened) -> Arc<Quotas> {
         Arc::new(Quotas {
             settings,
             counters: store.counters,

@@ -131,7 +131,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let metrics = Arc::new(plimsoll::metrics::Metrics::new()?);
     // The store is opened once: its counters go to the quotas and, when
     // the replicas share it, the store itself to the replicas.
-    let store = plimsoll::state::counters::open(&cfg.state, cfg.quotas.metered)
+    let store = plimsoll::state::opened::open(&cfg.state, cfg.quotas.metered)
         .map_err(anyhow::Error::msg)?;
     let shared = store.shared.clone();
     let quotas = plimsoll::quota::Quotas::with(cfg.quotas.clone(), store);

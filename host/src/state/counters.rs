@@ -1,19 +1,14 @@
 //! The one interface the per-caller limits are counted through.
 //!
 //! `quota::Quotas` asks a `Counters` and never which store it is; each store
-//! implements it beside its own code (`embedded.rs`, `redis_store.rs`).
-//! `open` builds the configured store once, at start: the counters go to
-//! the quotas, and a shared store also to the replicas, which keep their
-//! session holders and nonces in it.
+//! implements it beside its own code (`embedded.rs`, `redis_store.rs`), and
+//! `opened.rs` builds the configured one.
 
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use super::embedded::Embedded;
-use super::paid_file::PaidFile;
-use super::redis_store::RedisStore;
-use super::{Ask, Booked, StateSettings};
+use super::{Ask, Booked};
 use crate::limits::{QuotaSettings, Shed};
 use crate::outcome::NotReady;
 
@@ -64,40 +59,4 @@ pub trait Counters: Send + Sync {
     fn paid_today(&self, _caller: &str) -> Option<(u64, u64)> {
         None
     }
-}
-
-/// The configured store, built once.
-pub struct Opened {
-    pub counters: Arc<dyn Counters>,
-    /// The store the replicas share, when there is one.
-    pub shared: Option<Arc<RedisStore>>,
-}
-
-/// Opens the configured store. The embedded store keeps a file only on a
-/// metered provider (nothing else it counts outlives a restart); a shared
-/// store connects on first use.
-pub fn open(state: &StateSettings, metered: bool) -> Result<Opened, String> {
-    Ok(match state {
-        StateSettings::Embedded { dir } if metered => {
-            let file = PaidFile::open(dir)
-                .map_err(|e| format!("PLIMSOLL_STATE_DIR {}: {e}", dir.display()))?;
-            let embedded = Embedded::with_file(file)
-                .map_err(|e| format!("PLIMSOLL_STATE_DIR {}: {e}", dir.display()))?;
-            Opened {
-                counters: embedded,
-                shared: None,
-            }
-        }
-        StateSettings::Embedded { .. } => Opened {
-            counters: Embedded::in_memory(),
-            shared: None,
-        },
-        StateSettings::Redis { url, lease } => {
-            let store = RedisStore::connect(url, *lease)?;
-            Opened {
-                counters: store.clone(),
-                shared: Some(store),
-            }
-        }
-    })
 }

@@ -14,6 +14,7 @@
 
 pub mod counters;
 pub mod embedded;
+pub mod opened;
 pub mod paid_file;
 pub mod redis_store;
 pub mod settings;
