@@ -246,8 +246,7 @@ function runProcess(file, args, { input, env, deadline, limit }) {
       timer = null;
       const exitCode = timedOut ? 124 : code === null ? 127 : code;
       const r = report(so, se, exitCode, timedOut, { duration_ms: Date.now() - started });
-      swept().then(() => resolve(r)); // the next step must not meet this one's sweep
-
+      swept().finally(() => resolve(r)); // the next step must not meet this one's sweep
     };
     let timer = setTimeout(() => {
       timedOut = true;
