@@ -19,19 +19,20 @@ use crate::callers::{Caller, Verifier};
 
 use axum::Router;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, Request, State};
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, any_service, get};
+use axum::routing::{any, any_service, get, post};
 use tokio::sync::Semaphore;
 
 use crate::pipeline::{Daemon, RunError};
 use crate::refusal::{Code, Reason, Refusal};
-use crate::wire::{self, DescribeRequest, RunRequest};
+use crate::wire::{self, DescribeRequest};
 
 mod body;
 mod browser;
+mod call;
 mod conn_io;
 mod connect;
 pub mod connections;
@@ -47,8 +48,9 @@ pub mod settings;
 mod stream;
 mod watch;
 
+use body::CallerBodies;
 pub use body::MAX_REQUEST_BYTES;
-use body::{CallerBodies, check_headers, read_body};
+use call::Read;
 use connect::{connect_error, json_ok, refusal_from};
 pub use connect::{parse_run, refusal_response};
 
@@ -115,7 +117,16 @@ pub fn router(daemon: Arc<Daemon>, body_slots: usize, verifier: Arc<Verifier>) -
         .route("/healthz", get(|| async { "ok" }))
         .route("/mcp", mcp)
         .route("/readyz", get(readyz))
-        .route(&format!("/{SERVICE_PREFIX}/{{procedure}}"), any(procedure))
+        .route(&procedure("Describe"), post(describe).fallback(post_only))
+        .route(&procedure("Run"), post(run).fallback(post_only))
+        .route(
+            &procedure("RunStream"),
+            post(run_stream).fallback(post_only),
+        )
+        .route(&procedure("OpenSession"), session("OpenSession"))
+        .route(&procedure("SessionRun"), session("SessionRun"))
+        .route(&procedure("CloseSession"), session("CloseSession"))
+        .route(&procedure("{procedure}"), any(internal))
         .fallback(not_found)
         .layer(middleware::from_fn(bind_answer))
         .with_state(api)
@@ -169,7 +180,80 @@ async fn not_found() -> Response {
     )
 }
 
-async fn procedure(
+/// The path of procedure `name`.
+fn procedure(name: &str) -> String {
+    format!("/{SERVICE_PREFIX}/{name}")
+}
+
+/// A procedure asked with a method other than POST.
+async fn post_only() -> Response {
+    let mut r = refusal_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &Refusal::request("Connect calls use POST"),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    r
+}
+
+async fn describe(State(api): State<Api>, read: Read) -> Response {
+    let parsed = wire::shape_of_describe(&read.body)
+        .and_then(|()| serde_json::from_slice::<DescribeRequest>(&read.body));
+    if let Err(e) = parsed {
+        return refusal_response(
+            StatusCode::BAD_REQUEST,
+            &Refusal::request(connect::malformed("DescribeRequest", &e)),
+        );
+    }
+    json_ok(&api.daemon.describe())
+}
+
+async fn run(State(api): State<Api>, read: Read) -> Response {
+    let req = match parse_run(&read.body) {
+        Ok(r) => r,
+        Err(r) => return refusal_from(&r),
+    };
+    // Parsed: the body and its slots go back before the run.
+    let caller = read.release();
+    match api.daemon.run(req, caller).await {
+        Ok(resp) => json_ok(&resp),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn run_stream(State(api): State<Api>, read: Read) -> Response {
+    let req = match stream::unframe(&read.body).and_then(parse_run) {
+        Ok(r) => r,
+        Err(r) => return refusal_from(&r),
+    };
+    let caller = read.release();
+    stream::run_stream(&api.daemon, req, caller).await
+}
+
+/// OpenSession, SessionRun and CloseSession: one handler, told which.
+fn session(name: &'static str) -> axum::routing::MethodRouter<Api> {
+    post(move |State(api): State<Api>, read: Read| async move {
+        let req = match session::parse_session(name, &read.body) {
+            Ok(r) => r,
+            Err(refusal) => return refusal_from(&refusal),
+        };
+        // Kept to be relayed if the session is held elsewhere, with the
+        // caller's body slots held until the relay ends (they bound how
+        // many forwards a caller has in flight); a call that was forwarded
+        // here is never forwarded again.
+        let relays = !read.forwarded && api.daemon.replicas().is_some();
+        let (caller, body, slots) = read.keep();
+        let answer = session::call(&api.daemon, req, caller, relays.then_some(body)).await;
+        drop(slots);
+        answer
+    })
+    .fallback(post_only)
+}
+
+/// MCP's session tools travel between replicas under procedures of their
+/// own, which exist only for a forwarded call: any other name, or one of
+/// these not forwarded, is no procedure at all.
+async fn internal(
     State(api): State<Api>,
     name: Result<Path<String>, PathRejection>,
     req: Request,
@@ -178,119 +262,23 @@ async fn procedure(
     let Ok(Path(name)) = name else {
         return not_found().await;
     };
-    // MCP's session tools travel between replicas under procedures of
-    // their own, which exist only for a forwarded call.
-    let internal = mcp::relay::tool_of(&name);
-    let forwarded = replica::forwarded(req.headers());
-    let known = matches!(
-        name.as_str(),
-        "Run" | "RunStream" | "Describe" | "OpenSession" | "SessionRun" | "CloseSession"
-    ) || (internal.is_some() && forwarded.is_some());
-    if !known {
+    let Some(tool) = mcp::relay::tool_of(&name) else {
+        return not_found().await;
+    };
+    if replica::forwarded(req.headers()).is_none() {
         return not_found().await;
     }
     if req.method() != Method::POST {
-        let mut r = refusal_response(
-            StatusCode::METHOD_NOT_ALLOWED,
-            &Refusal::request("Connect calls use POST"),
-        );
-        r.headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("POST"));
-        return r;
+        return post_only().await;
     }
-    // A session call another replica forwarded carries that replica's
-    // signature instead of the caller's token; it is checked once the body
-    // (which the signature covers) is read.
-    let caller = match &forwarded {
-        Some(f) => match replica::caller(&api.daemon, &api.verifier, &name, f) {
-            Some(c) => {
-                // Seen once across restarts too: the call's nonce is
-                // recorded in the shared store before anything else is done
-                // for it, a replay refused as any failed forward is.
-                match replica::first_sight(&api.daemon, f).await {
-                    replica::Sight::First => {}
-                    replica::Sight::Replayed => return unauthenticated(&api),
-                    replica::Sight::Refused(r) => return *r,
-                }
-                // A peer's signed call: its connection is trusted as an
-                // authenticated one is.
-                if let Some(conn) = req.extensions().get::<Arc<serve::Connection>>() {
-                    conn.trust(&c.id);
-                }
-                c
-            }
-            None => return unauthenticated(&api),
-        },
-        None => match authenticate(&api, &req) {
-            Ok(c) => c,
-            Err(r) => return *r,
-        },
+    let read = match Read::from_request(req, &api).await {
+        Ok(r) => r,
+        Err(r) => return r,
     };
-    let content_type = if name == "RunStream" {
-        stream::CONTENT_TYPE
-    } else {
-        "application/json"
-    };
-    if let Err(r) = check_headers(req.headers(), content_type) {
-        return *r;
-    }
-    let (caller_body, body_slot) = match body_slots(&api, &caller) {
-        Ok(slots) => slots,
-        Err(r) => return *r,
-    };
-    let body = match read_body(req.into_body()).await {
-        Ok(b) => b,
-        Err(r) => return *r,
-    };
-    if let Some(f) = &forwarded
-        && !replica::body_matches(f, &body)
-    {
-        return unauthenticated(&api);
-    }
-    if let Some(tool) = internal {
-        let result = mcp::session_tool(&api.daemon, tool, &body, caller).await;
-        drop(body_slot);
-        drop(caller_body);
-        return json_ok(&result);
-    }
-    match name.as_str() {
-        "Describe" => describe(&api.daemon, &body),
-        "Run" => {
-            let req = match parse_run(&body) {
-                Ok(r) => r,
-                Err(r) => return refusal_from(&r),
-            };
-            drop(body);
-            drop(body_slot);
-            drop(caller_body);
-            run(&api.daemon, req, caller).await
-        }
-        "RunStream" => {
-            let req = match stream::unframe(&body).and_then(parse_run) {
-                Ok(r) => r,
-                Err(r) => return refusal_from(&r),
-            };
-            drop(body);
-            drop(body_slot);
-            drop(caller_body);
-            stream::run_stream(&api.daemon, req, caller).await
-        }
-        procedure => {
-            let req = match session::parse_session(procedure, &body) {
-                Ok(r) => r,
-                Err(refusal) => return refusal_from(&refusal),
-            };
-            // Kept to be relayed if the session is held elsewhere, with the
-            // caller's body slots held until the relay ends (they bound
-            // how many forwards a caller has in flight); a call that was
-            // forwarded here is never forwarded again.
-            let relay = (forwarded.is_none() && api.daemon.replicas().is_some()).then_some(body);
-            let answer = session::call(&api.daemon, req, caller, relay).await;
-            drop(body_slot);
-            drop(caller_body);
-            answer
-        }
-    }
+    let (caller, body, slots) = read.keep();
+    let result = mcp::session_tool(&api.daemon, tool, &body, caller).await;
+    drop(slots);
+    json_ok(&result)
 }
 
 /// Who is asking, before anything else about the request is read: a known
@@ -383,24 +371,16 @@ fn take_body_slots(
     Ok((caller_body, body_slot))
 }
 
-fn describe(daemon: &Daemon, body: &[u8]) -> Response {
-    let parsed = wire::shape_of_describe(body)
-        .and_then(|()| serde_json::from_slice::<DescribeRequest>(body));
-    if let Err(e) = parsed {
-        return refusal_response(
-            StatusCode::BAD_REQUEST,
-            &Refusal::request(connect::malformed("DescribeRequest", &e)),
-        );
-    }
-    json_ok(&daemon.describe())
-}
-
-async fn run(daemon: &Arc<Daemon>, req: RunRequest, caller: Arc<Caller>) -> Response {
-    match daemon.run(req, caller).await {
-        Ok(resp) => json_ok(&resp),
-        Err(RunError::Refused(r)) => refusal_from(&r),
-        Err(RunError::Internal { id, .. }) => {
-            connect_error(Code::Internal, &format!("internal error {id}"), None)
+/// A run that produced no result, as the API answers it: a refusal keeps
+/// its mark; anything that may have run is an unmarked internal error
+/// whose ID joins it to the log line.
+impl IntoResponse for RunError {
+    fn into_response(self) -> Response {
+        match self {
+            RunError::Refused(r) => refusal_from(&r),
+            RunError::Internal { id, .. } => {
+                connect_error(Code::Internal, &format!("internal error {id}"), None)
+            }
         }
     }
 }
