@@ -9,13 +9,9 @@ use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use futures_util::future::{BoxFuture, ready};
-
-use super::counters::Counters;
 use super::paid_file::{PaidDay, PaidFile};
 use super::{Ask, Booked, utc_day};
 use crate::limits::{QuotaSettings, Shed};
-use crate::outcome::NotReady;
 
 struct Bucket {
     tokens: f64,
@@ -182,66 +178,6 @@ impl Embedded {
         };
         let paid = s.paid_today(utc_day());
         (paid.callers.get(caller).copied().unwrap_or(0), paid.daemon)
-    }
-}
-
-impl Counters for Embedded {
-    fn label(&self) -> &'static str {
-        "embedded"
-    }
-
-    fn remote(&self) -> bool {
-        false
-    }
-
-    fn admit<'a>(
-        self: Arc<Self>,
-        settings: &'a QuotaSettings,
-        ask: &'a Ask<'a>,
-    ) -> BoxFuture<'a, Result<Booked, Shed>> {
-        Box::pin(ready(Embedded::admit(&self, settings, ask)))
-    }
-
-    fn persist(self: Arc<Self>) -> BoxFuture<'static, Result<(), String>> {
-        Box::pin(async move { Embedded::persist(&self).await.map_err(|e| e.to_string()) })
-    }
-
-    fn charge<'a>(
-        &'a self,
-        settings: &'a QuotaSettings,
-        caller: &'a str,
-    ) -> BoxFuture<'a, Result<(), Shed>> {
-        Box::pin(ready(Embedded::charge(self, settings, caller)))
-    }
-
-    fn release<'a>(
-        self: Arc<Self>,
-        caller: &'a str,
-        booked: &'a Booked,
-        refund: u64,
-    ) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            Embedded::release(&self, caller, booked, refund);
-            if refund > 0
-                && let Err(err) = Embedded::persist(&self).await
-            {
-                // The refund is lost on a restart: the caller keeps having
-                // used more, never less.
-                tracing::warn!(error = %err, "the paid seconds' file could not take a refund");
-            }
-        })
-    }
-
-    fn abandon(self: Arc<Self>, caller: String, booked: Booked) {
-        Embedded::release(&self, &caller, &booked, 0);
-    }
-
-    fn check_ready(&self) -> BoxFuture<'_, Result<(), NotReady>> {
-        Box::pin(ready(Ok(())))
-    }
-
-    fn paid_today(&self, caller: &str) -> Option<(u64, u64)> {
-        Some(Embedded::paid_today(self, caller))
     }
 }
 

@@ -18,12 +18,8 @@ use std::time::Duration;
 use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use futures_util::future::BoxFuture;
-
-use super::counters::Counters;
 use super::{Ask, Booked};
 use crate::limits::{QuotaSettings, Shed};
-use crate::outcome::NotReady;
 
 /// How long one call to the store may take before the run is refused.
 const TIMEOUT: Duration = Duration::from_secs(1);
@@ -96,63 +92,6 @@ fn booking(id: &str) -> String {
 /// (Redis runs each script alone: there is no module to import).
 fn with_prelude(body: &str) -> Script {
     Script::new(&format!("{}{body}", include_str!("lua/bucket.lua")))
-}
-
-impl Counters for RedisStore {
-    fn label(&self) -> &'static str {
-        "redis"
-    }
-
-    fn remote(&self) -> bool {
-        true
-    }
-
-    fn admit<'a>(
-        self: Arc<Self>,
-        settings: &'a QuotaSettings,
-        ask: &'a Ask<'a>,
-    ) -> BoxFuture<'a, Result<Booked, Shed>> {
-        Box::pin(async move { RedisStore::admit(&self, settings, ask).await })
-    }
-
-    /// Each booking is in the store once the script answers.
-    fn persist(self: Arc<Self>) -> BoxFuture<'static, Result<(), String>> {
-        Box::pin(async { Ok(()) })
-    }
-
-    fn charge<'a>(
-        &'a self,
-        settings: &'a QuotaSettings,
-        caller: &'a str,
-    ) -> BoxFuture<'a, Result<(), Shed>> {
-        Box::pin(RedisStore::charge(self, settings, caller))
-    }
-
-    fn release<'a>(
-        self: Arc<Self>,
-        caller: &'a str,
-        booked: &'a Booked,
-        refund: u64,
-    ) -> BoxFuture<'a, ()> {
-        Box::pin(async move { RedisStore::release(&self, caller, booked, refund).await })
-    }
-
-    fn abandon(self: Arc<Self>, caller: String, booked: Booked) {
-        // Not renewed from here on; without a runtime to tell the store,
-        // the lease expires.
-        self.forget(&booked);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { RedisStore::release(&self, &caller, &booked, 0).await });
-        }
-    }
-
-    fn check_ready(&self) -> BoxFuture<'_, Result<(), NotReady>> {
-        Box::pin(async move {
-            self.ping()
-                .await
-                .map_err(|e| NotReady::new("state_store_unreachable", e))
-        })
-    }
 }
 
 fn unreachable(e: &redis::RedisError) -> Shed {
