@@ -14,6 +14,7 @@ use wasi::http::types::Method;
 
 use crate::bindings::plimsoll::provider::types::{Refusal, RunError};
 use crate::checks::{self, CPUS, MEMORY_MIB};
+use crate::wire::session::Standing;
 use crate::wire::{self, Failure};
 
 /// The image every sandbox boots: node and a POSIX shell with coreutils'
@@ -49,18 +50,6 @@ pub struct Sandbox {
     pub name: String,
     /// Its endpoint, as the service reported it (checked to be allowed).
     pub endpoint: String,
-}
-
-/// A session's sandbox as the service reports it.
-pub enum Standing {
-    Running(Sandbox),
-    /// It stopped or failed: what ran in it is gone.
-    Ended(String),
-    /// The service no longer has it (or is deleting it).
-    Gone,
-    /// Running, but no longer what was checked at open.
-    Changed(String),
-    Unknown(String),
 }
 
 /// A management answer: status, parsed body, the ETag and `Retry-After`.
@@ -173,7 +162,7 @@ impl Service {
     /// Where a session's sandbox stands at a call, read again: running and
     /// still what was checked at open (its endpoint as reported now), or
     /// why not.
-    pub fn standing(&self, uid: &str, name: &str, deadline: Instant) -> Standing {
+    pub fn standing(&self, uid: &str, name: &str, deadline: Instant) -> Standing<Sandbox> {
         let answer = match self.read(&format!("/sandboxes/{uid}"), deadline) {
             Ok(a) => a,
             Err(e) => return Standing::Unknown(format!("reading the sandbox failed: {e:?}")),
@@ -232,9 +221,10 @@ impl Service {
         })
         .to_string();
         let path = format!("/sandboxes/{uid}/endpoint-credentials");
-        let answer = self
-            .retrying(Method::Post, &path, body.as_bytes(), deadline)
-            .map_err(|e| lost(e, "credential mint"))?;
+        let answer = retrying(deadline, || {
+            self.call(Method::Post, &path, &[], body.as_bytes(), deadline)
+        })
+        .map_err(|e| lost(e, "credential mint"))?;
         if answer.status != 200 {
             return Err(RunError::NotDispatched(refusal("credential mint", &answer)));
         }
@@ -363,34 +353,9 @@ impl Service {
 
     /// A GET, retried on 429.
     pub fn read(&self, path: &str, deadline: Instant) -> Result<Answer, Failure> {
-        self.retrying(Method::Get, path, b"", deadline)
-    }
-
-    fn retrying(
-        &self,
-        method: Method,
-        path: &str,
-        body: &[u8],
-        deadline: Instant,
-    ) -> Result<Answer, Failure> {
-        let mut attempt = 1;
-        loop {
-            let answer = self.call(method.clone(), path, &[], body, deadline)?;
-            if answer.status != 429 || attempt >= READ_ATTEMPTS {
-                return Ok(answer);
-            }
-            let pause_s = answer
-                .retry_after
-                .unwrap_or(u64::from(attempt))
-                .min(MAX_PAUSE_S);
-            // A pause that would outlast the budget is not taken: the 429
-            // is the answer.
-            if pause_s * 1000 + 500 > wire::remaining_ms(deadline) {
-                return Ok(answer);
-            }
-            sleep_ms(pause_s * 1000);
-            attempt += 1;
-        }
+        retrying(deadline, || {
+            self.call(Method::Get, path, &[], b"", deadline)
+        })
     }
 
     fn call(
@@ -425,6 +390,34 @@ impl Service {
             etag,
             retry_after,
         })
+    }
+}
+
+/// `call` made again while the service answers 429: at most
+/// `READ_ATTEMPTS` in all, after the pause the service asks for (up to
+/// `MAX_PAUSE_S`), and only while the pause fits the budget. For a read or
+/// a mint, which cannot act twice.
+fn retrying(
+    deadline: Instant,
+    call: impl Fn() -> Result<Answer, Failure>,
+) -> Result<Answer, Failure> {
+    let mut attempt = 1;
+    loop {
+        let answer = call()?;
+        if answer.status != 429 || attempt >= READ_ATTEMPTS {
+            return Ok(answer);
+        }
+        let pause_s = answer
+            .retry_after
+            .unwrap_or(u64::from(attempt))
+            .min(MAX_PAUSE_S);
+        // A pause that would outlast the budget is not taken: the 429 is
+        // the answer.
+        if pause_s * 1000 + 500 > wire::remaining_ms(deadline) {
+            return Ok(answer);
+        }
+        sleep_ms(pause_s * 1000);
+        attempt += 1;
     }
 }
 

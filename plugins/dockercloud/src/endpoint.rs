@@ -11,6 +11,7 @@ use crate::api::{self, Sandbox};
 use crate::bindings::plimsoll::provider::project_report;
 use crate::bindings::plimsoll::provider::types::{Artifact, ProcessOutput, Refusal, RunError};
 use crate::multipart;
+use crate::wire::sandbox::{Command, Fetched, ProjectDirs};
 use crate::wire::{self, Failure};
 use crate::wrapper;
 use plimsoll_plugin_probe::leftovers;
@@ -54,21 +55,6 @@ impl<'a> Endpoint<'a> {
             base: self.base,
             bearer: self.bearer.clone(),
             mark: Some(mark),
-        }
-    }
-
-    /// `mkdir -p` of `dirs`, unwrapped (nothing of the guest's runs).
-    pub fn make_dirs(&self, dirs: &[&str], deadline: Instant) -> Result<(), RunError> {
-        let mut cmd = vec!["mkdir".to_string(), "-p".to_string(), "--".to_string()];
-        cmd.extend(dirs.iter().map(|d| d.to_string()));
-        let v = self
-            .exec_json(&cmd, None, SMALL_ANSWER, deadline)
-            .map_err(|e| api::not_started(&format!("mkdir failed: {}", say(&e))))?;
-        match v["exitCode"].as_i64().unwrap_or(0) {
-            0 => Ok(()),
-            n => Err(api::not_started(&format!(
-                "could not create the project directories (mkdir exited {n})"
-            ))),
         }
     }
 
@@ -206,27 +192,23 @@ impl<'a> Endpoint<'a> {
 
 /// What the shared runs (projects, the probe step, the session sweep) drive.
 impl wire::Sandbox for Endpoint<'_> {
-    fn make_dir(&self, dir: &str, deadline: Instant) -> Result<(), RunError> {
-        self.make_dirs(&[dir], deadline)
-    }
+    // The upload makes no directory: the project's and every file's
+    // parent are made first, in one `mkdir`.
+    const PROJECT_DIRS: ProjectDirs = ProjectDirs::WithParents;
 
-    /// The project directory and every file's parent made first, in one
-    /// `mkdir`, then the files in one upload.
-    fn put_project(
-        &self,
-        dir: &str,
-        files: &[(String, &[u8])],
-        deadline: Instant,
-    ) -> Result<(), RunError> {
-        let mut dirs: Vec<&str> = files
-            .iter()
-            .filter_map(|(path, _)| path.rsplit_once('/').map(|(d, _)| d))
-            .collect();
-        dirs.push(dir);
-        dirs.sort_unstable();
-        dirs.dedup();
-        self.make_dirs(&dirs, deadline)?;
-        wire::Sandbox::put_files(self, files, deadline)
+    /// `mkdir -p` of `dirs`, unwrapped (nothing of the guest's runs).
+    fn make_dirs(&self, dirs: &[&str], deadline: Instant) -> Result<(), RunError> {
+        let mut cmd = vec!["mkdir".to_string(), "-p".to_string(), "--".to_string()];
+        cmd.extend(dirs.iter().map(|d| d.to_string()));
+        let v = self
+            .exec_json(&cmd, None, SMALL_ANSWER, deadline)
+            .map_err(|e| api::not_started(&format!("mkdir failed: {}", say(&e))))?;
+        match v["exitCode"].as_i64().unwrap_or(0) {
+            0 => Ok(()),
+            n => Err(api::not_started(&format!(
+                "could not create the project directories (mkdir exited {n})"
+            ))),
+        }
     }
 
     /// One upload for every file; the service must say it wrote them all.
@@ -268,28 +250,23 @@ impl wire::Sandbox for Endpoint<'_> {
         Ok(())
     }
 
-    /// Runs `argv` under the wrapper (time limit and output cap inside the
-    /// VM), in `cwd` if given. From the send on, the guest may have run.
-    fn exec(
-        &self,
-        argv: &[&str],
-        cwd: Option<&str>,
-        limit: u32,
-        deadline: Instant,
-    ) -> Result<ProcessOutput, RunError> {
+    /// Runs the command under the wrapper (time limit and output cap inside
+    /// the VM), in its directory if it names one. From the send on, the
+    /// guest may have run.
+    fn exec(&self, cmd: &Command<'_>, deadline: Instant) -> Result<ProcessOutput, RunError> {
         let secs = wrapper::seconds_for(wire::remaining_ms(deadline));
         let sweep = self.mark.map(|_| leftovers::sweep_marked());
         let mark = self.mark.zip(sweep.as_deref());
-        let cmd = wrapper::wrap(argv, secs, limit, mark);
+        let wrapped = wrapper::wrap(cmd.argv, secs, cmd.limit, mark);
         // Both streams base64 (4 bytes per 3) at the cap plus one, and room
         // for the JSON around them.
-        let b64 = (limit as usize + 1).div_ceil(3) * 4;
+        let b64 = (cmd.limit as usize + 1).div_ceil(3) * 4;
         let bound = 2 * b64 + SMALL_ANSWER;
         let began = monotonic_clock::now();
-        let answer = self.exec_json(&cmd, cwd, bound, deadline);
+        let answer = self.exec_json(&wrapped, cmd.cwd, bound, deadline);
         let elapsed_ms = (monotonic_clock::now() - began) / 1_000_000;
         match answer {
-            Ok(v) => wrapper::output(&v, limit, secs, elapsed_ms).map_err(RunError::MayHaveRun),
+            Ok(v) => wrapper::output(&v, cmd.limit, secs, elapsed_ms).map_err(RunError::MayHaveRun),
             Err(Failure::TooLarge) => Ok(wrapper::flooded()),
             Err(e) => Err(RunError::MayHaveRun(format!(
                 "the exec failed: {}",
@@ -299,17 +276,15 @@ impl wire::Sandbox for Endpoint<'_> {
     }
 
     /// One path's download.
-    fn get_file(
-        &self,
-        path: &str,
-        max: usize,
-        deadline: Instant,
-    ) -> Result<Option<Vec<u8>>, String> {
-        let got = self.download(&[path.to_string()], max, deadline)?;
-        if got.truncated {
-            return Err("too large".into());
+    fn get_file(&self, path: &str, max: usize, deadline: Instant) -> Fetched {
+        match self.download(&[path.to_string()], max, deadline) {
+            Ok(got) if got.truncated => Fetched::NotWhole,
+            Ok(got) => match got.files.into_iter().next() {
+                Some((_, content)) => Fetched::Whole(content),
+                None => Fetched::Absent,
+            },
+            Err(_) => Fetched::NotWhole,
         }
-        Ok(got.files.into_iter().next().map(|(_, content)| content))
     }
 
     /// Every artifact in one download, under the one budget.

@@ -32,13 +32,12 @@ use plimsoll_plugin_wire as wire;
 /// The `cloud-adapter` world's bindings, generated once, in the kit.
 use wire::bindings;
 
-use bindings::plimsoll::provider::http;
 use bindings::plimsoll::provider::types::{
-    Description, Payload, PayloadKind, PreflightReport, ProcessOutput, Refusal, RunError,
-    RunRequest, RunResult, SessionAnswer, SessionFailure, SessionOptions, Tier,
+    Payload, ProcessOutput, Refusal, RunError, RunRequest, RunResult,
 };
 use wasi::clocks::monotonic_clock::Instant;
 use wire::Sandbox as _;
+use wire::sandbox::Command;
 
 const NAME: &str = "dockercloud";
 /// Where a project's files go and its steps run.
@@ -53,29 +52,16 @@ pub const MAX_RUN_MS: u32 = 270_000;
 /// error.
 const SNIPPET: &str = "/tmp/plimsoll-snippet.js";
 
+/// The adapter: what it states and its smoke test (smoke.rs), runs (here)
+/// and sessions (session.rs).
 struct DockerCloud;
 
 impl wire::CloudAdapter for DockerCloud {
-    fn describe() -> Description {
-        Description {
-            name: NAME.to_string(),
-            tier: Tier::Vm,
-            payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
-            environment: format!("dockercloud:image={}", api::IMAGE),
-            sessions: Some(wire::session::support()),
-        }
-    }
-
-    fn preflight() -> Result<PreflightReport, String> {
-        smoke::preflight(&service().map_err(|e| format!("{e:?}"))?)
-    }
-
     fn run(request: RunRequest) -> Result<RunResult, RunError> {
         if request.timeout_ms > MAX_RUN_MS {
             return Err(too_long());
         }
-        let deadline = wire::after_ms(u64::from(request.timeout_ms));
-        wire::set_call_deadline(deadline);
+        let deadline = wire::begin_call(u64::from(request.timeout_ms));
         let service = service()?;
         let limit = request.output_limit;
         match request.payload {
@@ -94,28 +80,12 @@ impl wire::CloudAdapter for DockerCloud {
             ))),
         }
     }
-
-    fn open_session(options: SessionOptions) -> Result<String, RunError> {
-        session::open(&service()?, options)
-    }
-
-    fn session_run(state: String, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
-        let service = service().map_err(|error| SessionFailure { error, ended: None })?;
-        session::run(&service, &state, request)
-    }
-
-    fn close_session(state: String) {
-        if let Ok(service) = service() {
-            session::close(&service, &state);
-        }
-    }
 }
 
 bindings::export!(DockerCloud);
 
 fn service() -> Result<api::Service, RunError> {
-    api::Service::configured(http::allowed_origins())
-        .map_err(|e| RunError::NotDispatched(Refusal::Environment(e)))
+    wire::adapter::configured(api::Service::configured)
 }
 
 /// Creates and checks a sandbox, runs `f` in it, and deletes it however
@@ -126,7 +96,7 @@ fn in_sandbox<T>(
     deadline: Instant,
     f: impl FnOnce(&endpoint::Endpoint<'_>) -> Result<T, RunError>,
 ) -> Result<T, RunError> {
-    let sandbox = service.create(u64::from(timeout_ms).div_ceil(1000), deadline)?;
+    let sandbox = service.create(wire::seconds(timeout_ms), deadline)?;
     let outcome = service
         .ready(&sandbox, deadline)
         .and_then(|credential| f(&endpoint::Endpoint::new(&sandbox, credential)));
@@ -150,5 +120,10 @@ fn snippet(
     deadline: Instant,
 ) -> Result<ProcessOutput, RunError> {
     sandbox.put_files(&[(SNIPPET.to_string(), code.as_bytes())], deadline)?;
-    sandbox.exec(&["node", SNIPPET], None, limit, deadline)
+    let command = Command {
+        argv: &["node", SNIPPET],
+        cwd: None,
+        limit,
+    };
+    sandbox.exec(&command, deadline)
 }

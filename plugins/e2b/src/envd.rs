@@ -13,6 +13,7 @@ use crate::bindings::plimsoll::provider::types::{ProcessOutput, RunError};
 use crate::connect::{self, Decoder, END_STREAM};
 use crate::control::{self, Sandbox, Service, not_started};
 use crate::wire::capture::{CALL_RECEIVED_CAP, Capture, Stream};
+use crate::wire::sandbox::{Command, Fetched, ProjectDirs};
 use crate::wire::{self, Failure, Response};
 
 /// envd's port inside the sandbox.
@@ -32,13 +33,6 @@ pub struct Envd<'a> {
     /// deleted right after, which ends everything in it, and the cleanup
     /// time is better spent on the delete.
     kill_on_stop: bool,
-}
-
-/// A command to start.
-struct Command<'a> {
-    cmd: &'a str,
-    args: &'a [&'a str],
-    cwd: &'a str,
 }
 
 impl<'a> Envd<'a> {
@@ -85,17 +79,18 @@ impl<'a> Envd<'a> {
         wire::send_to(&self.service.edge, method, path, headers, body, deadline)
     }
 
-    /// Runs a command to its end or the deadline, keeping `limit` bytes of
-    /// each stream. At the deadline (or past the flood cap) the process is
-    /// killed and the output so far returned, flagged.
-    fn run(
-        &self,
-        command: &Command<'_>,
-        limit: u32,
-        deadline: Instant,
-    ) -> Result<ProcessOutput, RunError> {
+    /// Runs a command to its end or the deadline, keeping its `limit` bytes
+    /// of each stream. At the deadline (or past the flood cap) the process
+    /// is killed and the output so far returned, flagged.
+    fn run(&self, command: &Command<'_>, deadline: Instant) -> Result<ProcessOutput, RunError> {
+        let Some((&program, args)) = command.argv.split_first() else {
+            return Err(not_started("a command with no program"));
+        };
+        // envd takes a directory for every command; `/` is always there.
+        let cwd = command.cwd.unwrap_or("/");
+        let limit = command.limit;
         let request = json!({
-            "process": {"cmd": command.cmd, "args": command.args, "cwd": command.cwd, "envs": {}},
+            "process": {"cmd": program, "args": args, "cwd": cwd, "envs": {}},
             "stdin": false,
         })
         .to_string();
@@ -186,21 +181,9 @@ impl<'a> Envd<'a> {
 impl wire::Sandbox for Envd<'_> {
     const SHELL: &'static str = "/bin/sh";
 
-    /// The project's files in one upload, envd making their parents (the
-    /// project directory among them); the directory on its own only when
-    /// there are none, since the steps run in it.
-    fn put_project(
-        &self,
-        dir: &str,
-        files: &[(String, &[u8])],
-        deadline: Instant,
-    ) -> Result<(), RunError> {
-        if files.is_empty() {
-            wire::Sandbox::make_dir(self, dir, deadline)
-        } else {
-            wire::Sandbox::put_files(self, files, deadline)
-        }
-    }
+    // The project's files go in one upload, envd making their parents (the
+    // project directory among them).
+    const PROJECT_DIRS: ProjectDirs = ProjectDirs::ByUpload;
 
     /// Writes `files` (absolute path, content) in one request; parents are
     /// created by envd.
@@ -236,74 +219,52 @@ impl wire::Sandbox for Envd<'_> {
         Ok(())
     }
 
-    /// Makes a directory (and its parents).
-    fn make_dir(&self, path: &str, deadline: Instant) -> Result<(), RunError> {
-        let body = json!({"path": path}).to_string();
-        let mut r = self
-            .send(
-                Method::Post,
-                "/filesystem.Filesystem/MakeDir",
-                Some("application/json"),
-                vec![("connect-protocol-version", b"1".to_vec())],
-                body.as_bytes(),
-                deadline,
-            )
-            .map_err(|e| not_started(&failed("making a directory", e)))?;
-        let _ = r.read_all(64 << 10, deadline);
-        // 409: it exists already, which is what was wanted.
-        if r.status != 200 && r.status != 409 {
-            return Err(not_started(&format!(
-                "the sandbox refused a directory ({})",
-                r.status
-            )));
+    /// Makes each directory (and its parents), one request each.
+    fn make_dirs(&self, dirs: &[&str], deadline: Instant) -> Result<(), RunError> {
+        for dir in dirs {
+            let body = json!({"path": dir}).to_string();
+            let mut r = self
+                .send(
+                    Method::Post,
+                    "/filesystem.Filesystem/MakeDir",
+                    Some("application/json"),
+                    vec![("connect-protocol-version", b"1".to_vec())],
+                    body.as_bytes(),
+                    deadline,
+                )
+                .map_err(|e| not_started(&failed("making a directory", e)))?;
+            let _ = r.read_all(64 << 10, deadline);
+            // 409: it exists already, which is what was wanted.
+            if r.status != 200 && r.status != 409 {
+                return Err(not_started(&format!(
+                    "the sandbox refused a directory ({})",
+                    r.status
+                )));
+            }
         }
         Ok(())
     }
 
-    /// A file's bytes, `None` if it does not exist or is not a file; at most
-    /// `max` bytes (`Err` past it, so the caller can flag the truncation).
-    fn get_file(
-        &self,
-        path: &str,
-        max: usize,
-        deadline: Instant,
-    ) -> Result<Option<Vec<u8>>, String> {
+    /// A file's bytes, at most `max` of them; one that does not exist or
+    /// is not a file is absent.
+    fn get_file(&self, path: &str, max: usize, deadline: Instant) -> Fetched {
         let q = format!("/files?path={}&username={USER}", control::encode(path));
-        let mut r = self
-            .send(Method::Get, &q, None, vec![], b"", deadline)
-            .map_err(|e| failed("a download", e))?;
+        let Ok(mut r) = self.send(Method::Get, &q, None, vec![], b"", deadline) else {
+            return Fetched::NotWhole;
+        };
         match r.status {
             200 => match r.read_all(max, deadline) {
-                Ok(b) => Ok(Some(b)),
-                Err(Failure::TooLarge) => Err("too large".into()),
-                Err(e) => Err(failed("a download", e)),
+                Ok(b) => Fetched::Whole(b),
+                // Past `max`, or cut.
+                Err(_) => Fetched::NotWhole,
             },
-            400 | 404 => Ok(None),
-            s => Err(format!("a download answered {s}")),
+            400 | 404 => Fetched::Absent,
+            _ => Fetched::NotWhole,
         }
     }
 
-    fn exec(
-        &self,
-        argv: &[&str],
-        cwd: Option<&str>,
-        limit: u32,
-        deadline: Instant,
-    ) -> Result<ProcessOutput, RunError> {
-        let Some((&cmd, args)) = argv.split_first() else {
-            return Err(not_started("a command with no program"));
-        };
-        self.run(
-            &Command {
-                cmd,
-                args,
-                // envd takes a directory for every command; `/` is always
-                // there.
-                cwd: cwd.unwrap_or("/"),
-            },
-            limit,
-            deadline,
-        )
+    fn exec(&self, cmd: &Command<'_>, deadline: Instant) -> Result<ProcessOutput, RunError> {
+        self.run(cmd, deadline)
     }
 }
 

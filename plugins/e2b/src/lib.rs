@@ -27,10 +27,8 @@ use plimsoll_plugin_wire as wire;
 /// The `cloud-adapter` world's bindings, generated once, in the kit.
 use wire::bindings;
 
-use bindings::plimsoll::provider::http;
 use bindings::plimsoll::provider::types::{
-    Description, Payload, PayloadKind, PreflightReport, ProcessOutput, Refusal, RunError,
-    RunRequest, RunResult, SessionAnswer, SessionFailure, SessionOptions, Tier,
+    Payload, ProcessOutput, Refusal, RunError, RunRequest, RunResult,
 };
 use control::{Sandbox, Service};
 use envd::Envd;
@@ -42,28 +40,15 @@ const WORK_DIR: &str = "/home/user/work";
 /// Where a project's files go and its steps run.
 const PROJECT_DIR: &str = "/home/user/project";
 
+/// The adapter: what it states and its smoke test (smoke.rs), runs (here)
+/// and sessions (session.rs).
 struct E2b;
 
 impl wire::CloudAdapter for E2b {
-    fn describe() -> Description {
-        Description {
-            name: NAME.to_string(),
-            tier: Tier::Vm,
-            payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
-            environment: format!("e2b:template={}", control::TEMPLATE),
-            sessions: Some(wire::session::support()),
-        }
-    }
-
-    fn preflight() -> Result<PreflightReport, String> {
-        smoke::preflight(&service().map_err(|e| format!("{e:?}"))?)
-    }
-
     fn run(request: RunRequest) -> Result<RunResult, RunError> {
-        let deadline = wire::after_ms(u64::from(request.timeout_ms));
-        wire::set_call_deadline(deadline);
+        let deadline = wire::begin_call(u64::from(request.timeout_ms));
         let service = service()?;
-        let lifetime_s = u64::from(request.timeout_ms).div_ceil(1000);
+        let lifetime_s = wire::seconds(request.timeout_ms);
         match request.payload {
             Payload::Javascript(code) => in_sandbox(&service, lifetime_s, deadline, |envd| {
                 snippet(envd, &code, request.output_limit, deadline)
@@ -78,25 +63,12 @@ impl wire::CloudAdapter for E2b {
             ))),
         }
     }
-
-    fn open_session(options: SessionOptions) -> Result<String, RunError> {
-        session::open(&service()?, options)
-    }
-
-    fn session_run(state: String, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
-        session::run(&state, request)
-    }
-
-    fn close_session(state: String) {
-        session::close(&state)
-    }
 }
 
 bindings::export!(E2b);
 
 fn service() -> Result<Service, RunError> {
-    Service::configured(http::allowed_origins())
-        .map_err(|e| RunError::NotDispatched(Refusal::Environment(e.to_string())))
+    wire::adapter::configured(Service::configured)
 }
 
 /// Creates a sandbox, runs `f` in it, and deletes it however `f` ended.

@@ -7,75 +7,66 @@
 //! and nothing of the sandbox's own runs as that user, so none is spared.
 
 use crate::bindings::plimsoll::provider::types::{
-    Payload, Refusal, RunError, RunRequest, RunResult, SessionAnswer, SessionEndReason,
-    SessionFailure, SessionOptions,
+    Payload, RunError, RunRequest, RunResult, SessionAnswer, SessionEndReason, SessionFailure,
+    SessionOptions,
 };
-use crate::control::{Sandbox, Service, valid_id};
+use crate::control::{Sandbox, valid_id};
 use crate::envd::Envd;
 use crate::wire::session::{self, ended, failure};
-use crate::{PROJECT_DIR, service, snippet, wire};
+use crate::{E2b, PROJECT_DIR, service, snippet, wire};
 use plimsoll_plugin_probe::leftovers;
-
-pub fn open(service: &Service, options: SessionOptions) -> Result<String, RunError> {
-    let deadline = wire::after_ms(u64::from(options.timeout_ms));
-    wire::set_call_deadline(deadline);
-    let lifetime_s = u64::from(options.lifetime_ms).div_ceil(1000);
-    let sandbox = service.create(lifetime_s, deadline)?;
-    Ok(format!(
-        "{}:{}:{}",
-        sandbox.id, sandbox.token, sandbox.traffic
-    ))
-}
 
 /// The state `open` returned: the sandbox's ID and its two tokens (none of
 /// them contains a colon: IDs are checked, tokens are E2B's hex or base64).
 fn parse(state: &str) -> Option<Sandbox> {
-    let mut parts = state.splitn(3, ':');
-    let (id, token, traffic) = (parts.next()?, parts.next()?, parts.next()?);
-    valid_id(id).then(|| Sandbox {
-        id: id.to_string(),
-        token: token.to_string(),
-        traffic: traffic.to_string(),
-    })
+    let [id, token, traffic] = session::fields::<3>(state)?;
+    valid_id(&id).then_some(Sandbox { id, token, traffic })
 }
 
-pub fn run(state: &str, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
-    let fail = |error| failure(error, None);
-    let sandbox = parse(state).ok_or_else(|| {
-        fail(RunError::NotDispatched(Refusal::Environment(
-            "the session's state is not this plugin's".into(),
-        )))
-    })?;
-    let service = service().map_err(fail)?;
-    let deadline = wire::after_ms(u64::from(request.timeout_ms));
-    wire::set_call_deadline(deadline);
-    let envd = Envd::for_session(&service, &sandbox);
-    let outcome = match request.payload {
-        Payload::Javascript(code) => {
-            snippet(&envd, &code, request.output_limit, deadline).map(RunResult::Javascript)
-        }
-        Payload::Project(p) => {
-            wire::project::run(&envd, PROJECT_DIR, &p, request.output_limit, deadline)
-                .map(RunResult::Project)
-        }
-        Payload::Cell(_) => return Err(session::no_interpreter()),
-    };
-    // Every process of the commands' user the call left, killed: none is
-    // spared (`0`). Run in a directory that is always there: the work
-    // directory may not be yet (a session's first call may be a project).
-    let swept = session::sweep(&envd, &leftovers::sweep(), "0", Some("/"));
-    // A failed call may mean the service ended the sandbox (its own
-    // timeout, say).
-    session::answer(outcome, swept, || {
-        (service.exists(&sandbox.id) == Some(false))
-            .then(|| ended(SessionEndReason::Expired, "the E2B sandbox is gone"))
-    })
-}
+impl wire::Sessions for E2b {
+    fn open_session(options: SessionOptions) -> Result<String, RunError> {
+        let service = service()?;
+        let deadline = wire::begin_call(u64::from(options.timeout_ms));
+        let sandbox = service.create(wire::seconds(options.lifetime_ms), deadline)?;
+        Ok(session::state(&[
+            &sandbox.id,
+            &sandbox.token,
+            &sandbox.traffic,
+        ]))
+    }
 
-pub fn close(state: &str) {
-    // The host waits 8 s for a close: the delete gets most of them.
-    wire::set_call_deadline(wire::after_ms(wire::CLOSE_MS));
-    if let (Some(sandbox), Ok(service)) = (parse(state), service()) {
-        service.delete(&sandbox.id);
+    fn session_run(state: String, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
+        let sandbox = parse(&state).ok_or_else(session::not_ours)?;
+        let service = service().map_err(|error| failure(error, None))?;
+        let deadline = wire::begin_call(u64::from(request.timeout_ms));
+        let envd = Envd::for_session(&service, &sandbox);
+        let outcome = match request.payload {
+            Payload::Javascript(code) => {
+                snippet(&envd, &code, request.output_limit, deadline).map(RunResult::Javascript)
+            }
+            Payload::Project(p) => {
+                wire::project::run(&envd, PROJECT_DIR, &p, request.output_limit, deadline)
+                    .map(RunResult::Project)
+            }
+            Payload::Cell(_) => return Err(session::no_interpreter()),
+        };
+        // Every process of the commands' user the call left, killed: none is
+        // spared (`0`). Run in a directory that is always there: the work
+        // directory may not be yet (a session's first call may be a project).
+        let swept = session::sweep(&envd, &leftovers::sweep(), "0", Some("/"));
+        // A failed call may mean the service ended the sandbox (its own
+        // timeout, say).
+        session::answer(outcome, swept, || {
+            (service.exists(&sandbox.id) == Some(false))
+                .then(|| ended(SessionEndReason::Expired, "the E2B sandbox is gone"))
+        })
+    }
+
+    fn close_session(state: String) {
+        // The host waits 8 s for a close: the delete gets most of them.
+        wire::begin_call(wire::CLOSE_MS);
+        if let (Some(sandbox), Ok(service)) = (parse(&state), service()) {
+            service.delete(&sandbox.id);
+        }
     }
 }

@@ -12,6 +12,7 @@ use crate::messages::*;
 use crate::policy;
 use crate::wire;
 pub use crate::wire::not_started;
+use crate::wire::session::Standing;
 
 /// The image every sandbox runs: node and a POSIX shell.
 pub const IMAGE: &str = "docker.io/library/node:22-bookworm-slim";
@@ -39,16 +40,6 @@ pub struct Gateway {
 /// A sandbox made for this run, by name (the gateway addresses them so).
 pub struct Made {
     pub name: String,
-}
-
-/// A kept sandbox as the gateway reports it.
-pub enum Standing {
-    Ready,
-    /// Its main process ended: the sandbox is terminal.
-    MainProcessEnded(String),
-    /// The gateway no longer has it.
-    Gone,
-    Unknown(String),
 }
 
 impl Gateway {
@@ -212,10 +203,10 @@ impl Gateway {
         Ok(())
     }
 
-    /// Where a session's sandbox stands at a call: ready, ended (with the
-    /// reason), or not known (the read failed; the call is refused, the
-    /// session kept).
-    pub fn standing(&self, name: &str, deadline: Instant) -> Standing {
+    /// Where a session's sandbox stands at a call: ready, its main process
+    /// ended (the sandbox is terminal, with the reason), gone, or not known
+    /// (the read failed; the call is refused, the session kept).
+    pub fn standing(&self, name: &str, deadline: Instant) -> Standing<()> {
         let got = self.get(name, deadline);
         let sandbox = match got {
             Ok(r) => r.sandbox.unwrap_or_default(),
@@ -223,10 +214,8 @@ impl Gateway {
             Err(e) => return Standing::Unknown(format!("reading the sandbox failed: {}", e.say())),
         };
         match sandbox.status.as_ref().map_or(0, |s| s.phase) {
-            PHASE_READY => Standing::Ready,
-            phase @ (PHASE_ERROR | PHASE_COMPLETED) => {
-                Standing::MainProcessEnded(terminal(&sandbox, phase))
-            }
+            PHASE_READY => Standing::Running(()),
+            phase @ (PHASE_ERROR | PHASE_COMPLETED) => Standing::Ended(terminal(&sandbox, phase)),
             phase => Standing::Unknown(format!("the sandbox is in phase {phase}, not ready")),
         }
     }

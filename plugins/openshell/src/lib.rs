@@ -34,37 +34,20 @@ use plimsoll_plugin_wire as wire;
 /// The `cloud-adapter` world's bindings, generated once, in the kit.
 use wire::bindings;
 
-use bindings::plimsoll::provider::http;
-use bindings::plimsoll::provider::types::{
-    Description, Payload, PayloadKind, PreflightReport, Refusal, RunError, RunRequest, RunResult,
-    SessionAnswer, SessionFailure, SessionOptions, Tier,
-};
+use bindings::plimsoll::provider::types::{Payload, Refusal, RunError, RunRequest, RunResult};
 use gateway::Gateway;
 use project::{Target, WORK_DIR};
 
+/// The adapter: what it states and its smoke test (smoke.rs), runs (here)
+/// and sessions (session.rs).
 struct OpenShell;
 
 impl wire::CloudAdapter for OpenShell {
-    fn describe() -> Description {
-        Description {
-            name: "openshell".to_string(),
-            tier: Tier::Container,
-            payloads: vec![PayloadKind::Javascript, PayloadKind::Project],
-            environment: format!("openshell:image={}", gateway::IMAGE),
-            sessions: Some(wire::session::support()),
-        }
-    }
-
-    fn preflight() -> Result<PreflightReport, String> {
-        smoke::preflight(&gateway()?)
-    }
-
     fn run(request: RunRequest) -> Result<RunResult, RunError> {
-        let deadline = wire::after_ms(u64::from(request.timeout_ms));
-        wire::set_call_deadline(deadline);
-        let gw = gateway().map_err(|e| RunError::NotDispatched(Refusal::Environment(e)))?;
+        let deadline = wire::begin_call(u64::from(request.timeout_ms));
+        let gw = gateway()?;
         gw.check_driver(deadline)?;
-        let made = gw.create(u64::from(request.timeout_ms).div_ceil(1000), deadline)?;
+        let made = gw.create(wire::seconds(request.timeout_ms), deadline)?;
         let limit = request.output_limit;
         let outcome = match request.payload {
             Payload::Javascript(code) => exec::run(
@@ -93,29 +76,11 @@ impl wire::CloudAdapter for OpenShell {
         gw.delete(&made.name);
         outcome
     }
-
-    fn open_session(options: SessionOptions) -> Result<String, RunError> {
-        let gw = gateway().map_err(|e| RunError::NotDispatched(Refusal::Environment(e)))?;
-        session::open(&gw, options)
-    }
-
-    fn session_run(state: String, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
-        let gw = gateway().map_err(|e| SessionFailure {
-            error: RunError::NotDispatched(Refusal::Environment(e)),
-            ended: None,
-        })?;
-        session::run(&gw, &state, request)
-    }
-
-    fn close_session(state: String) {
-        if let Ok(gw) = gateway() {
-            session::close(&gw, &state);
-        }
-    }
 }
 
 bindings::export!(OpenShell);
 
-fn gateway() -> Result<Gateway, String> {
-    Gateway::configured(http::allowed_origins())
+/// The gateway at the first origin the operator allowed.
+fn gateway() -> Result<Gateway, RunError> {
+    wire::adapter::configured(Gateway::configured)
 }

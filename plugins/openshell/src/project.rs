@@ -6,9 +6,10 @@
 use wasi::clocks::monotonic_clock::Instant;
 
 use crate::bindings::plimsoll::provider::types::{ProcessOutput, RunError};
-use crate::exec::{self, Command};
+use crate::exec;
 use crate::gateway::{self, Gateway};
 use crate::wire;
+use crate::wire::sandbox::{Command, Fetched};
 
 pub const WORK_DIR: &str = "/tmp/work";
 /// Writes stdin to the file named by $1, making its directory first.
@@ -21,7 +22,7 @@ pub struct Target<'a> {
 }
 
 impl Target<'_> {
-    fn run(&self, cmd: &Command<'_>, deadline: Instant) -> Result<ProcessOutput, RunError> {
+    fn run(&self, cmd: &exec::Command<'_>, deadline: Instant) -> Result<ProcessOutput, RunError> {
         exec::run(self.gw, self.name, cmd, deadline)
     }
 }
@@ -30,10 +31,12 @@ impl wire::Sandbox for Target<'_> {
     // Once a step ran, nothing after it can say nothing ran.
     const LATER_STEP_MAY_HAVE_RUN: bool = true;
 
-    fn make_dir(&self, dir: &str, deadline: Instant) -> Result<(), RunError> {
+    fn make_dirs(&self, dirs: &[&str], deadline: Instant) -> Result<(), RunError> {
+        let mut argv = vec!["mkdir", "-p"];
+        argv.extend(dirs);
         let made = self.run(
-            &Command {
-                argv: &["mkdir", "-p", dir],
+            &exec::Command {
+                argv: &argv,
                 workdir: "",
                 stdin: b"",
                 limit: 4096,
@@ -52,7 +55,7 @@ impl wire::Sandbox for Target<'_> {
     fn put_files(&self, files: &[(String, &[u8])], deadline: Instant) -> Result<(), RunError> {
         for (path, content) in files {
             let out = self.run(
-                &Command {
+                &exec::Command {
                     argv: &["sh", "-c", PUT, "plimsoll-put", path],
                     workdir: "",
                     stdin: content,
@@ -67,34 +70,23 @@ impl wire::Sandbox for Target<'_> {
         Ok(())
     }
 
-    fn exec(
-        &self,
-        argv: &[&str],
-        cwd: Option<&str>,
-        limit: u32,
-        deadline: Instant,
-    ) -> Result<ProcessOutput, RunError> {
+    fn exec(&self, cmd: &Command<'_>, deadline: Instant) -> Result<ProcessOutput, RunError> {
         self.run(
-            &Command {
-                argv,
+            &exec::Command {
+                argv: cmd.argv,
                 // The gateway's default directory when none is named.
-                workdir: cwd.unwrap_or(""),
+                workdir: cmd.cwd.unwrap_or(""),
                 stdin: b"",
-                limit: limit as usize,
+                limit: cmd.limit as usize,
             },
             deadline,
         )
     }
 
     /// A `cat` of the file, `max` bytes kept.
-    fn get_file(
-        &self,
-        path: &str,
-        max: usize,
-        deadline: Instant,
-    ) -> Result<Option<Vec<u8>>, String> {
+    fn get_file(&self, path: &str, max: usize, deadline: Instant) -> Fetched {
         let got = self.run(
-            &Command {
+            &exec::Command {
                 argv: &["cat", "--", path],
                 workdir: "",
                 stdin: b"",
@@ -103,12 +95,14 @@ impl wire::Sandbox for Target<'_> {
             deadline,
         );
         match got {
-            Ok(o) if o.exit_code == 0 && !o.timed_out && !o.stdout_truncated => Ok(Some(o.stdout)),
+            Ok(o) if o.exit_code == 0 && !o.timed_out && !o.stdout_truncated => {
+                Fetched::Whole(o.stdout)
+            }
             // Cut, or not read within the budget: not brought back whole.
-            Ok(o) if o.exit_code == 0 || o.timed_out => Err("not read whole".into()),
+            Ok(o) if o.exit_code == 0 || o.timed_out => Fetched::NotWhole,
             // Absent: the steps may not have made it.
-            Ok(_) => Ok(None),
-            Err(e) => Err(wire::smoke::describe(&e)),
+            Ok(_) => Fetched::Absent,
+            Err(_) => Fetched::NotWhole,
         }
     }
 }

@@ -13,14 +13,14 @@
 //! any instance's sweep reap it if this one is gone by then.
 
 use crate::bindings::plimsoll::provider::types::{
-    Payload, ProcessOutput, Refusal, RunError, RunRequest, RunResult, SessionAnswer,
-    SessionEndReason, SessionFailure, SessionOptions,
+    Payload, ProcessOutput, RunError, RunRequest, RunResult, SessionAnswer, SessionFailure,
+    SessionOptions,
 };
 use crate::exec::{self, Command};
-use crate::gateway::{self, Gateway, Standing};
+use crate::gateway::{self, Gateway};
 use crate::project::{Target, WORK_DIR};
-use crate::wire;
-use crate::wire::session::{self, ended, failure};
+use crate::wire::session::{self, failure};
+use crate::{OpenShell, wire};
 use plimsoll_plugin_probe::leftovers;
 use wasi::clocks::monotonic_clock::Instant;
 
@@ -33,110 +33,97 @@ struct Kept {
 }
 
 fn parse(state: &str) -> Option<Kept> {
-    let (name, main) = state.split_once(':')?;
+    let [name, main] = session::fields::<2>(state)?;
     let hex = name.strip_prefix("plp-")?;
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let main_ok = main == "0"
         || main
             .split_once(':')
             .is_some_and(|(p, t)| digits(p) && digits(t));
-    (hex.len() == 14 && hex.bytes().all(|b| b.is_ascii_hexdigit()) && main_ok).then(|| Kept {
-        name: name.to_string(),
-        main: main.to_string(),
-    })
+    (hex.len() == 14 && hex.bytes().all(|b| b.is_ascii_hexdigit()) && main_ok)
+        .then_some(Kept { name, main })
 }
 
-pub fn open(gw: &Gateway, options: SessionOptions) -> Result<String, RunError> {
-    let deadline = wire::after_ms(u64::from(options.timeout_ms));
-    wire::set_call_deadline(deadline);
-    gw.check_driver(deadline)?;
-    let made = gw.create(u64::from(options.lifetime_ms).div_ceil(1000), deadline)?;
-    // The work directory, and the main process found before any call's
-    // code ran: the one process of ours the sweeps spare.
-    let script = format!("mkdir -p {WORK_DIR} || exit 1\n{}", leftovers::FIND_MAIN);
-    let mut argv = vec!["/bin/sh", "-c", &script, "plimsoll-open"];
-    argv.extend(gateway::MAIN_PROCESS);
-    let found = exec::run(
-        gw,
-        &made.name,
-        &Command {
-            argv: &argv,
-            workdir: "",
-            stdin: b"",
-            limit: 4096,
-        },
-        deadline,
-    );
-    let main = match found {
-        Ok(out) if out.exit_code == 0 && !out.timed_out => leftovers::main_process(&out.stdout),
-        _ => None,
-    };
-    match main {
-        Some(main) => Ok(format!("{}:{main}", made.name)),
-        None => {
-            gw.delete(&made.name);
-            Err(gateway::not_started(
-                "the new sandbox's work directory or main process could not be found",
-            ))
+impl wire::Sessions for OpenShell {
+    fn open_session(options: SessionOptions) -> Result<String, RunError> {
+        let gw = crate::gateway()?;
+        let deadline = wire::begin_call(u64::from(options.timeout_ms));
+        gw.check_driver(deadline)?;
+        let made = gw.create(wire::seconds(options.lifetime_ms), deadline)?;
+        // The work directory, and the main process found before any call's
+        // code ran: the one process of ours the sweeps spare.
+        let script = format!("mkdir -p {WORK_DIR} || exit 1\n{}", leftovers::FIND_MAIN);
+        let mut argv = vec!["/bin/sh", "-c", &script, "plimsoll-open"];
+        argv.extend(gateway::MAIN_PROCESS);
+        let found = exec::run(
+            &gw,
+            &made.name,
+            &Command {
+                argv: &argv,
+                workdir: "",
+                stdin: b"",
+                limit: 4096,
+            },
+            deadline,
+        );
+        let main = match found {
+            Ok(out) if out.exit_code == 0 && !out.timed_out => leftovers::main_process(&out.stdout),
+            _ => None,
+        };
+        match main {
+            Some(main) => Ok(session::state(&[&made.name, &main])),
+            None => {
+                gw.delete(&made.name);
+                Err(gateway::not_started(
+                    "the new sandbox's work directory or main process could not be found",
+                ))
+            }
         }
     }
-}
 
-pub fn run(
-    gw: &Gateway,
-    state: &str,
-    request: RunRequest,
-) -> Result<SessionAnswer, SessionFailure> {
-    let kept = parse(state).ok_or_else(|| {
-        failure(
-            RunError::NotDispatched(Refusal::Environment(
-                "the session's state is not this plugin's".into(),
-            )),
-            None,
-        )
-    })?;
-    let deadline = wire::after_ms(u64::from(request.timeout_ms));
-    wire::set_call_deadline(deadline);
-    // Still the sandbox the session opened on: ready, its policy the one
-    // sent. A policy changed under the session ends it.
-    if let Some(failed) = check(gw, &kept.name, deadline) {
-        return Err(failed);
+    fn session_run(state: String, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
+        let gw = crate::gateway().map_err(|error| failure(error, None))?;
+        let kept = parse(&state).ok_or_else(session::not_ours)?;
+        let deadline = wire::begin_call(u64::from(request.timeout_ms));
+        // Still the sandbox the session opened on: ready, its policy the one
+        // sent. A policy changed under the session ends it.
+        check(&gw, &kept.name, deadline)?;
+        gw.check_config(&kept.name, deadline)
+            .map_err(|e| session::recheck_failure(e, "its policy changed"))?;
+        let limit = request.output_limit as usize;
+        let target = Target {
+            gw: &gw,
+            name: &kept.name,
+        };
+        let outcome = match request.payload {
+            Payload::Javascript(code) => {
+                snippet(&gw, &kept.name, &code, limit, deadline).map(RunResult::Javascript)
+            }
+            Payload::Project(p) => {
+                wire::project::run(&target, WORK_DIR, &p, request.output_limit, deadline)
+                    .map(RunResult::Project)
+            }
+            Payload::Cell(_) => return Err(session::no_interpreter()),
+        };
+        // Every process the call left, killed; the main process found at
+        // open is spared.
+        let swept = session::sweep(&target, &leftovers::sweep(), &kept.main, None);
+        session::answer(outcome, swept, || {
+            check(&gw, &kept.name, wire::cleanup_deadline())
+                .err()
+                .and_then(|f| f.ended)
+        })
     }
-    if let Err(e) = gw.check_config(&kept.name, deadline) {
-        let changed = matches!(e, RunError::NotDispatched(Refusal::Isolation(_)));
-        return Err(failure(
-            e,
-            changed.then(|| ended(SessionEndReason::SandboxChanged, "its policy changed")),
-        ));
-    }
-    let limit = request.output_limit as usize;
-    let target = Target {
-        gw,
-        name: &kept.name,
-    };
-    let outcome = match request.payload {
-        Payload::Javascript(code) => {
-            snippet(gw, &kept.name, &code, limit, deadline).map(RunResult::Javascript)
-        }
-        Payload::Project(p) => {
-            wire::project::run(&target, WORK_DIR, &p, request.output_limit, deadline)
-                .map(RunResult::Project)
-        }
-        Payload::Cell(_) => return Err(session::no_interpreter()),
-    };
-    // Every process the call left, killed; the main process found at open
-    // is spared.
-    let swept = session::sweep(&target, &leftovers::sweep(), &kept.main, None);
-    session::answer(outcome, swept, || {
-        check(gw, &kept.name, wire::cleanup_deadline()).and_then(|f| f.ended)
-    })
-}
 
-pub fn close(gw: &Gateway, state: &str) {
-    // The host waits 8 s for a close: the delete gets most of them.
-    wire::set_call_deadline(wire::after_ms(wire::CLOSE_MS));
-    if let Some(kept) = parse(state) {
-        gw.delete(&kept.name);
+    fn close_session(state: String) {
+        let Ok(gw) = crate::gateway() else {
+            return;
+        };
+        // The host waits 8 s for a close: the delete gets most of them.
+        wire::begin_call(wire::CLOSE_MS);
+        if let Some(kept) = parse(&state) {
+            gw.delete(&kept.name);
+        }
     }
 }
 
@@ -161,23 +148,8 @@ fn snippet(
     )
 }
 
-/// None while the sandbox is ready; otherwise the refusal, with the
-/// session's end when the sandbox itself ended.
-fn check(gw: &Gateway, name: &str, deadline: Instant) -> Option<SessionFailure> {
-    let refused = |why: String| RunError::NotDispatched(Refusal::Environment(why));
-    match gw.standing(name, deadline) {
-        Standing::Ready => None,
-        Standing::MainProcessEnded(why) => Some(failure(
-            refused(why.clone()),
-            Some(ended(SessionEndReason::MainProcessEnded, &why)),
-        )),
-        Standing::Gone => Some(failure(
-            refused("the OpenShell sandbox is gone".into()),
-            Some(ended(
-                SessionEndReason::Expired,
-                "the OpenShell sandbox is gone",
-            )),
-        )),
-        Standing::Unknown(why) => Some(failure(refused(why), None)),
-    }
+/// The sandbox still ready; otherwise the refusal, with the session's end
+/// when the sandbox itself ended.
+fn check(gw: &Gateway, name: &str, deadline: Instant) -> Result<(), SessionFailure> {
+    session::standing(gw.standing(name, deadline), "the OpenShell sandbox is gone")
 }

@@ -14,8 +14,10 @@
 //!   unmarked once a request has gone out; see docs/plugins.md.)
 //! - sessions are forwarded (`session`): the upstream's session ID is the
 //!   session's state, which the host keeps and hands back with each call;
-//! - the world's bindings and the `CloudAdapter` trait (no sessions unless
-//!   an adapter says otherwise) come from the kit, `plugins/wire`.
+//! - the world's bindings and the traits an adapter implements come from
+//!   the kit, `plugins/wire`: `Startup` (describe, preflight),
+//!   `CloudAdapter` (run) and `Sessions` (none unless an adapter says
+//!   otherwise; here in `session`).
 //!
 //! Configuration: the first origin the operator allowed
 //! (`SANDBOX_PLUGIN_HTTP_ORIGINS`) is the upstream. The upstream's token, if
@@ -29,8 +31,8 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 
 /// The cloud adapters' kit: the `cloud-adapter` world's bindings, generated
-/// once there, and what adapters share (here, how a `wasi:http` error
-/// reads).
+/// once there, and what adapters share (here, the traits an adapter
+/// implements, and how a `wasi:http` request is built and its errors read).
 use plimsoll_plugin_wire as wire;
 use wire::bindings;
 
@@ -38,7 +40,7 @@ use bindings::plimsoll::provider::http;
 use bindings::plimsoll::provider::log::{self, Level};
 use bindings::plimsoll::provider::types::{
     Description, Language, PayloadKind, PreflightReport, ProcessOutput, Refusal, RunError,
-    RunRequest, RunResult, SessionAnswer, SessionFailure, SessionOptions, Tier,
+    RunRequest, RunResult, Tier,
 };
 
 const NAME: &str = "remote-plimsoll";
@@ -47,7 +49,7 @@ const PROTOCOL: u32 = 4;
 
 struct RemotePlimsoll;
 
-impl wire::CloudAdapter for RemotePlimsoll {
+impl wire::Startup for RemotePlimsoll {
     fn describe() -> Description {
         // describe cannot fail; an unreachable upstream claims the weakest
         // tier, and preflight then refuses to start.
@@ -91,7 +93,9 @@ impl wire::CloudAdapter for RemotePlimsoll {
             languages: vec![Language::Javascript],
         })
     }
+}
 
+impl wire::CloudAdapter for RemotePlimsoll {
     fn run(request: RunRequest) -> Result<RunResult, RunError> {
         let code = match request.payload {
             bindings::plimsoll::provider::types::Payload::Javascript(code) => code,
@@ -112,18 +116,6 @@ impl wire::CloudAdapter for RemotePlimsoll {
             floor.as_deref(),
         )
         .map(RunResult::Javascript)
-    }
-
-    fn open_session(options: SessionOptions) -> Result<String, RunError> {
-        session::open(options)
-    }
-
-    fn session_run(state: String, request: RunRequest) -> Result<SessionAnswer, SessionFailure> {
-        session::run(&state, request)
-    }
-
-    fn close_session(state: String) {
-        session::close(&state)
     }
 }
 

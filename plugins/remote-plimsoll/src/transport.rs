@@ -4,13 +4,21 @@
 //! reads a bounded answer.
 
 use wasi::http::outgoing_handler;
-use wasi::http::types::{Fields, Method, OutgoingBody, OutgoingRequest, Scheme};
+use wasi::http::types::{Method, OutgoingBody};
 use wasi::io::streams::StreamError;
 
 // What failed, read the way every adapter reads it: a refusal by the host
 // is the one error that proves nothing left. Only `Refused` and
-// `Transport` come back from here.
-use crate::wire::{Failure, failure};
+// `Transport` come back from here. The request itself is built as the
+// kit's client builds its own.
+use crate::wire::{Failure, Naming, failure, outgoing};
+
+/// How the refusals of a request the host would not take name it.
+const UPSTREAM: Naming = Naming {
+    no_scheme: "the upstream URL has no scheme",
+    header: "",
+    parts: "the upstream URL's",
+};
 
 /// Most of an answer this plugin keeps; a Connect JSON answer carrying
 /// 64 KiB of each stream base64-encoded fits with room to spare.
@@ -24,37 +32,13 @@ pub struct Response {
 
 /// POSTs `body` as JSON to `url` (`scheme://host:port/path`).
 pub fn post_json(url: &str, body: &[u8]) -> Result<Response, Failure> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| Failure::Refused("the upstream URL has no scheme".into()))?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let headers = Fields::new();
-    headers
-        .append("content-type", b"application/json")
-        .map_err(|e| Failure::Refused(format!("content-type: {e:?}")))?;
-    let req = OutgoingRequest::new(headers);
-    let invalid = |what: &str| Failure::Refused(format!("the upstream URL's {what} is invalid"));
-    req.set_method(&Method::Post)
-        .map_err(|()| invalid("method"))?;
-    let scheme = match scheme {
-        "https" => Scheme::Https,
-        "http" => Scheme::Http,
-        _ => return Err(invalid("scheme")),
-    };
-    req.set_scheme(Some(&scheme))
-        .map_err(|()| invalid("scheme"))?;
-    req.set_authority(Some(authority))
-        .map_err(|()| invalid("authority"))?;
-    req.set_path_with_query(Some(path))
-        .map_err(|()| invalid("path"))?;
+    let headers = [("content-type", b"application/json".to_vec())];
+    let req = outgoing(&Method::Post, url, &headers, &UPSTREAM)?;
 
-    let out = req.body().map_err(|()| invalid("body"))?;
+    let out = req.body().map_err(|()| UPSTREAM.invalid("body"))?;
     let future = outgoing_handler::handle(req, None).map_err(failure)?;
     {
-        let stream = out.write().map_err(|()| invalid("body"))?;
+        let stream = out.write().map_err(|()| UPSTREAM.invalid("body"))?;
         for chunk in body.chunks(4096) {
             stream
                 .blocking_write_and_flush(chunk)

@@ -3,16 +3,20 @@
 //! a new cloud adapter is its service's API and nothing else.
 //!
 //! - `bindings`: the `cloud-adapter` world, generated once, here; an
-//!   adapter implements `CloudAdapter` (no sessions unless it says so) and
-//!   exports it with `plimsoll_plugin_wire::bindings::export!`.
+//!   adapter implements `Startup`, `CloudAdapter` and `Sessions` (none
+//!   unless it says so), each beside its code (`adapter`), and exports it
+//!   with `plimsoll_plugin_wire::bindings::export!`.
 //! - `sandbox` and `project`: the `Sandbox` trait (files in, a command run,
 //!   a file back) and the one project runner over it; `capture` keeps a
 //!   process's output as the API reports it.
-//! - `smoke`: the startup smoke test's probe step and its shared checks.
-//! - `session`: what sessions on a kept sandbox share: the sweep after each
-//!   call and the answer it shapes.
+//! - `smoke`: the startup smoke test's probe step, the script lines and
+//!   the checks every adapter's probe shares.
+//! - `session`: what sessions on a kept sandbox share: their state, the
+//!   sandbox's standing at a call, the sweep after each call and the answer
+//!   it shapes.
 //! - this module: HTTP over standard `wasi:http`, with the run's deadline
-//!   on every wait.
+//!   on every wait (its request built once, for an adapter's own client
+//!   too), and the call's deadlines.
 //!
 //! The host polices each request (the allowlist, reserved headers, the
 //! operator's key added, byte and time budgets); this side builds requests,
@@ -41,7 +45,7 @@ pub mod bindings {
     });
 }
 
-pub use adapter::CloudAdapter;
+pub use adapter::{CloudAdapter, Sessions, Startup};
 pub use sandbox::Sandbox;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,6 +83,14 @@ static RECEIVED: AtomicU64 = AtomicU64::new(0);
 /// Sets the deadline the call's cleanup is measured from.
 pub fn set_call_deadline(deadline: Instant) {
     CALL_DEADLINE.store(deadline, Ordering::Relaxed);
+}
+
+/// Begins a call that must end `ms` from now: its deadline, set as the one
+/// the call's cleanup is measured from.
+pub fn begin_call(ms: u64) -> Instant {
+    let deadline = after_ms(ms);
+    set_call_deadline(deadline);
+    deadline
 }
 
 /// The one deadline every cleanup step of the call shares: the call's
@@ -218,49 +230,86 @@ pub fn send_to(
     )
 }
 
+/// How a client names its request in the refusals `outgoing` words (the
+/// host's refusals of a request it would not take: nothing was sent).
+pub struct Naming {
+    /// The refusal of a URL with no `scheme://`.
+    pub no_scheme: &'static str,
+    /// What comes before a refused header's name.
+    pub header: &'static str,
+    /// Whose parts are invalid, as in "the request's".
+    pub parts: &'static str,
+}
+
+impl Naming {
+    /// The refusal of a part of the request (`method`, `body`...).
+    pub fn invalid(&self, what: &str) -> Failure {
+        Failure::Refused(format!("{} {what} is invalid", self.parts))
+    }
+}
+
+/// How this module's client names its requests.
+const REQUEST: Naming = Naming {
+    no_scheme: "a URL without a scheme",
+    header: "header ",
+    parts: "the request's",
+};
+
+/// The request `method` to `url` (`scheme://authority/path?query`) with
+/// `headers`, built as the host takes it, before any body; a part the host
+/// would not take is refused in the words of `naming`. For `send`, and for
+/// an adapter with a `wasi:http` client of its own (remote-plimsoll's).
+pub fn outgoing(
+    method: &Method,
+    url: &str,
+    headers: &[(&str, Vec<u8>)],
+    naming: &Naming,
+) -> Result<OutgoingRequest, Failure> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| Failure::Refused(naming.no_scheme.into()))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let fields = Fields::new();
+    for (name, value) in headers {
+        fields
+            .append(name, value)
+            .map_err(|e| Failure::Refused(format!("{}{name}: {e:?}", naming.header)))?;
+    }
+    let request = OutgoingRequest::new(fields);
+    request
+        .set_method(method)
+        .map_err(|()| naming.invalid("method"))?;
+    let scheme = match scheme {
+        "https" => Scheme::Https,
+        "http" => Scheme::Http,
+        _ => return Err(naming.invalid("scheme")),
+    };
+    request
+        .set_scheme(Some(&scheme))
+        .map_err(|()| naming.invalid("scheme"))?;
+    request
+        .set_authority(Some(authority))
+        .map_err(|()| naming.invalid("authority"))?;
+    request
+        .set_path_with_query(Some(path))
+        .map_err(|()| naming.invalid("path"))?;
+    Ok(request)
+}
+
 /// Sends `req` and waits for the answer's head, no later than `deadline`.
 pub fn send(req: Request<'_>, deadline: Instant) -> Result<Response, Failure> {
     // Nothing is sent once the deadline passed: it could only be dropped.
     if monotonic_clock::now() >= deadline {
         return Err(Failure::Deadline);
     }
-    let (scheme, rest) = req
-        .url
-        .split_once("://")
-        .ok_or_else(|| Failure::Refused("a URL without a scheme".into()))?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let fields = Fields::new();
-    for (name, value) in &req.headers {
-        fields
-            .append(name, value)
-            .map_err(|e| Failure::Refused(format!("header {name}: {e:?}")))?;
-    }
-    let outgoing = OutgoingRequest::new(fields);
-    let invalid = |what: &str| Failure::Refused(format!("the request's {what} is invalid"));
-    outgoing
-        .set_method(&req.method)
-        .map_err(|()| invalid("method"))?;
-    let scheme = match scheme {
-        "https" => Scheme::Https,
-        "http" => Scheme::Http,
-        _ => return Err(invalid("scheme")),
-    };
-    outgoing
-        .set_scheme(Some(&scheme))
-        .map_err(|()| invalid("scheme"))?;
-    outgoing
-        .set_authority(Some(authority))
-        .map_err(|()| invalid("authority"))?;
-    outgoing
-        .set_path_with_query(Some(path))
-        .map_err(|()| invalid("path"))?;
-    let body = outgoing.body().map_err(|()| invalid("body"))?;
-    let future = outgoing_handler::handle(outgoing, None).map_err(failure)?;
+    let request = outgoing(&req.method, req.url, &req.headers, &REQUEST)?;
+    let body = request.body().map_err(|()| REQUEST.invalid("body"))?;
+    let future = outgoing_handler::handle(request, None).map_err(failure)?;
     let wrote = {
-        let stream = body.write().map_err(|()| invalid("body"))?;
+        let stream = body.write().map_err(|()| REQUEST.invalid("body"))?;
         write_all(&stream, req.body, deadline)
     };
     match wrote {
@@ -381,6 +430,12 @@ pub fn remaining_ms(deadline: Instant) -> u64 {
 /// The instant `ms` milliseconds from now.
 pub fn after_ms(ms: u64) -> Instant {
     monotonic_clock::now().saturating_add(ms.saturating_mul(1_000_000))
+}
+
+/// `ms` in whole seconds, rounded up: what a service is asked to keep a
+/// sandbox for.
+pub fn seconds(ms: u32) -> u64 {
+    u64::from(ms).div_ceil(1000)
 }
 
 /// Percent-encodes everything but unreserved characters, for a query value

@@ -9,7 +9,7 @@ use crate::bindings::plimsoll::provider::project_report;
 use crate::bindings::plimsoll::provider::types::{
     ProjectOutcome, ProjectPayload, ProjectSummary, RunError, StepResult,
 };
-use crate::sandbox::Sandbox;
+use crate::sandbox::{Command, Sandbox};
 
 /// Total artifact bytes brought back; more sets `artifacts_truncated`.
 pub const ARTIFACT_BYTES: usize = 8 << 20;
@@ -31,15 +31,19 @@ pub fn run<S: Sandbox>(
     sandbox.put_project(dir, &files, deadline)?;
     let mut outcome = ProjectOutcome::Completed;
     for (i, step) in p.steps.iter().enumerate() {
+        let argv = [S::SHELL, "-c", step.as_str()];
+        let command = Command {
+            argv: &argv,
+            cwd: Some(dir),
+            limit,
+        };
         let began = monotonic_clock::now();
-        let output = sandbox
-            .exec(&[S::SHELL, "-c", step], Some(dir), limit, deadline)
-            .map_err(|e| match e {
-                RunError::NotDispatched(r) if i > 0 && S::LATER_STEP_MAY_HAVE_RUN => {
-                    RunError::MayHaveRun(format!("a later step was not started: {r:?}"))
-                }
-                e => e,
-            })?;
+        let output = sandbox.exec(&command, deadline).map_err(|e| match e {
+            RunError::NotDispatched(r) if i > 0 && S::LATER_STEP_MAY_HAVE_RUN => {
+                RunError::MayHaveRun(format!("a later step was not started: {r:?}"))
+            }
+            e => e,
+        })?;
         let (timed_out, failed) = (output.timed_out, output.exit_code != 0);
         project_report::add_step(&StepResult {
             command: step.clone(),

@@ -1,7 +1,9 @@
 //! What sessions on a kept sandbox share: they run snippets and projects
-//! and keep no interpreter; after every call each process the call left is
-//! killed (`leftovers`), and a sandbox that cannot be swept clean ends the
-//! session; a failed call asks whether the sandbox itself ended.
+//! and keep no interpreter; before a call the sandbox must still stand as
+//! it was opened (`Standing`, one mapping to the session's end); after
+//! every call each process the call left is killed (`leftovers`), and a
+//! sandbox that cannot be swept clean ends the session; a failed call asks
+//! whether the sandbox itself ended.
 
 use plimsoll_plugin_probe::leftovers;
 
@@ -9,7 +11,80 @@ use crate::bindings::plimsoll::provider::types::{
     PayloadKind, Refusal, RunError, RunResult, SessionAnswer, SessionEndReason, SessionEnded,
     SessionFailure, SessionSupport,
 };
-use crate::sandbox::Sandbox;
+use crate::not_started;
+use crate::sandbox::{Command, Sandbox};
+
+/// A kept sandbox as its service reports it at a call.
+pub enum Standing<T> {
+    /// Running, and still what was checked at open.
+    Running(T),
+    /// It stopped or failed, or its main process ended: what ran in it is
+    /// gone.
+    Ended(String),
+    /// The service no longer has it (or is deleting it).
+    Gone,
+    /// Running, but no longer what was checked at open.
+    Changed(String),
+    /// Not known (the read failed, or a state that says neither): the call
+    /// is refused, the session kept.
+    Unknown(String),
+}
+
+/// The sandbox a call may use; otherwise the refusal (nothing ran), with
+/// the session's end when the sandbox itself ended or changed. `gone`
+/// names a sandbox the service no longer has.
+pub fn standing<T>(standing: Standing<T>, gone: &str) -> Result<T, SessionFailure> {
+    match standing {
+        Standing::Running(sandbox) => Ok(sandbox),
+        Standing::Ended(why) => Err(failure(
+            not_started(&why),
+            Some(ended(SessionEndReason::MainProcessEnded, &why)),
+        )),
+        Standing::Gone => Err(failure(
+            not_started(gone),
+            Some(ended(SessionEndReason::Expired, gone)),
+        )),
+        Standing::Changed(why) => Err(failure(
+            RunError::NotDispatched(Refusal::Isolation(why.clone())),
+            Some(ended(SessionEndReason::SandboxChanged, &why)),
+        )),
+        Standing::Unknown(why) => Err(failure(not_started(&why), None)),
+    }
+}
+
+/// A session's state as `open` returns it (the host keeps it and hands it
+/// back with each call): `fields` joined by `:`, of which only the last
+/// may hold a colon.
+pub fn state(fields: &[&str]) -> String {
+    fields.join(":")
+}
+
+/// The `N` fields of a `state` made by `state`, the last taking the rest;
+/// `None` when there are fewer.
+pub fn fields<const N: usize>(state: &str) -> Option<[String; N]> {
+    let fields: Vec<String> = state.splitn(N, ':').map(str::to_string).collect();
+    fields.try_into().ok()
+}
+
+/// A call with a state its plugin's `open` never returned: refused before
+/// anything ran.
+pub fn not_ours() -> SessionFailure {
+    failure(
+        not_started("the session's state is not this plugin's"),
+        None,
+    )
+}
+
+/// A check at a call of what the session's sandbox was opened with (its
+/// policy) failed: a refusal for isolation says it changed, which ends the
+/// session (`detail` says how); any other failure leaves it.
+pub fn recheck_failure(error: RunError, detail: &str) -> SessionFailure {
+    let changed = matches!(error, RunError::NotDispatched(Refusal::Isolation(_)));
+    failure(
+        error,
+        changed.then(|| ended(SessionEndReason::SandboxChanged, detail)),
+    )
+}
 
 /// Sessions that keep no interpreter: snippets and projects, no cells.
 pub fn support() -> SessionSupport {
@@ -33,12 +108,12 @@ pub fn no_interpreter() -> SessionFailure {
 /// `arg` through `/bin/sh` in `cwd`, inside the call's cleanup time; true
 /// when it says no process is left.
 pub fn sweep<S: Sandbox>(sandbox: &S, script: &str, arg: &str, cwd: Option<&str>) -> bool {
-    let out = sandbox.exec(
-        &["/bin/sh", "-c", script, "plimsoll-sweep", arg],
+    let command = Command {
+        argv: &["/bin/sh", "-c", script, "plimsoll-sweep", arg],
         cwd,
-        4096,
-        crate::cleanup_deadline(),
-    );
+        limit: 4096,
+    };
+    let out = sandbox.exec(&command, crate::cleanup_deadline());
     matches!(out, Ok(o) if o.exit_code == 0 && !o.timed_out && leftovers::swept_clean(&o.stdout))
 }
 
