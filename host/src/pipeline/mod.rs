@@ -165,6 +165,12 @@ impl Daemon {
         Refusal::capacity(text)
     }
 
+    /// `shed` for a reason the per-caller limits name (the API's and MCP's
+    /// forwarding refuses with these too).
+    pub fn shed_for(&self, why: Shed) -> Refusal {
+        self.shed(why.label(), why.text())
+    }
+
     /// Bytes a run keeps per output stream.
     pub fn output_limit(&self) -> usize {
         self.limits.output_limit
@@ -196,7 +202,10 @@ impl Daemon {
         };
         broker::Session::open(p, caller, timeout, client.clone())
             .map(|s| Some(Arc::new(s)))
-            .map_err(|_| Refusal::environment("the grant's credential could not be minted"))
+            .map_err(|e| {
+                tracing::error!(error = %e, "a grant's credential could not be minted; the run is refused");
+                Refusal::environment("the grant's credential could not be minted")
+            })
     }
 
     /// Ends every session and releases what the provider holds that would
@@ -358,7 +367,7 @@ impl Daemon {
         //    daemon spends nobody's rate), now or a capacity refusal now (no
         //    queue). A metered run reserves its whole budget of paid
         //    seconds up front and is refunded what it did not use.
-        let shed = |why: Shed| self.shed(why.label(), why.text());
+        let shed = |why: Shed| self.shed_for(why);
         let slot = self
             .in_flight
             .clone()
@@ -372,7 +381,7 @@ impl Daemon {
             .map_err(shed)?;
 
         let daemon = self.clone();
-        let task = tokio::spawn(async move {
+        let task = own_task("run", async move {
             let _slot = slot;
             let _inflight = InFlight::new(&daemon.metrics);
             let started = Instant::now();
@@ -388,10 +397,7 @@ impl Daemon {
             }
             answer
         });
-        match task.await {
-            Ok(answer) => answer,
-            Err(join) => Err(internal(format!("run task failed: {join}"))),
-        }
+        task.await.unwrap_or_else(|failed| Err(internal(failed)))
     }
 
     /// Steps 4 to 6 of a run that holds a slot.
@@ -454,6 +460,18 @@ impl Drop for InFlight {
 struct Work {
     payload: Payload,
     profile: Option<Arc<Profile>>,
+}
+
+/// `work` in a task of its own, which the caller only waits for: a caller
+/// that goes away cannot cut an admitted run, a session call or a close
+/// short. Err is what a failed task (a panic) left, for an internal error.
+pub(crate) async fn own_task<T: Send + 'static>(
+    what: &str,
+    work: impl Future<Output = T> + Send + 'static,
+) -> Result<T, String> {
+    tokio::spawn(work)
+        .await
+        .map_err(|join| format!("{what} task failed: {join}"))
 }
 
 fn internal(detail: String) -> RunError {

@@ -20,7 +20,7 @@ use crate::callers::Caller;
 use crate::grants::Profile;
 use crate::job::{CellInput, Ended, Payload, ProjectInput};
 use crate::pipeline::dispatch::{Admitted, Target, Undone};
-use crate::pipeline::{Daemon, answer, floor, internal_id};
+use crate::pipeline::{Daemon, answer, floor, own_task};
 use crate::record::Link;
 use crate::refusal::{Reason, Refusal};
 use crate::sessions::{Entry, Turn, reaper};
@@ -84,13 +84,9 @@ impl Daemon {
             profile,
             received,
         };
-        let task = tokio::spawn(self.clone().in_turn(call, turn));
-        match task.await {
-            Ok(answer) => answer,
-            Err(join) => Err(SessionError::Internal {
-                id: internal_id(&format!("session call task failed: {join}")),
-            }),
-        }
+        own_task("session call", self.clone().in_turn(call, turn))
+            .await
+            .unwrap_or_else(|failed| Err(SessionError::internal(&failed)))
     }
 
     /// Steps 4 to 6 of a call that holds its session's turn; in a task of
@@ -103,15 +99,7 @@ impl Daemon {
         call: Call,
         mut turn: OwnedMutexGuard<Turn>,
     ) -> Result<SessionRunResponse, SessionError> {
-        let Call {
-            req,
-            checked,
-            caller,
-            entry,
-            payload,
-            profile,
-            received,
-        } = call;
+        let entry = &call.entry;
         // 4. Under the turn: the end, the evidence, the wall, the rate.
         if let Some(ended) = entry.ended() {
             return Err(ended_refusal(ended, Reason::Request));
@@ -120,7 +108,7 @@ impl Daemon {
         // holds, ends the session here and refuses the call.
         let end_now = |ended: Ended| {
             reaper::end(
-                &entry,
+                entry,
                 ended.reason,
                 ended.detail.clone(),
                 &self.metrics,
@@ -131,17 +119,21 @@ impl Daemon {
         if let Some(ended) = turn.sandbox.as_ref().and_then(|s| s.ended()) {
             return Err(end_now(ended));
         }
-        if let Err(why) = self.session_evidence_holds(&entry) {
+        if let Err(why) = self.session_evidence_holds(entry) {
             return Err(end_now(Ended {
                 reason: SessionEnd::SandboxChanged,
                 detail: why,
             }));
         }
-        floor::check(checked.floor, req.software_rule.as_ref(), &entry.evidence)?;
-        if let Err(why) = self.quotas.charge(&caller.id).await {
-            return Err(self.shed(why.label(), why.text()).into());
+        floor::check(
+            call.checked.floor,
+            call.req.software_rule.as_ref(),
+            &entry.evidence,
+        )?;
+        if let Err(why) = self.quotas.charge(&call.caller.id).await {
+            return Err(self.shed_for(why).into());
         }
-        let grant = self.mint_grant(profile, &caller.id, checked.timeout)?;
+        let grant = self.mint_grant(call.profile, &call.caller.id, call.checked.timeout)?;
 
         // 5. Dispatch, in the session's sandbox.
         let Some(sandbox) = turn.sandbox.as_ref() else {
@@ -157,11 +149,11 @@ impl Daemon {
             previous: turn.chain.last.clone(),
         };
         let work = Admitted {
-            req: &req,
-            checked: &checked,
+            req: &call.req,
+            checked: &call.checked,
             evidence: &entry.evidence,
-            caller: &caller.id,
-            payload,
+            caller: &call.caller.id,
+            payload: call.payload,
             grant,
             live: None,
         };
@@ -194,8 +186,12 @@ impl Daemon {
                 ended: ended.clone(),
             }),
             Err(Undone::MayHaveRun { id, .. }) => {
-                let record =
-                    answer::unanswered(&req, &entry.evidence, (received, unix_ms()), &link);
+                let record = answer::unanswered(
+                    &call.req,
+                    &entry.evidence,
+                    (call.received, unix_ms()),
+                    &link,
+                );
                 turn.chain.calls = link.sequence;
                 turn.chain.last = record.record_sha256.clone();
                 self.metrics.runs_failed.inc();
@@ -210,7 +206,7 @@ impl Daemon {
             entry.touch(self.sessions.tick());
         }
         if let Some(e) = ended {
-            reaper::end(&entry, e.reason, e.detail, &self.metrics, Some(turn));
+            reaper::end(entry, e.reason, e.detail, &self.metrics, Some(turn));
         }
         answer
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::{SessionError, not_found};
 use crate::callers::Caller;
-use crate::pipeline::Daemon;
+use crate::pipeline::{Daemon, own_task};
 use crate::wire::{CloseSessionRequest, CloseSessionResponse, I64, SessionEnd};
 
 impl Daemon {
@@ -26,7 +26,7 @@ impl Daemon {
         let daemon = self.clone();
         // In a task of its own: a caller that leaves mid-close does not leave
         // the sandbox half closed.
-        let task = tokio::spawn(async move {
+        let task = own_task("session close", async move {
             let mut turn = entry.turn().await;
             entry.mark_ended(SessionEnd::Closed, "closed by its caller");
             turn.finish(&entry, &daemon.metrics).await;
@@ -44,8 +44,6 @@ impl Daemon {
                 ended: end,
             }
         });
-        task.await.map_err(|e| SessionError::Internal {
-            id: crate::pipeline::internal_id(&format!("session close task failed: {e}")),
-        })
+        task.await.map_err(|failed| SessionError::internal(&failed))
     }
 }

@@ -33,6 +33,16 @@ pub enum SessionError {
     Internal { id: String },
 }
 
+impl SessionError {
+    /// An internal error: `detail` is logged under a fresh ID, and only the
+    /// ID reaches the caller.
+    pub(crate) fn internal(detail: &str) -> Self {
+        SessionError::Internal {
+            id: crate::pipeline::internal_id(detail),
+        }
+    }
+}
+
 impl From<Refusal> for SessionError {
     fn from(refusal: Refusal) -> Self {
         SessionError::Refused {

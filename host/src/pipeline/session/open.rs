@@ -17,7 +17,7 @@ use crate::admission::{CELL_LANGUAGES, valid_trace_id};
 use crate::callers::Caller;
 use crate::job::SessionOptions;
 use crate::outcome::RunFailure;
-use crate::pipeline::{Daemon, floor, internal_id};
+use crate::pipeline::{Daemon, floor};
 use crate::providers::{Evidence, ProviderSession, SessionOffer};
 use crate::quota::{SessionPlace, Shed};
 use crate::refusal::Refusal;
@@ -180,9 +180,9 @@ impl Daemon {
         tokio::spawn(self.clone().open(plan, tx));
         match rx.await {
             Ok(answer) => answer,
-            Err(_) => Err(SessionError::Internal {
-                id: internal_id("the session open task ended without an answer"),
-            }),
+            Err(_) => Err(SessionError::internal(
+                "the session open task ended without an answer",
+            )),
         }
     }
 
@@ -197,7 +197,7 @@ impl Daemon {
         owner_place: Option<SessionPlace>,
     ) -> Result<Reserved, SessionError> {
         let settings = &self.sessions.settings;
-        let shed = |why: Shed| self.shed(why.label(), why.text());
+        let shed = |why: Shed| self.shed_for(why);
         let mut reservation = self
             .sessions
             .reserve(&caller.id, asked.owner.as_deref())
@@ -342,9 +342,7 @@ impl Daemon {
                 holds.settle(started.elapsed()).await;
                 return Err(match f {
                     RunFailure::NotDispatched(r) => r.into(),
-                    RunFailure::MayHaveRun(detail) => SessionError::Internal {
-                        id: internal_id(&detail),
-                    },
+                    RunFailure::MayHaveRun(detail) => SessionError::internal(&detail),
                 });
             }
         };
@@ -352,9 +350,9 @@ impl Daemon {
         // given up from here on is answered unmarked: not a refusal.
         let Ok(id) = sessions::new_id() else {
             abandon(sandbox, holds, None, started).await;
-            return Err(SessionError::Internal {
-                id: internal_id("no session ID could be drawn from the OS random source"),
-            });
+            return Err(SessionError::internal(
+                "no session ID could be drawn from the OS random source",
+            ));
         };
         let fingerprint = sessions::fingerprint(&id);
         // With replicas, the holder record is written before the session is
@@ -376,9 +374,9 @@ impl Daemon {
         // its list and ends it.
         if self.sessions.is_closed() {
             abandon(sandbox, holds, holder, started).await;
-            return Err(SessionError::Internal {
-                id: internal_id("the daemon began to stop while the session was starting"),
-            });
+            return Err(SessionError::internal(
+                "the daemon began to stop while the session was starting",
+            ));
         }
         let expires_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
