@@ -137,6 +137,32 @@ pub fn forwarding(n: usize, dir: &Scratch, env: &[(&str, String)]) -> (Vec<Daemo
     (ds, secret_text)
 }
 
+/// `n` wasm replicas forwarding session calls to each other over the store
+/// at `store_url`, with room for four sessions each, `extra` added to
+/// their environment, and the callers `names` (in a clients file in
+/// `dir`). Returns the replicas, the secret's text and the callers' tokens,
+/// in the order named.
+pub fn wasm_forwarding(
+    n: usize,
+    store_url: String,
+    dir: &Scratch,
+    names: &[&str],
+    extra: &[(&str, String)],
+) -> (Vec<Daemon>, String, Vec<String>) {
+    let file = dir.path("clients.json");
+    let callers: Vec<(&str, Option<u64>)> = names.iter().map(|n| (*n, None)).collect();
+    let tokens = clients(&file, &callers);
+    let mut env = vec![
+        ("SANDBOX_PROVIDER", "wasm".to_string()),
+        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
+        ("PLIMSOLL_STATE_URL", store_url),
+        ("SANDBOX_MAX_SESSIONS", "4".into()),
+    ];
+    env.extend(extra.iter().cloned());
+    let (ds, secret) = forwarding(n, dir, &env);
+    (ds, secret, tokens)
+}
+
 /// The environments of `n` replicas that forward session calls to each
 /// other, without starting them or choosing their addresses:
 /// `start_forwarding` gives each its address as it starts it, and leaves

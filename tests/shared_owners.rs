@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use plimsoll_tests::Answer;
-use plimsoll_tests::fleet::{cell_stdout, clients, forwarding, post, post_at};
+use plimsoll_tests::fleet::{cell_stdout, post, post_at, wasm_forwarding};
 use plimsoll_tests::redis_server::RedisServer;
 use plimsoll_tests::{Daemon, Scratch};
 use serde_json::json;
@@ -41,17 +41,11 @@ fn ended(a: &Answer) -> bool {
 async fn an_owners_sessions_live_on_one_replica_so_its_cap_replaces_across_the_fleet() {
     let redis = RedisServer::start("owners");
     let dir = Scratch::new("shared-owners");
-    let file = dir.path("clients.json");
-    let tokens = clients(&file, &[("alice", None)]);
-    let env = [
-        ("SANDBOX_PROVIDER", "wasm".to_string()),
-        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
-        ("PLIMSOLL_STATE_URL", redis.url()),
-        ("PLIMSOLL_STATE_LEASE_SECONDS", "3".into()),
-        ("SANDBOX_MAX_SESSIONS", "4".into()),
+    let extra = [
+        ("PLIMSOLL_STATE_LEASE_SECONDS", "3".to_string()),
         ("SANDBOX_MAX_SESSIONS_PER_OWNER", "1".into()),
     ];
-    let (mut ds, secret) = forwarding(3, &dir, &env);
+    let (mut ds, secret, tokens) = wasm_forwarding(3, redis.url(), &dir, &["alice"], &extra);
     let url = |d: &Daemon| format!("http://{}", d.addr);
     let alice = &tokens[0];
     let cell = |sid: &str, code: &str| json!({"protocol": 4, "sessionId": sid, "cell": {"language": "javascript", "code": code}});

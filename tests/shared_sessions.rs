@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use plimsoll_tests::fleet::{
-    borrowed, cell_stdout, clients, forwarding, forwarding_env, post, post_at, replicas, run,
-    start_forwarding,
+    borrowed, cell_stdout, clients, forwarding_env, post, post_at, replicas, run, start_forwarding,
+    wasm_forwarding,
 };
 use plimsoll_tests::redis_server::RedisServer;
 use plimsoll_tests::{Answer, Daemon, Scratch};
@@ -82,15 +82,8 @@ async fn a_session_holds_its_callers_place_in_the_fleet_and_its_calls_spend_the_
 async fn a_session_opened_on_one_replica_is_used_and_closed_through_the_others() {
     let redis = RedisServer::start("forward");
     let dir = Scratch::new("shared-forward");
-    let file = dir.path("clients.json");
-    let tokens = clients(&file, &[("alice", None), ("bob", None)]);
-    let base = [
-        ("SANDBOX_PROVIDER", "wasm".to_string()),
-        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
-        ("PLIMSOLL_STATE_URL", redis.url()),
-        ("SANDBOX_MAX_SESSIONS", "4".into()),
-    ];
-    let (mut ds, secret_text) = forwarding(3, &dir, &base);
+    let (mut ds, secret_text, tokens) =
+        wasm_forwarding(3, redis.url(), &dir, &["alice", "bob"], &[]);
     let cell = |sid: &str, code: &str| json!({"protocol": 4, "sessionId": sid, "cell": {"language": "javascript", "code": code}});
 
     // Opened on replica 0, used through 1 and 2: one interpreter, one
@@ -622,15 +615,7 @@ async fn a_forwarded_open_replayed_after_its_holder_restarts_is_refused() {
 async fn a_sessions_holder_record_leaves_the_store_with_the_session() {
     let redis = RedisServer::start("holder-records");
     let dir = Scratch::new("shared-holder-records");
-    let file = dir.path("clients.json");
-    let tokens = clients(&file, &[("alice", None)]);
-    let base = [
-        ("SANDBOX_PROVIDER", "wasm".to_string()),
-        ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
-        ("PLIMSOLL_STATE_URL", redis.url()),
-        ("SANDBOX_MAX_SESSIONS", "4".into()),
-    ];
-    let (mut ds, _) = forwarding(2, &dir, &base);
+    let (mut ds, _, tokens) = wasm_forwarding(2, redis.url(), &dir, &["alice"], &[]);
     let alice = &tokens[0];
     let exists = |key: &str| redis.command(&["EXISTS", key]);
     let pttl = |key: &str| -> i64 {
@@ -712,5 +697,63 @@ async fn a_sessions_holder_record_leaves_the_store_with_the_session() {
         exists(&record).as_deref(),
         Some("0"),
         "stopped, and its holder record still in the store"
+    );
+}
+
+/// A call through a replica that does not hold its session keeps the
+/// meaning of what happened to it. A refusal the holder gives (403: the
+/// grant is not the caller's) reaches the caller as the holder gave it,
+/// not as a forward the holder would not take. And when the store cannot
+/// say which replica holds the session, the call is refused as load
+/// (capacity, marked, retry): never "no such session", which tells a
+/// client its session is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forwarded_calls_refusal_keeps_its_meaning() {
+    let mut redis = RedisServer::start("forward-meaning");
+    let dir = Scratch::new("shared-forward-meaning");
+    let (ds, _, tokens) = wasm_forwarding(2, redis.url(), &dir, &["alice"], &[]);
+    let alice = &tokens[0];
+    let opened = post(&ds[0], alice, "OpenSession", json!({"protocol": 4})).await;
+    assert_eq!(opened.status, 200, "{:?}", opened.body);
+    let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+
+    let granted = json!({"protocol": 4, "sessionId": sid, "javascript": {"code": "1", "grantProfile": "inventory"}});
+    let denied = post(&ds[1], alice, "SessionRun", granted).await;
+    assert_eq!(
+        (denied.status, denied.mark()),
+        (403, Some("permission")),
+        "{:?}",
+        denied.body
+    );
+    assert!(
+        denied.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("grant profile")),
+        "the holder's refusal, not a failed forward: {:?}",
+        denied.body
+    );
+
+    redis.kill();
+    let cell =
+        json!({"protocol": 4, "sessionId": sid, "cell": {"language": "javascript", "code": "1"}});
+    let unsure = post(&ds[1], alice, "SessionRun", cell).await;
+    assert_eq!(
+        (unsure.status, unsure.mark()),
+        (429, Some("capacity")),
+        "{:?}",
+        unsure.body
+    );
+    assert!(
+        unsure.body.to_string().contains("store"),
+        "{:?}",
+        unsure.body
+    );
+    let close = json!({"protocol": 4, "sessionId": sid});
+    let unsure = post(&ds[1], alice, "CloseSession", close).await;
+    assert_eq!(
+        (unsure.status, unsure.mark()),
+        (429, Some("capacity")),
+        "{:?}",
+        unsure.body
     );
 }

@@ -33,6 +33,28 @@ impl Reason {
         }
     }
 
+    /// The reason a `Plimsoll-Not-Dispatched` header names (another
+    /// replica's answer, read back); None for a name that is not one.
+    pub fn from_name(name: &str) -> Option<Reason> {
+        Self::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+
+    /// The reason a `NotDispatched` detail numbers; None for 0 (unspecified)
+    /// or a number this build does not know.
+    pub fn from_number(n: u8) -> Option<Reason> {
+        Self::ALL.into_iter().find(|r| *r as u8 == n)
+    }
+
+    const ALL: [Reason; 7] = [
+        Reason::Request,
+        Reason::Permission,
+        Reason::Protocol,
+        Reason::Unsupported,
+        Reason::Isolation,
+        Reason::Capacity,
+        Reason::Environment,
+    ];
+
     /// The protobuf encoding of `NotDispatched { reason }`: field 1, varint.
     /// Every reason number is below 128, so it is always two bytes.
     pub const fn detail_bytes(self) -> [u8; 2] {
@@ -75,6 +97,24 @@ impl Code {
             Code::Unavailable => "unavailable",
             Code::DeadlineExceeded => "deadline_exceeded",
         }
+    }
+
+    /// The code a Connect error's `code` field names; None for another.
+    pub fn from_name(name: &str) -> Option<Code> {
+        [
+            Code::InvalidArgument,
+            Code::Unauthenticated,
+            Code::PermissionDenied,
+            Code::NotFound,
+            Code::ResourceExhausted,
+            Code::FailedPrecondition,
+            Code::Unimplemented,
+            Code::Internal,
+            Code::Unavailable,
+            Code::DeadlineExceeded,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == name)
     }
 
     /// The HTTP status Connect pairs with each code.

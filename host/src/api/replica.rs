@@ -20,7 +20,7 @@ use crate::refusal::Refusal;
 use crate::replicas::owners::Home;
 use crate::replicas::{
     FORWARDED_AT, FORWARDED_BODY, FORWARDED_FOR, FORWARDED_NONCE, FORWARDED_TAG, FirstSight,
-    Forwarded,
+    Forwarded, Holder,
 };
 use crate::wire::SessionEnd;
 
@@ -159,7 +159,11 @@ pub async fn elsewhere(
         return None;
     }
     let fingerprint = crate::sessions::fingerprint(session_id);
-    let holder = replicas.holder(&fingerprint).await?;
+    let holder = match replicas.holder(&fingerprint).await {
+        Holder::Elsewhere(url) => url,
+        Holder::NoneElsewhere => return None,
+        Holder::Unknown => return Some(store_unavailable(daemon)),
+    };
     let forwarded = replicas.forward(&holder, procedure, &caller.id, body).await;
     Some(match forwarded {
         Forwarded::Gone => {
@@ -236,12 +240,14 @@ pub async fn owner_home(
 /// holder's charge in messages).
 fn answer_of(forwarded: Forwarded, what: &str) -> Response {
     match forwarded {
-        Forwarded::Answer { status, .. } if status == 401 || status == 403 => {
+        Forwarded::Answer { status: 401, .. } => {
             // The holder did not take the forward (secrets or clients files
             // that differ, clocks more than 30 s apart): nothing ran there,
-            // and the caller's own token is not the problem.
+            // and the caller's own token is not the problem. Only a 401 says
+            // so (`caller` answers every failed forward with one); a 403 is
+            // the holder refusing the call itself, relayed below.
             tracing::error!(
-                status,
+                status = 401,
                 "the replica holding a session refused a forwarded call; check that every replica has the same secret, clients file and clock"
             );
             refused(&format!(
@@ -295,11 +301,5 @@ fn relayed(status: u16, headers: Vec<(String, Vec<u8>)>, body: Bytes) -> Respons
 /// The shared store did not answer: counted as shed and refused, marked
 /// `capacity`, as admission refuses when it cannot count.
 fn store_unavailable(daemon: &Daemon) -> Response {
-    let shed = Shed::StoreUnavailable;
-    daemon
-        .metrics()
-        .shed
-        .with_label_values(&[shed.label()])
-        .inc();
-    error_response(Refusal::capacity(shed.text()).into())
+    error_response(daemon.shed_for(Shed::StoreUnavailable).into())
 }

@@ -117,6 +117,19 @@ impl Drop for HolderRecord {
     }
 }
 
+/// What the store says of where a session is held.
+pub enum Holder {
+    /// Another replica, at this address, with a record the replicas
+    /// signed: the call goes there.
+    Elsewhere(String),
+    /// No other replica: no record, this replica's own, or one nobody
+    /// signed (ignored). The call is answered here.
+    NoneElsewhere,
+    /// The store did not answer. The call is answered nowhere: here it
+    /// would be told the session does not exist, which may be false.
+    Unknown,
+}
+
 /// What the store said of a forwarded call's nonce.
 pub enum FirstSight {
     /// Not seen before: now recorded.
@@ -208,21 +221,29 @@ impl Replicas {
         }
     }
 
-    /// The replica holding a session, if the store names another one with
-    /// a valid record.
-    pub async fn holder(&self, fingerprint: &str) -> Option<String> {
-        let value = self.store.get(&key(fingerprint)).await.ok()??;
-        let (url, tag) = value.split_once(' ')?;
+    /// Which replica the store says holds a session.
+    pub async fn holder(&self, fingerprint: &str) -> Holder {
+        let value = match self.store.get(&key(fingerprint)).await {
+            Ok(Some(value)) => value,
+            Ok(None) => return Holder::NoneElsewhere,
+            Err(e) => {
+                tracing::warn!(error = %e, "the state store did not say which replica holds a session; the call is refused");
+                return Holder::Unknown;
+            }
+        };
+        let Some((url, tag)) = value.split_once(' ') else {
+            return Holder::NoneElsewhere;
+        };
         if url == self.url {
-            return None;
+            return Holder::NoneElsewhere;
         }
         if !self.secret.verify_holder(fingerprint, url, tag) || !settings::dialable(url) {
             tracing::warn!(
                 "a session's holder record in the store is not one the replicas signed; ignored"
             );
-            return None;
+            return Holder::NoneElsewhere;
         }
-        Some(url.to_string())
+        Holder::Elsewhere(url.to_string())
     }
 
     /// Forgets a session whose holder is gone (the holder's address refused

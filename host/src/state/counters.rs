@@ -33,7 +33,7 @@ pub trait Counters: Send + Sync {
 
     /// Makes the paid seconds booked so far durable, before a run that
     /// booked some is dispatched; an error refuses that run.
-    fn persist(self: Arc<Self>) -> BoxFuture<'static, Result<(), String>>;
+    fn persist(self: Arc<Self>) -> BoxFuture<'static, std::io::Result<()>>;
 
     /// Charges the rate bucket only (a session call).
     fn charge<'a>(
@@ -81,8 +81,8 @@ impl Counters for Embedded {
         Box::pin(ready(Embedded::admit(&self, settings, ask)))
     }
 
-    fn persist(self: Arc<Self>) -> BoxFuture<'static, Result<(), String>> {
-        Box::pin(async move { Embedded::persist(&self).await.map_err(|e| e.to_string()) })
+    fn persist(self: Arc<Self>) -> BoxFuture<'static, std::io::Result<()>> {
+        Box::pin(async move { Embedded::persist(&self).await })
     }
 
     fn charge<'a>(
@@ -142,7 +142,7 @@ impl Counters for RedisStore {
     }
 
     /// Each booking is in the store once the script answers.
-    fn persist(self: Arc<Self>) -> BoxFuture<'static, Result<(), String>> {
+    fn persist(self: Arc<Self>) -> BoxFuture<'static, std::io::Result<()>> {
         Box::pin(async { Ok(()) })
     }
 
@@ -176,7 +176,7 @@ impl Counters for RedisStore {
         Box::pin(async move {
             self.ping()
                 .await
-                .map_err(|e| NotReady::new("state_store_unreachable", e))
+                .map_err(|e| NotReady::new("state_store_unreachable", e.to_string()))
         })
     }
 }

@@ -19,7 +19,10 @@ use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::{Ask, Booked};
+
+mod records;
 use crate::limits::{QuotaSettings, Shed};
+pub use records::Unanswered;
 
 /// How long one call to the store may take before the run is refused.
 const TIMEOUT: Duration = Duration::from_secs(1);
@@ -92,6 +95,26 @@ fn booking(id: &str) -> String {
 /// (Redis runs each script alone: there is no module to import).
 fn with_prelude(body: &str) -> Script {
     Script::new(&format!("{}{body}", include_str!("lua/bucket.lua")))
+}
+
+/// What a booking script's verdict (`lua/admit.lua`, `lua/charge.lua`)
+/// means, read in one place for both: a verdict this build does not know
+/// is the store not answering as it should, whichever script gave it.
+fn verdict_of(verdict: &str) -> Result<(), Shed> {
+    match verdict {
+        "ok" => Ok(()),
+        "per_key" => Err(Shed::PerKey),
+        "rate" => Err(Shed::Rate),
+        "paid_caller" => Err(Shed::PaidCaller),
+        "paid_daemon" => Err(Shed::PaidDaemon),
+        other => {
+            tracing::error!(
+                verdict = other,
+                "the state store answered an unknown verdict"
+            );
+            Err(Shed::StoreUnavailable)
+        }
+    }
 }
 
 fn unreachable(e: &redis::RedisError) -> Shed {
@@ -191,20 +214,7 @@ impl RedisStore {
                 return Err(unreachable(&e));
             }
         };
-        match verdict.as_str() {
-            "ok" => {}
-            "per_key" => return Err(Shed::PerKey),
-            "rate" => return Err(Shed::Rate),
-            "paid_caller" => return Err(Shed::PaidCaller),
-            "paid_daemon" => return Err(Shed::PaidDaemon),
-            other => {
-                tracing::error!(
-                    verdict = other,
-                    "the state store answered an unknown verdict"
-                );
-                return Err(Shed::StoreUnavailable);
-            }
-        }
+        verdict_of(&verdict)?;
         if leased {
             self.keep_renewing(&id, Held::Run(leases(ask.caller)));
         }
@@ -229,10 +239,7 @@ impl RedisStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| unreachable(&e))?;
-        match verdict.as_str() {
-            "ok" => Ok(()),
-            _ => Err(Shed::Rate),
-        }
+        verdict_of(&verdict)
     }
 
     /// Stops renewing a booking's lease: from here it expires unless a
@@ -434,107 +441,6 @@ impl RedisStore {
                 }
             }
         });
-    }
-
-    /// Sets `key` to `value` for `ms` milliseconds (a session's holder).
-    pub async fn set_for(&self, key: &str, value: &str, ms: u64) -> Result<(), String> {
-        let mut conn = self.conn.clone();
-        redis::cmd("SET")
-            .arg(key)
-            .arg(value)
-            .arg("PX")
-            .arg(ms)
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    /// Records `key` for `ms` milliseconds unless it is already there, in
-    /// one command, so two replicas (or two processes one after the other)
-    /// cannot both see it first. True if this call recorded it. An error
-    /// means the answer was lost: the key may or may not be there now.
-    pub async fn record_once(&self, key: &str, ms: u64) -> Result<bool, String> {
-        let mut conn = self.conn.clone();
-        redis::cmd("SET")
-            .arg(key)
-            .arg("1")
-            .arg("NX")
-            .arg("PX")
-            .arg(ms.max(1))
-            .query_async::<Option<String>>(&mut conn)
-            .await
-            .map(|set| set.is_some())
-            .map_err(|e| e.to_string())
-    }
-
-    /// Deletes `key` (`keep_ms` 0), or cuts its life to at most `keep_ms`,
-    /// if it still holds `value`, what this replica wrote there
-    /// (`lua/release.lua`). A store that does not answer is asked again in
-    /// the background for one lease period (asking twice does no harm);
-    /// after that the record expires when it was written to.
-    pub async fn release_record(self: &Arc<Self>, key: &str, value: &str, keep_ms: u64) {
-        if self.release_once(key, value, keep_ms).await.is_ok() {
-            return;
-        }
-        let (me, key, value) = (self.clone(), key.to_string(), value.to_string());
-        tokio::spawn(async move {
-            let give_up = tokio::time::Instant::now() + me.lease;
-            loop {
-                tokio::time::sleep(RETRY).await;
-                match me.release_once(&key, &value, keep_ms).await {
-                    Ok(()) => return,
-                    Err(e) if tokio::time::Instant::now() >= give_up => {
-                        tracing::warn!(error = %e, "the state store did not take a record's release; it expires when it was written to");
-                        return;
-                    }
-                    Err(_) => {}
-                }
-            }
-        });
-    }
-
-    async fn release_once(
-        &self,
-        key: &str,
-        value: &str,
-        keep_ms: u64,
-    ) -> Result<(), redis::RedisError> {
-        let mut conn = self.conn.clone();
-        self.release
-            .key(key)
-            .arg(value)
-            .arg(keep_ms)
-            .invoke_async::<i64>(&mut conn)
-            .await
-            .map(|_| ())
-    }
-
-    pub async fn get(&self, key: &str) -> Result<Option<String>, String> {
-        let mut conn = self.conn.clone();
-        redis::cmd("GET")
-            .arg(key)
-            .query_async::<Option<String>>(&mut conn)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    pub async fn del(&self, key: &str) -> Result<(), String> {
-        let mut conn = self.conn.clone();
-        redis::cmd("DEL")
-            .arg(key)
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    /// Whether the store answers.
-    pub async fn ping(&self) -> Result<(), String> {
-        let mut conn = self.conn.clone();
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
     }
 
     async fn renew(&self) {

@@ -14,12 +14,14 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 use super::results;
+use crate::api::NOT_DISPATCHED_HEADER;
 use crate::api::body::CallerBodies;
 use crate::api::connect::parse;
 use crate::callers::Caller;
 use crate::pipeline::Daemon;
-use crate::refusal::Refusal;
-use crate::replicas::Forwarded;
+use crate::quota::Shed;
+use crate::refusal::{Code, Reason, Refusal};
+use crate::replicas::{Forwarded, Holder};
 use crate::wire::{CloseSessionRequest, Request, SessionRunRequest};
 
 /// The API's body slots, handed to MCP's tools by its guard: a forwarded
@@ -78,7 +80,11 @@ pub async fn elsewhere(
         return None;
     }
     let fingerprint = crate::sessions::fingerprint(&session_id);
-    let holder = replicas.holder(&fingerprint).await?;
+    let holder = match replicas.holder(&fingerprint).await {
+        Holder::Elsewhere(url) => url,
+        Holder::NoneElsewhere => return None,
+        Holder::Unknown => return Some(results::refused(&daemon.shed_for(Shed::StoreUnavailable))),
+    };
     let Some(slots) = slots else {
         return Some(results::failed("no body slots for a forwarded call"));
     };
@@ -102,28 +108,46 @@ pub async fn elsewhere(
             })
         }
         Forwarded::Answer {
-            status, headers, ..
+            status,
+            headers,
+            body,
         } => {
             let mark = headers
                 .iter()
-                .find(|(n, _)| n == "plimsoll-not-dispatched")
-                .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
-            if status == 401 || status == 403 {
+                .find(|(n, _)| n.eq_ignore_ascii_case(NOT_DISPATCHED_HEADER))
+                .and_then(|(_, v)| std::str::from_utf8(v).ok())
+                .and_then(Reason::from_name);
+            // A 401 is the holder not taking the forward (every failed
+            // forward is answered so), a 404 a holder of another version
+            // (without the internal procedures); a 403 is its own refusal
+            // of the call.
+            if status == 401 || status == 404 {
                 tracing::error!(
                     status,
-                    "the replica holding a session refused a forwarded call; check that every replica has the same secret, clients file and clock"
+                    "the replica holding a session refused a forwarded call; check that every replica runs the same version with the same secret, clients file and clock"
                 );
                 results::refused(&Refusal::environment(format!(
                     "the replica holding this session refused the forwarded call ({status})"
                 )))
-            } else if let Some(mark) = mark {
-                // Refused there before anything ran, for this reason.
-                let why = format!("the replica holding this session refused the call ({status})");
-                results::refused(&match mark.as_str() {
-                    "capacity" => Refusal::capacity(why),
-                    "request" => Refusal::request(why),
-                    _ => Refusal::environment(why),
-                })
+            } else if let Some(reason) = mark {
+                // Refused there before anything ran, for this reason, with
+                // the holder's code and words.
+                let said = serde_json::from_slice::<Value>(&body).unwrap_or_default();
+                let code = said["code"].as_str().and_then(Code::from_name);
+                let message = said["message"].as_str().unwrap_or_default();
+                results::refused(&Refusal::new(
+                    code.unwrap_or(match reason {
+                        Reason::Capacity => Code::ResourceExhausted,
+                        Reason::Request => Code::InvalidArgument,
+                        Reason::Permission => Code::PermissionDenied,
+                        Reason::Unsupported => Code::Unimplemented,
+                        _ => Code::FailedPrecondition,
+                    }),
+                    reason,
+                    format!(
+                        "the replica holding this session refused the call ({status}): {message}"
+                    ),
+                ))
             } else {
                 results::failed(&format!(
                     "the replica holding this session answered {status}"
