@@ -781,3 +781,59 @@ fn an_answers_words_cannot_rewrite_the_summary_line() {
     );
     assert!(summary.contains(" · container · "), "{summary:?}");
 }
+
+/// A daemon older than `RunStream` answers it as it answers any path it
+/// does not serve (404, marked unsupported: nothing ran), and the command
+/// asks `Run` instead. A 404 that carries no mark is not that answer: the
+/// command does not run the code a second time on a guess.
+#[test]
+fn a_daemon_without_run_stream_is_asked_with_run() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let s = Scratch::new("cli-no-stream");
+    let file = write(&s.0, "a.js", "console.log('hi')");
+    for marked in [true, false] {
+        let (url, runs) = daemon_without_stream(&rt, marked);
+        let out = run_against(&url, &["run", &file]);
+        if marked {
+            assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+            assert_eq!(text(&out.stdout), "hi\n");
+            assert_eq!(runs.load(Ordering::SeqCst), 1);
+        } else {
+            assert_ne!(out.status.code(), Some(0), "{}", text(&out.stderr));
+            assert_eq!(runs.load(Ordering::SeqCst), 0, "asked again on a guess");
+        }
+    }
+}
+
+/// A stand-in for a daemon without `RunStream`: `Run` answers a snippet
+/// that printed "hi" (and is counted); every other path gets a 404, with
+/// the not-dispatched mark plimsolld puts on it when `marked`.
+fn daemon_without_stream(rt: &tokio::runtime::Runtime, marked: bool) -> (String, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let answer = json!({
+        "sandbox": "fake",
+        "isolation": "process",
+        "durationMs": "1",
+        "record": {"recordSha256": "0".repeat(64)},
+        "javascript": {"stdout": b64("hi\n"), "stderr": "", "exitCode": 0},
+    });
+    let app = axum::Router::new()
+        .route(
+            "/plimsoll.v1.SandboxService/Run",
+            axum::routing::post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let answer = answer.clone();
+                async move { axum::Json(answer) }
+            }),
+        )
+        .fallback(move || async move {
+            let mut error =
+                json!({"code": "unimplemented", "message": "no such procedure or path"});
+            if marked {
+                error["details"] = json!([{"type": "plimsoll.v1.NotDispatched", "value": "CAQ"}]);
+            }
+            (axum::http::StatusCode::NOT_FOUND, axum::Json(error))
+        });
+    (rt.block_on(plimsoll_tests::serve_loopback(app)), runs)
+}

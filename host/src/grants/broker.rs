@@ -23,7 +23,7 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 
 use super::Profile;
-use super::mint::Scope;
+use super::mint::{MintError, Scope};
 use super::route;
 
 /// Most request body a call may carry.
@@ -139,7 +139,7 @@ impl Session {
         caller: &str,
         budget: Duration,
         client: reqwest::Client,
-    ) -> Result<Session, String> {
+    ) -> Result<Session, MintError> {
         let credential = profile.token.mint(&Scope {
             subject: caller,
             scopes: &profile.scopes,

@@ -50,6 +50,20 @@ pub struct Scope<'a> {
     pub run_budget: Duration,
 }
 
+/// Why a run's credential could not be minted: always the host's fault,
+/// never the caller's. The run is refused (nothing ran) and this is logged.
+#[derive(Debug, thiserror::Error)]
+pub enum MintError {
+    #[error("the clock is before 1970")]
+    Clock,
+    #[error("no randomness for the token's ID: {0}")]
+    Randomness(getrandom::Error),
+    #[error("the JWT secret is unusable")]
+    Key,
+    #[error("the minted token is not a valid header value")]
+    Header,
+}
+
 impl Token {
     pub fn static_bearer(value: &str) -> Result<Token, String> {
         if value.is_empty() || !value.bytes().all(|b| b.is_ascii_graphic()) {
@@ -76,18 +90,18 @@ impl Token {
 
     /// The Authorization header value for one run, or None for a profile
     /// without a token.
-    pub fn mint(&self, scope: &Scope<'_>) -> Result<Option<HeaderValue>, String> {
+    pub fn mint(&self, scope: &Scope<'_>) -> Result<Option<HeaderValue>, MintError> {
         match self {
             Token::None => Ok(None),
             Token::Static(v) => Ok(Some(v.clone())),
             Token::Jwt(s) => {
                 let now = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
-                    .map_err(|_| "the clock is before 1970".to_string())?
+                    .map_err(|_| MintError::Clock)?
                     .as_secs();
                 let life = u64::from(s.ttl_sec).min(scope.run_budget.as_secs() + 5);
                 let mut jti = [0u8; 16];
-                getrandom::fill(&mut jti).map_err(|e| format!("no randomness for jti: {e}"))?;
+                getrandom::fill(&mut jti).map_err(MintError::Randomness)?;
                 let mut header = serde_json::json!({"alg": "HS256", "typ": "JWT"});
                 if let Some(kid) = &s.key_id {
                     header["kid"] = kid.clone().into();
@@ -112,12 +126,12 @@ impl Token {
                     b64.encode(header.to_string()),
                     b64.encode(claims.to_string())
                 );
-                let mut mac = Hmac::<Sha256>::new_from_slice(&s.secret)
-                    .map_err(|_| "the JWT secret is unusable".to_string())?;
+                let mut mac =
+                    Hmac::<Sha256>::new_from_slice(&s.secret).map_err(|_| MintError::Key)?;
                 mac.update(signing_input.as_bytes());
                 let sig = b64.encode(mac.finalize().into_bytes());
                 let mut v = HeaderValue::from_str(&format!("Bearer {signing_input}.{sig}"))
-                    .map_err(|_| "the minted token is not a valid header value".to_string())?;
+                    .map_err(|_| MintError::Header)?;
                 v.set_sensitive(true);
                 Ok(Some(v))
             }

@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 use base64::Engine;
+use plimsoll::refusal::Reason;
+use reqwest::StatusCode;
 use serde_json::Value;
 
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8746";
@@ -22,25 +24,13 @@ pub struct Api {
 
 pub enum Failure {
     /// The daemon's statement that nothing ran, with its reason.
-    NotDispatched {
-        reason: &'static str,
-        message: String,
-    },
+    NotDispatched { reason: Reason, message: String },
+    /// The daemon has no such procedure (404, marked unsupported): nothing
+    /// ran, and an older procedure may serve instead.
+    NoSuchProcedure(String),
     /// Anything else: an unmarked error answer, or no answer at all.
     Unknown(String),
 }
-
-/// The reasons, by the number in `plimsoll.v1.NotDispatched`.
-const REASONS: [&str; 8] = [
-    "unspecified",
-    "request",
-    "permission",
-    "protocol",
-    "unsupported",
-    "isolation",
-    "capacity",
-    "environment",
-];
 
 impl Api {
     pub fn new(url: Option<String>) -> Result<Api, String> {
@@ -120,7 +110,7 @@ impl Api {
         if status.is_success() {
             return Ok(answer);
         }
-        Err(failure(&answer))
+        Err(failure(Some(status), &answer))
     }
 }
 
@@ -160,7 +150,7 @@ impl Api {
             let answer: Value = resp.json().await.map_err(|e| {
                 Failure::Unknown(format!("the answer is not JSON (HTTP {status}): {e}"))
             })?;
-            return Err(failure(&answer));
+            return Err(failure(Some(status), &answer));
         }
         let mut pending: Vec<u8> = Vec::new();
         let mut result = None;
@@ -187,7 +177,7 @@ impl Api {
                 pending.drain(..end);
                 if flags & 0x02 != 0 {
                     return match (message.get("error"), result) {
-                        (Some(error), _) => Err(failure(error)),
+                        (Some(error), _) => Err(failure(None, error)),
                         (None, Some(answer)) => Ok(answer),
                         (None, None) => Err(Failure::Unknown(
                             "the stream ended without an answer".into(),
@@ -218,17 +208,22 @@ impl Api {
 }
 
 /// A Connect error as a failure: not-dispatched when the daemon marked it.
-fn failure(error: &Value) -> Failure {
+/// `status` is the HTTP status of an error answered before any stream
+/// began (None for a stream's closing error).
+fn failure(status: Option<StatusCode>, error: &Value) -> Failure {
     let message = error["message"].as_str().unwrap_or("").to_string();
     let code = error["code"].as_str().unwrap_or("unknown");
     match not_dispatched(error) {
+        Some(Reason::Unsupported) if status == Some(StatusCode::NOT_FOUND) => {
+            Failure::NoSuchProcedure(message)
+        }
         Some(reason) => Failure::NotDispatched { reason, message },
         None => Failure::Unknown(format!("{code}: {message}")),
     }
 }
 
 /// The reason a refusal names, if the daemon marked it not-dispatched.
-fn not_dispatched(answer: &Value) -> Option<&'static str> {
+fn not_dispatched(answer: &Value) -> Option<Reason> {
     let details = answer["details"].as_array()?;
     let detail = details
         .iter()
@@ -238,7 +233,7 @@ fn not_dispatched(answer: &Value) -> Option<&'static str> {
         .decode(value.trim_end_matches('='))
         .ok()?;
     match bytes.as_slice() {
-        [0x08, n] => REASONS.get(usize::from(*n)).copied(),
+        [0x08, n] => Reason::from_number(*n),
         _ => None,
     }
 }

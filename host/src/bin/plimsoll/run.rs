@@ -157,10 +157,7 @@ fn stream(api: &Api, body: &Value, budget: Duration) -> Result<(Value, bool), Ex
     let (output, printed) = tokio::sync::mpsc::unbounded_channel();
     let streamed = async {
         match api.stream(body, budget, output).await {
-            Err(Failure::NotDispatched {
-                reason: "unsupported",
-                message,
-            }) if message == "no such procedure or path" => api.call("Run", body, budget).await,
+            Err(Failure::NoSuchProcedure(_)) => api.call("Run", body, budget).await,
             other => other,
         }
     };
@@ -232,6 +229,10 @@ fn drive(
         Failure::NotDispatched { reason, message } => fail(
             EXIT_NOT_DISPATCHED,
             &format!("refused, nothing ran ({reason}): {message}"),
+        ),
+        Failure::NoSuchProcedure(message) => fail(
+            EXIT_NOT_DISPATCHED,
+            &format!("refused, nothing ran (unsupported): {message}"),
         ),
         Failure::Unknown(why) => fail(EXIT_UNKNOWN, &format!("failed, it may have run: {why}")),
     })
