@@ -430,6 +430,9 @@ mod tests {
         assert!(!text.contains("authentication"), "{text}");
     }
 
+    /// Long on purpose: the plugin settings' cross-checks (a key over plain
+    /// http, a key with nowhere to go, limits a plugin cannot enforce,
+    /// settings without a plugin), each beside the valid case it spoils.
     #[test]
     fn plugin_settings_are_checked() {
         let base = [

@@ -218,6 +218,8 @@ mod tests {
         }
     }
 
+    /// Long on purpose: one assertion per field of the envelope, in the
+    /// order create_body sets them, so a field dropped there fails here by name.
     #[test]
     fn every_container_gets_the_whole_envelope() {
         let body = create_body(&settings(""), IMAGE, &spec(), Life::run(42), None);

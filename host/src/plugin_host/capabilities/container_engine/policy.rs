@@ -217,6 +217,8 @@ mod tests {
         assert_eq!(check(&Owned::good().spec(), &policy()), Ok(()));
     }
 
+    /// Long on purpose: the table of every weakening the monitor refuses, one
+    /// row each, so a rule removed fails its own row.
     #[test]
     fn every_weakening_is_refused_by_the_rule_that_names_it() {
         // Each case names the rule that must refuse it, not only that
