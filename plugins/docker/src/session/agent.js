@@ -159,10 +159,13 @@ const kernels = { javascript: null, python: null };
 const STATUS_MAX = 4096;
 
 // SIGKILLs every live process but the keepers; returns how many it signalled,
-// or -1 if /proc cannot be read. A zombie is signalled but not counted: a
-// process whose main thread exited (pthread_exit) shows as a zombie while its
-// other threads run on, and SIGKILL ends those; a dead one ignores it, and
-// counting it would keep the sweep from ever finishing.
+// or -1 if /proc cannot be read. A process whose main thread exited
+// (pthread_exit) shows as a zombie while its other threads run on: it is
+// signalled and counted while it has a task besides the exited leader, so a
+// round that killed one looks again for what it forked before it died (a
+// relay of them could otherwise leave a round counting none with its newest
+// member alive). A dead zombie (no other task) is signalled, not counted:
+// it ignores the signal, and counting it would keep the sweep going.
 function killPass() {
   const keep = new Set([1, process.pid]);
   for (const k of Object.values(kernels)) if (k) keep.add(k.pid);
@@ -176,7 +179,8 @@ function killPass() {
     const state = stat && stat.charAt(stat.lastIndexOf(')') + 2);
     if (!stat || state === 'X' || state === 'x') continue;
     if (state === 'Z') {
-      quietly(() => process.kill(Number(name), 'SIGKILL'));
+      const tasks = quietly(() => fs.readdirSync(`/proc/${name}/task`));
+      if (quietly(() => process.kill(Number(name), 'SIGKILL')) && tasks && tasks.length > 1) n++;
       continue;
     }
     if (quietly(() => process.kill(Number(name), 'SIGKILL'))) n++;
