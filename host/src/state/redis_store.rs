@@ -273,18 +273,37 @@ impl RedisStore {
     }
 
     fn settle_in_background(self: &Arc<Self>, caller: String, booked: Booked, refund: u64) {
+        // If it never lands, the lease expires on its own; the refund is
+        // lost, which errs towards the caller having used more, never less.
+        self.retry_for_a_lease(
+            Some("the state store did not take a run's release; its lease expires"),
+            move |me| {
+                let (caller, booked) = (caller.clone(), booked.clone());
+                async move { me.settle_once(&caller, &booked, refund).await }
+            },
+        );
+    }
+
+    /// Asks the store again, in the background, every `RETRY` for one lease
+    /// period (after which what was asked expires by itself), until
+    /// `attempt` succeeds; `gave_up` is logged if it never does. Asking
+    /// twice does no harm for anything sent through here.
+    fn retry_for_a_lease<F, Fut>(self: &Arc<Self>, gave_up: Option<&'static str>, attempt: F)
+    where
+        F: Fn(Arc<Self>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), redis::RedisError>> + Send,
+    {
         let me = self.clone();
         tokio::spawn(async move {
             let give_up = tokio::time::Instant::now() + me.lease;
             loop {
                 tokio::time::sleep(RETRY).await;
-                match me.settle_once(&caller, &booked, refund).await {
+                match attempt(me.clone()).await {
                     Ok(()) => return,
                     Err(e) if tokio::time::Instant::now() >= give_up => {
-                        // The lease expires on its own; the refund is lost,
-                        // which errs towards the caller having used more,
-                        // never less.
-                        tracing::warn!(error = %e, "the state store did not take a run's release; its lease expires");
+                        if let Some(why) = gave_up {
+                            tracing::warn!(error = %e, "{why}");
+                        }
                         return;
                     }
                     Err(_) => {}
@@ -425,20 +444,16 @@ impl RedisStore {
     }
 
     fn give_back_place_later(self: &Arc<Self>, set: String, id: String) {
-        let me = self.clone();
-        tokio::spawn(async move {
-            let give_up = tokio::time::Instant::now() + me.lease;
-            while tokio::time::Instant::now() < give_up {
-                tokio::time::sleep(RETRY).await;
+        self.retry_for_a_lease(None, move |me| {
+            let (set, id) = (set.clone(), id.clone());
+            async move {
                 let mut conn = me.conn.clone();
-                let done = redis::cmd("ZREM")
+                redis::cmd("ZREM")
                     .arg(&set)
                     .arg(&id)
                     .query_async::<i64>(&mut conn)
-                    .await;
-                if done.is_ok() {
-                    return;
-                }
+                    .await
+                    .map(|_| ())
             }
         });
     }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{RETRY, RedisStore};
+use super::RedisStore;
 
 /// The store did not answer a plain command, or answered it with an
 /// error: what was asked may or may not have happened. Its own type, so
@@ -55,21 +55,16 @@ impl RedisStore {
         if self.release_once(key, value, keep_ms).await.is_ok() {
             return;
         }
-        let (me, key, value) = (self.clone(), key.to_string(), value.to_string());
-        tokio::spawn(async move {
-            let give_up = tokio::time::Instant::now() + me.lease;
-            loop {
-                tokio::time::sleep(RETRY).await;
-                match me.release_once(&key, &value, keep_ms).await {
-                    Ok(()) => return,
-                    Err(e) if tokio::time::Instant::now() >= give_up => {
-                        tracing::warn!(error = %e, "the state store did not take a record's release; it expires when it was written to");
-                        return;
-                    }
-                    Err(_) => {}
-                }
-            }
-        });
+        let (key, value) = (key.to_string(), value.to_string());
+        self.retry_for_a_lease(
+            Some(
+                "the state store did not take a record's release; it expires when it was written to",
+            ),
+            move |me| {
+                let (key, value) = (key.clone(), value.clone());
+                async move { me.release_once(&key, &value, keep_ms).await }
+            },
+        );
     }
 
     async fn release_once(
