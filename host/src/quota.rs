@@ -5,6 +5,7 @@
 //! where the counters are kept is `state`'s concern.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::outcome::NotReady;
 use crate::state::counters::Counters;
@@ -32,10 +33,13 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// Ends the admission: `used` of the booked seconds stand, the rest is
-    /// refunded (a run refused before it ran uses 0).
-    pub async fn settle(mut self, used: u64) {
+    /// Ends the admission: the time `used` stands, in whole seconds rounded
+    /// up, so any time at all costs a second (a run of half a millisecond
+    /// is not free); the rest of the booked seconds is refunded. A run
+    /// refused before it ran uses `Duration::ZERO`.
+    pub async fn settle(mut self, used: Duration) {
         let Some(b) = self.booked.take() else { return };
+        let used = u64::try_from(used.as_nanos().div_ceil(1_000_000_000)).unwrap_or(u64::MAX);
         let refund = b.reserved.saturating_sub(used);
         let counters = self.quotas.counters.clone();
         counters.release(&self.caller, &b, refund).await;
@@ -173,7 +177,7 @@ impl Quotas {
             && let Err(err) = self.counters.clone().persist().await
         {
             tracing::error!(error = %err, "the paid seconds' file could not be written; the run is refused");
-            slot.settle(0).await;
+            slot.settle(Duration::ZERO).await;
             return Err(Shed::StoreUnavailable);
         }
         Ok(slot)
@@ -283,19 +287,54 @@ mod tests {
         let first = q.admit("a", Some(5), 5).await.expect("fresh");
         assert_eq!(q.admit("a", Some(5), 5).await.err(), Some(Shed::PaidCaller));
         // Refunded to 1 used: there is allowance again.
-        first.settle(1).await;
+        first.settle(Duration::from_secs(1)).await;
         q.admit("a", Some(5), 4)
             .await
             .expect("refunded")
-            .settle(4)
+            .settle(Duration::from_secs(4))
             .await;
         assert_eq!(q.admit("a", Some(5), 1).await.err(), Some(Shed::PaidCaller));
         q.admit("b", None, 5)
             .await
             .expect("b has no allowance of its own")
-            .settle(5)
+            .settle(Duration::from_secs(5))
             .await;
         assert_eq!(q.admit("c", None, 1).await.err(), Some(Shed::PaidDaemon));
+    }
+
+    /// A run over in under a millisecond was free: its caller counted its
+    /// time in whole milliseconds before rounding to seconds, so 0.5 ms
+    /// became 0 s and the whole reservation was refunded (the embedded
+    /// store's restart test let a third run through a 2 s allowance, now
+    /// and then). Any time at all costs a second.
+    #[tokio::test]
+    async fn any_time_at_all_costs_a_paid_second() {
+        let metered = || {
+            Quotas::new(QuotaSettings {
+                metered: true,
+                ..Default::default()
+            })
+        };
+        for (used, paid) in [
+            (Duration::from_micros(500), 1),
+            (Duration::from_millis(1000), 1),
+            (Duration::from_millis(1001), 2),
+        ] {
+            let q = metered();
+            q.admit("a", Some(10), 5)
+                .await
+                .expect("fresh")
+                .settle(used)
+                .await;
+            assert_eq!(q.embedded_paid_today("a"), Some((paid, paid)), "{used:?}");
+        }
+        let q = metered();
+        q.admit("a", Some(10), 5)
+            .await
+            .expect("fresh")
+            .settle(Duration::ZERO)
+            .await;
+        assert_eq!(q.embedded_paid_today("a"), Some((0, 0)), "refused: nothing");
     }
 
     #[tokio::test]
@@ -311,7 +350,7 @@ mod tests {
             .await
             .expect("the place is free again");
         assert_eq!(q.embedded_paid_today("a"), Some((10, 10)));
-        second.settle(0).await;
+        second.settle(Duration::ZERO).await;
         assert_eq!(q.embedded_paid_today("a"), Some((6, 6)));
     }
 }

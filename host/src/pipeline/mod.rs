@@ -386,10 +386,10 @@ impl Daemon {
             let _inflight = InFlight::new(&daemon.metrics);
             let started = Instant::now();
             let answer = daemon.admitted(req, checked, work, &caller, live).await;
-            // Whole seconds, and nothing for a run refused before it ran.
+            // Nothing for a run refused before it ran.
             let used = match &answer {
-                Err(RunError::Refused(_)) => 0,
-                _ => started.elapsed().as_millis().div_ceil(1000) as u64,
+                Err(RunError::Refused(_)) => std::time::Duration::ZERO,
+                _ => started.elapsed(),
             };
             caller_slot.settle(used).await;
             if matches!(answer, Err(RunError::Internal { .. })) {

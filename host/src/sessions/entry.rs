@@ -46,10 +46,10 @@ pub struct Holds {
 
 impl Holds {
     /// Gives back the paid seconds booked at open beyond `lived` (rounded
-    /// up to whole seconds); the slots go back when `self` drops.
-    pub async fn settle(self, lived: std::time::Duration) {
-        let used = lived.as_millis().div_ceil(1000) as u64;
-        self.caller_slot.settle(used).await;
+    /// up to whole seconds by the slot); the slots go back when `self`
+    /// drops.
+    pub async fn settle(self, lived: Duration) {
+        self.caller_slot.settle(lived).await;
         if let Some(p) = self.fleet_place {
             p.give_back().await;
         }

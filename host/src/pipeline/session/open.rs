@@ -261,7 +261,7 @@ impl Daemon {
                 // Nothing was opened: the paid seconds booked above go
                 // back, in a task of its own so an opener who leaves now
                 // does not cancel the refund.
-                let _ = tokio::spawn(caller_slot.settle(0)).await;
+                let _ = tokio::spawn(caller_slot.settle(Duration::ZERO)).await;
                 return Err(match why {
                     Some(s) => shed(s),
                     None => {
