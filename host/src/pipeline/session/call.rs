@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{SessionError, ended_refusal, not_found};
+use super::{SessionError, ended_refusal};
 use crate::admission::{self, Payload as Checked};
 use crate::callers::Caller;
 use crate::grants::Profile;
@@ -49,7 +49,7 @@ impl Daemon {
         let (id, req) = req.into_run();
         // 1. The call on its own, then the session it names.
         let checked = admission::validate_in_session(&req, &self.limits)?;
-        let entry = self.sessions.get(&id, &caller.id).ok_or_else(not_found)?;
+        let entry = self.callers_session(&id, &caller)?;
         if let Some(ended) = entry.ended() {
             return Err(ended_refusal(ended, Reason::Request));
         }

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::{SessionError, not_found};
+use super::SessionError;
 use crate::callers::Caller;
 use crate::pipeline::{Daemon, own_task};
 use crate::wire::{CloseSessionRequest, CloseSessionResponse, I64, SessionEnd};
@@ -19,10 +19,7 @@ impl Daemon {
         req: CloseSessionRequest,
         caller: Arc<Caller>,
     ) -> Result<CloseSessionResponse, SessionError> {
-        let entry = self
-            .sessions
-            .get(&req.session_id, &caller.id)
-            .ok_or_else(not_found)?;
+        let entry = self.callers_session(&req.session_id, &caller)?;
         let daemon = self.clone();
         // In a task of its own: a caller that leaves mid-close does not leave
         // the sandbox half closed.

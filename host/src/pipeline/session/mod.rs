@@ -8,8 +8,13 @@ mod call;
 mod close;
 mod open;
 
+use std::sync::Arc;
+
+use crate::callers::Caller;
 use crate::job::Ended;
+use crate::pipeline::Daemon;
 use crate::refusal::{Code, Reason, Refusal};
+use crate::sessions::Entry;
 use crate::wire::{RunRecord, SessionEnd};
 
 /// A session procedure that produced no answer.
@@ -49,6 +54,13 @@ impl From<Refusal> for SessionError {
             refusal,
             ended: None,
         }
+    }
+}
+
+impl Daemon {
+    /// The caller's session named by `id` (ended or not), or `not_found`.
+    fn callers_session(&self, id: &str, caller: &Caller) -> Result<Arc<Entry>, SessionError> {
+        self.sessions.get(id, &caller.id).ok_or_else(not_found)
     }
 }
 
