@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::NOT_DISPATCHED_HEADER;
 use crate::refusal::{Code, Reason, Refusal};
-use crate::wire::{self, PROTOCOL, Request, RunRequest};
+use crate::wire::{self, ProtocolMismatch, Request, RunRequest};
 
 /// Parses a Run body. The protocol number is checked before anything in the
 /// payload counts: a request from a client of another protocol is refused as
@@ -28,25 +28,12 @@ pub fn parse<T: serde::de::DeserializeOwned>(
 ) -> Result<T, Refusal> {
     let stated =
         wire::shape_of(request, body).map_err(|e| Refusal::request(malformed(name, &e)))?;
-    match stated {
-        Ok(0) => {
-            return Err(Refusal::new(
-                Code::InvalidArgument,
-                Reason::Protocol,
-                format!(
-                    "the request states no protocol number; this daemon serves protocol {PROTOCOL}"
-                ),
-            ));
-        }
-        Ok(p) if p != PROTOCOL => {
-            return Err(Refusal::new(
-                Code::Unimplemented,
-                Reason::Protocol,
-                format!("this daemon serves protocol {PROTOCOL}, the request states {p}"),
-            ));
-        }
-        Ok(_) => {}
-        Err(why) => return Err(Refusal::new(Code::InvalidArgument, Reason::Protocol, why)),
+    if let Err(mismatch) = wire::protocol_gate(stated) {
+        let code = match mismatch {
+            ProtocolMismatch::Other(_) => Code::Unimplemented,
+            ProtocolMismatch::Unstated | ProtocolMismatch::Invalid(_) => Code::InvalidArgument,
+        };
+        return Err(Refusal::new(code, Reason::Protocol, mismatch.to_string()));
     }
     serde_json::from_slice::<T>(body).map_err(|e| Refusal::request(malformed(name, &e)))
 }

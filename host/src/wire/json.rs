@@ -143,6 +143,23 @@ impl Serialize for B64 {
     }
 }
 
+/// Reads back exactly what `serialize` writes: the standard alphabet with
+/// canonical padding (no URL-safe letters, no missing `=`, no stray trailing
+/// bits). A looser reading would let two spellings stand for one content,
+/// and the digests are over the bytes.
+impl<'de> Deserialize<'de> for B64 {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use base64::Engine as _;
+        let text = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map(B64)
+            .map_err(|e| {
+                de::Error::custom(format!("bytes field is not padded standard base64: {e}"))
+            })
+    }
+}
+
 /// An int64/uint64 field, which proto3 JSON writes as a decimal string.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct I64(pub i64);
@@ -150,6 +167,32 @@ pub struct I64(pub i64);
 impl Serialize for I64 {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.0.to_string())
+    }
+}
+
+/// Reads the decimal string `serialize` writes (an optional `-`, then
+/// digits), and also a JSON integer, which proto3 JSON readers accept for
+/// 64-bit fields. A fractional number, an exponent, a `+`, blanks or a value
+/// outside i64 are refused rather than rounded: the record digest is over
+/// the decimal form of the value read.
+impl<'de> Deserialize<'de> for I64 {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match IntForm::deserialize(d)? {
+            IntForm::Num(n) => n.as_i64().map(I64).ok_or_else(|| {
+                de::Error::custom("int64 field holds a number that is not a 64-bit integer")
+            }),
+            IntForm::Str(s) => {
+                let digits = s.strip_prefix('-').unwrap_or(&s);
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(de::Error::custom(
+                        "int64 field holds a string that is not a decimal integer",
+                    ));
+                }
+                s.parse::<i64>()
+                    .map(I64)
+                    .map_err(|_| de::Error::custom("int64 field out of range"))
+            }
+        }
     }
 }
 

@@ -23,7 +23,10 @@ pub use session::{
     CloseSessionRequest, CloseSessionResponse, OpenSessionRequest, OpenSessionResponse, SessionEnd,
     SessionRunRequest, SessionRunResponse,
 };
-pub use shape::{Request, StatedProtocol, shape_of, shape_of_describe, shape_of_run};
+pub use shape::{
+    ProtocolMismatch, Request, StatedProtocol, protocol_gate, shape_of, shape_of_describe,
+    shape_of_run,
+};
 
 /// The protocol number this daemon serves. The published client 0.23.0 sends
 /// 4; a request with any other number is refused before its payload is read.
@@ -166,136 +169,144 @@ pub struct CellRun {
 //
 // Written in proto3 JSON's canonical form: lowerCamelCase names, 64-bit
 // integers as strings, bytes as padded standard base64, zero values omitted.
+//
+// They read back from exactly that form, so a client checking a run record
+// recomputes its digests with the functions in `record` that sealed it, over
+// the values it was sent: one encoder, never a second one to drift. Every
+// field the writer leaves out at zero reads as zero when absent. Unknown
+// fields are ignored rather than refused: `callTrace` is one (it is outside
+// every digest and is never read back), and an answer from a newer daemon
+// may carry more.
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JavaScriptResult {
-    #[serde(skip_serializing_if = "is_empty_bytes")]
+    #[serde(default, skip_serializing_if = "is_empty_bytes")]
     pub stdout: B64,
-    #[serde(skip_serializing_if = "is_empty_bytes")]
+    #[serde(default, skip_serializing_if = "is_empty_bytes")]
     pub stderr: B64,
-    #[serde(skip_serializing_if = "is_zero_i32")]
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
     pub exit_code: i32,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub timed_out: bool,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub stdout_truncated: bool,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub stderr_truncated: bool,
     /// The grant's calls, for a granted run. Outside the result digest.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub call_trace: Option<crate::grants::broker::CallTrace>,
 }
 
 /// A cell's result: code run in a session's interpreter.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CellResult {
-    #[serde(skip_serializing_if = "is_empty_bytes")]
+    #[serde(default, skip_serializing_if = "is_empty_bytes")]
     pub stdout: B64,
-    #[serde(skip_serializing_if = "is_empty_bytes")]
+    #[serde(default, skip_serializing_if = "is_empty_bytes")]
     pub stderr: B64,
-    #[serde(skip_serializing_if = "is_zero_i32")]
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
     pub exit_code: i32,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub timed_out: bool,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub stdout_truncated: bool,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub stderr_truncated: bool,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub interpreter_started: bool,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub interpreter_ended: bool,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RunRecord {
     pub version: u32,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub request_sha256: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub result_sha256: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub provider: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub isolation: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub environment: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub policy: String,
-    #[serde(skip_serializing_if = "is_zero_i64")]
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub started_unix_ms: I64,
-    #[serde(skip_serializing_if = "is_zero_i64")]
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub ended_unix_ms: I64,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub session: String,
-    #[serde(skip_serializing_if = "is_zero_i64")]
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub sequence: I64,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub previous_sha256: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub record_sha256: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub software_identity: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub software_rule_id: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub unanswered: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub instance: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RunResponse {
     pub sandbox: String,
     pub isolation: String,
-    #[serde(skip_serializing_if = "is_zero_i64")]
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub duration_ms: I64,
     pub record: RunRecord,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub software_identity: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub environment: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub instance: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub javascript: Option<JavaScriptResult>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<ProjectResult>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cell: Option<CellResult>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StepResult {
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub command: String,
-    #[serde(skip_serializing_if = "is_empty_bytes")]
+    #[serde(default, skip_serializing_if = "is_empty_bytes")]
     pub stdout: B64,
-    #[serde(skip_serializing_if = "is_empty_bytes")]
+    #[serde(default, skip_serializing_if = "is_empty_bytes")]
     pub stderr: B64,
-    #[serde(skip_serializing_if = "is_zero_i32")]
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
     pub exit_code: i32,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub timed_out: bool,
-    #[serde(skip_serializing_if = "is_zero_i64")]
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub duration_ms: I64,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub stdout_truncated: bool,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub stderr_truncated: bool,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Artifact {
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub path: String,
-    #[serde(skip_serializing_if = "is_empty_bytes")]
+    #[serde(default, skip_serializing_if = "is_empty_bytes")]
     pub content: B64,
 }
 
@@ -325,20 +336,71 @@ impl Serialize for ProjectOutcome {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+impl ProjectOutcome {
+    const ALL: [ProjectOutcome; 4] = [
+        ProjectOutcome::Completed,
+        ProjectOutcome::SetupFailed,
+        ProjectOutcome::TimedOut,
+        ProjectOutcome::ProtocolError,
+    ];
+
+    fn numbered(n: u64) -> Option<ProjectOutcome> {
+        ProjectOutcome::ALL.into_iter().find(|o| *o as u64 == n)
+    }
+}
+
+/// Reads the enum name the serializer writes, or its number, as proto3 JSON
+/// allows. The unspecified value (0) and unknown names are refused: the
+/// daemon never answers without an outcome, and the outcome is digested by
+/// its number, so a guess here would change the digest.
+impl<'de> Deserialize<'de> for ProjectOutcome {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(OutcomeVisitor)
+    }
+}
+
+struct OutcomeVisitor;
+
+impl<'de> serde::de::Visitor<'de> for OutcomeVisitor {
+    type Value = ProjectOutcome;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a ProjectOutcome name such as PROJECT_OUTCOME_COMPLETED, or its number")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ProjectOutcome, E> {
+        ProjectOutcome::ALL
+            .into_iter()
+            .find(|o| o.name() == v)
+            .ok_or_else(|| E::custom("unknown ProjectOutcome name"))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ProjectOutcome, E> {
+        ProjectOutcome::numbered(v).ok_or_else(|| E::custom("unknown ProjectOutcome number"))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ProjectOutcome, E> {
+        u64::try_from(v)
+            .ok()
+            .and_then(ProjectOutcome::numbered)
+            .ok_or_else(|| E::custom("unknown ProjectOutcome number"))
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProjectResult {
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepResult>,
     pub outcome: ProjectOutcome,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub outcome_detail: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<Artifact>,
-    #[serde(skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub artifacts_truncated: bool,
     /// The grant's calls, for a granted run. Outside the result digest.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub call_trace: Option<crate::grants::broker::CallTrace>,
 }
 
@@ -413,87 +475,4 @@ pub struct DescribeResponse {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accepts_both_names_and_string_integers() {
-        let r: RunRequest = serde_json::from_str(
-            r#"{"protocol":"4","timeout_ms":"1500","minimumIsolation":"process","javascript":{"code":"1","grant_profile":null}}"#,
-        )
-        .expect("parses");
-        assert_eq!(r.protocol, 4);
-        assert_eq!(r.timeout_ms, 1500);
-        assert_eq!(r.minimum_isolation, "process");
-        assert_eq!(r.javascript.expect("js").code, "1");
-    }
-
-    #[test]
-    fn rejects_unknown_fields_duplicates_and_bad_numbers() {
-        for bad in [
-            r#"{"protocol":4,"javascript":{"code":"1","extra":1}}"#,
-            r#"{"protocol":4,"bogus":true}"#,
-            r#"{"protocol":4,"timeoutMs":1.5}"#,
-            r#"{"protocol":4,"timeoutMs":"0x10"}"#,
-            r#"{"protocol":4,"timeoutMs":4294967296}"#,
-            r#"{"protocol":4,"timeoutMs":1,"timeoutMs":2}"#,
-            r#"{"protocol":4,"javascript":{"code":5}}"#,
-        ] {
-            assert!(serde_json::from_str::<RunRequest>(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn shape_pass_refuses_positional_arrays_and_reads_protocol() {
-        assert_eq!(
-            shape_of_run(br#"{"protocol":4,"javascript":{"code":"1"}}"#).expect("shape"),
-            Ok(4)
-        );
-        assert_eq!(shape_of_run(br#"{"protocol":4.0}"#).expect("shape"), Ok(4));
-        assert_eq!(shape_of_run(br#"{"protocol":"4"}"#).expect("shape"), Ok(4));
-        assert!(
-            shape_of_run(br#"{"protocol":"+4"}"#)
-                .expect("shape")
-                .is_err()
-        );
-        assert_eq!(
-            shape_of_run(br#"{"javascript":null}"#).expect("shape"),
-            Ok(0)
-        );
-        for bad in [
-            &br#"[4,"","",0,null,{"code":"1"}]"#[..],
-            br#"{"protocol":4,"javascript":["1",""]}"#,
-            br#"{"protocol":4,"project":{"files":[["a","b"]],"steps":["x"]}}"#,
-            br#"{"protocol":4,"module":{"rows":[[1,2]]}}"#,
-            br#"{"protocol":4,"softwareRule":["exact",["a"]]}"#,
-            br#"{"protocol":4} trailing"#,
-            br#"{"protocol":4"#,
-        ] {
-            assert!(
-                shape_of_run(bad).is_err(),
-                "{}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-        assert!(shape_of_describe(b"[]").is_err());
-        assert!(shape_of_describe(b"{}").is_ok());
-    }
-
-    #[test]
-    fn answers_use_canonical_proto3_json() {
-        let resp = RunResponse {
-            sandbox: "wasm".into(),
-            isolation: "process".into(),
-            duration_ms: I64(7),
-            javascript: Some(JavaScriptResult {
-                stdout: B64(b"hi\n".to_vec()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let v = serde_json::to_value(&resp).expect("serialises");
-        assert_eq!(v["durationMs"], "7");
-        assert_eq!(v["javascript"]["stdout"], "aGkK");
-        assert!(v["javascript"].get("exitCode").is_none());
-    }
-}
+mod tests;

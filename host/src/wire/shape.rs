@@ -66,6 +66,48 @@ pub fn shape_of_run(body: &[u8]) -> Result<StatedProtocol, serde_json::Error> {
     shape_of(Request::Run, body)
 }
 
+/// Why a request's stated protocol is not the one this daemon serves.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ProtocolMismatch {
+    /// No protocol number at all (or zero).
+    Unstated,
+    /// A number, but another protocol's.
+    Other(u32),
+    /// Something that is not a protocol number.
+    Invalid(String),
+}
+
+/// The protocol gate, checked before anything in a payload counts: the
+/// daemon's API and a client checking a record it was answered both use
+/// it, so the two cannot disagree on which requests are this protocol's.
+pub fn protocol_gate(stated: StatedProtocol) -> Result<(), ProtocolMismatch> {
+    match stated {
+        Ok(0) => Err(ProtocolMismatch::Unstated),
+        Ok(p) if p != super::PROTOCOL => Err(ProtocolMismatch::Other(p)),
+        Ok(_) => Ok(()),
+        Err(why) => Err(ProtocolMismatch::Invalid(why)),
+    }
+}
+
+impl std::fmt::Display for ProtocolMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let served = super::PROTOCOL;
+        match self {
+            ProtocolMismatch::Unstated => write!(
+                f,
+                "the request states no protocol number; this daemon serves protocol {served}"
+            ),
+            ProtocolMismatch::Other(p) => {
+                write!(
+                    f,
+                    "this daemon serves protocol {served}, the request states {p}"
+                )
+            }
+            ProtocolMismatch::Invalid(why) => f.write_str(why),
+        }
+    }
+}
+
 /// The shape pass for any request that states a protocol number.
 pub fn shape_of(request: Request, body: &[u8]) -> Result<StatedProtocol, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(body);
