@@ -17,6 +17,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod attest;
 pub mod backends;
 pub mod callers;
 pub mod compile_cache;

@@ -1,0 +1,202 @@
+//! Verifying a bundle: every line's link, every run's signed record
+//! checked against its request and answer, the checkpoint at the end, and
+//! what the caller expected of the runs.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::{
+    Expect, KIND_CHECKPOINT, KIND_RUN, LINE_SUBJECT, LinkPredicate, RECORD_SUBJECT,
+    RecordPredicate, Verified, canonical, io_error, prefixed, sha256_hex,
+};
+use crate::attest::AttestError;
+use crate::attest::check::{check_run, parse_run_request};
+use crate::attest::dsse::Envelope;
+use crate::attest::keys::VerifyingKey;
+use crate::attest::statement::{self, BUNDLE_LINK, RUN_RECORD};
+use crate::record::request_digest;
+use crate::wire::RunResponse;
+
+/// Checks every line of the bundle at `path` with `key`, then what the
+/// caller expected of it.
+pub fn verify(path: &Path, key: &VerifyingKey, expect: &Expect) -> Result<Verified, AttestError> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(|e| io_error(&format!("reading {}", path.display()), e))?;
+    let verified = verify_bytes(&bytes, key)?;
+    check_expected(&verified, expect)?;
+    Ok(verified)
+}
+
+/// The lines' checks, on the bundle's bytes.
+pub fn verify_bytes(bytes: &[u8], key: &VerifyingKey) -> Result<Verified, AttestError> {
+    if bytes.is_empty() {
+        return Err(AttestError::Incomplete("the bundle is empty".into()));
+    }
+    let Some(body) = bytes.strip_suffix(b"\n") else {
+        return Err(AttestError::Incomplete(
+            "the bundle does not end with a whole line: it was cut short".into(),
+        ));
+    };
+    let mut previous = String::new();
+    let mut verified = Verified {
+        runs: 0,
+        requests: Vec::new(),
+    };
+    let lines: Vec<&[u8]> = body.split(|b| *b == b'\n').collect();
+    for (i, raw) in lines.iter().enumerate() {
+        let number = i as u64 + 1;
+        let at = |what: String| format!("line {number}: {what}");
+        let line: Value = serde_json::from_slice(raw)
+            .map_err(|e| AttestError::Format(at(format!("not JSON: {e}"))))?;
+        if canonical(&line) != *raw {
+            return Err(AttestError::Format(at("not in canonical form".into())));
+        }
+        let Value::Object(mut fields) = line else {
+            return Err(AttestError::Format(at("not a JSON object".into())));
+        };
+        check_link(&mut fields, key, number, &previous).map_err(|e| prefixed(e, number))?;
+        if fields.get("line").and_then(Value::as_u64) != Some(number) {
+            return Err(AttestError::Format(at(
+                "its line number is not its place".into()
+            )));
+        }
+        let last = i + 1 == lines.len();
+        match fields.get("kind").and_then(Value::as_str) {
+            Some(KIND_RUN) => {
+                let request = check_run_line(&fields, key).map_err(|e| prefixed(e, number))?;
+                verified.runs += 1;
+                verified.requests.push(request);
+            }
+            Some(KIND_CHECKPOINT) if last => {
+                if fields.get("entries").and_then(Value::as_u64) != Some(verified.runs as u64) {
+                    return Err(AttestError::Incomplete(at(
+                        "the checkpoint's count is not the number of runs before it".into(),
+                    )));
+                }
+            }
+            Some(KIND_CHECKPOINT) => {
+                return Err(AttestError::Format(at(
+                    "a checkpoint before the bundle's last line".into(),
+                )));
+            }
+            _ => return Err(AttestError::Format(at("an unknown kind of line".into()))),
+        }
+        previous = sha256_hex(raw);
+        if last && fields.get("kind").and_then(Value::as_str) != Some(KIND_CHECKPOINT) {
+            return Err(AttestError::Incomplete(
+                "the bundle has no checkpoint at its end: it was cut short or never closed".into(),
+            ));
+        }
+    }
+    Ok(verified)
+}
+
+/// The runs a bundle holds against what the caller expected: a batch with
+/// runs missing fails here even when every line it holds is good.
+fn check_expected(v: &Verified, expect: &Expect) -> Result<(), AttestError> {
+    match expect {
+        Expect::Nothing => Ok(()),
+        Expect::Count(n) if *n == v.runs => Ok(()),
+        Expect::Count(n) => Err(AttestError::Incomplete(format!(
+            "expected {n} runs, the bundle holds {}",
+            v.runs
+        ))),
+        Expect::Requests(wanted) => {
+            let mut held = v.requests.clone();
+            let mut missing = 0;
+            for w in wanted {
+                match held.iter().position(|h| h == w) {
+                    Some(at) => {
+                        held.swap_remove(at);
+                    }
+                    None => missing += 1,
+                }
+            }
+            if missing == 0 {
+                Ok(())
+            } else {
+                Err(AttestError::Incomplete(format!(
+                    "{missing} of the {} expected runs are not in the bundle",
+                    wanted.len()
+                )))
+            }
+        }
+    }
+}
+
+/// A run line: its record statement is signed by `key` and names the
+/// answer's record, and that record checks against the request. Returns
+/// the request's digest.
+fn check_run_line(fields: &Map<String, Value>, key: &VerifyingKey) -> Result<String, AttestError> {
+    if fields.get("procedure").and_then(Value::as_str) != Some("Run") {
+        return Err(AttestError::Format(
+            "a run line for another procedure".into(),
+        ));
+    }
+    let request = fields
+        .get("request")
+        .ok_or_else(|| AttestError::Format("no request".into()))?;
+    let response = fields
+        .get("response")
+        .ok_or_else(|| AttestError::Format("no answer".into()))?;
+    let envelope: Envelope = fields
+        .get("record")
+        .cloned()
+        .ok_or_else(|| AttestError::Format("no signed record".into()))
+        .and_then(|v| {
+            serde_json::from_value(v)
+                .map_err(|e| AttestError::Format(format!("the record envelope: {e}")))
+        })?;
+    let (subject, predicate): (String, RecordPredicate) =
+        statement::open(&envelope, key, RECORD_SUBJECT, RUN_RECORD)?;
+    let parsed = parse_run_request(&canonical(request))?;
+    let answer: RunResponse = serde_json::from_value(response.clone())
+        .map_err(|e| AttestError::Format(format!("the answer is not a Run answer: {e}")))?;
+    check_run(&parsed, &answer)?;
+    if subject != answer.record.record_sha256 || Some(&predicate.record) != response.get("record") {
+        return Err(AttestError::Record(
+            "the signed record is not the answer's record".into(),
+        ));
+    }
+    Ok(request_digest(&parsed))
+}
+
+/// The line's link: signed by `key`, over this line without the link, at
+/// this place, after the line before it.
+fn check_link(
+    fields: &mut Map<String, Value>,
+    key: &VerifyingKey,
+    number: u64,
+    previous: &str,
+) -> Result<(), AttestError> {
+    let link: Envelope = fields
+        .remove("link")
+        .ok_or_else(|| AttestError::Format("no link".into()))
+        .and_then(|v| {
+            serde_json::from_value(v).map_err(|e| AttestError::Format(format!("the link: {e}")))
+        })?;
+    let (digest, stated): (String, LinkPredicate) =
+        statement::open(&link, key, LINE_SUBJECT, BUNDLE_LINK)?;
+    if digest != sha256_hex(&canonical(&Value::Object(fields.clone()))) {
+        return Err(AttestError::Format(
+            "changed since it was signed (its link names other content)".into(),
+        ));
+    }
+    if stated.line != number {
+        return Err(AttestError::Format(format!(
+            "signed as line {}: lines were removed, moved or added",
+            stated.line
+        )));
+    }
+    if stated.previous_line_sha256 != previous {
+        return Err(AttestError::Format(
+            "the line before it is not the one it was signed after".into(),
+        ));
+    }
+    Ok(())
+}
