@@ -8,6 +8,8 @@
 #     (scripts/patch-wasmtime.sh)
 #   - a venv with the published Python client, for the compatibility suite
 #   - a venv with E2B's official SDK, to prove the fake E2B against it
+#   - a venv with securesystemslib and in-toto-attestation, to check signed
+#     run bundles with verifiers nobody here wrote
 #   - openssl: a test CA for the fake E2B's TLS
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -116,6 +118,17 @@ if [ ! -x .venv-openshell/bin/python ] || ! .venv-openshell/bin/python -c 'impor
   echo "setup: creating .venv-openshell with openshell 0.1.2 and pytest"
   python3 -m venv .venv-openshell
   .venv-openshell/bin/pip install -q --disable-pip-version-check 'openshell==0.1.2' 'grpcio==1.85.3' 'pytest>=8,<9'
+fi
+
+# securesystemslib (DSSE) and in-toto-attestation (Statement v1), pinned, in
+# a venv of their own: the verifiers nobody here wrote that
+# tests/attest/verify_with_others.py checks our signed bundles with
+# (docs/attest.md). Their cryptography and protobuf stay out of .venv, so the
+# published client's environment stays as users have it.
+if [ ! -x .venv-attest/bin/python ] || ! .venv-attest/bin/python -c 'import securesystemslib, in_toto_attestation, cryptography' 2>/dev/null; then
+  echo "setup: creating .venv-attest with securesystemslib 1.6.0 (with its crypto extra) and in-toto-attestation 0.9.3"
+  python3 -m venv .venv-attest
+  .venv-attest/bin/pip install -q --disable-pip-version-check 'securesystemslib[crypto]==1.6.0' 'in-toto-attestation==0.9.3'
 fi
 
 # dockerd with gVisor registered. --network=none: runsc refuses to start in

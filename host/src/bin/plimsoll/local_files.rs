@@ -19,18 +19,32 @@ use plimsoll::admission::{
     MAX_ARTIFACTS, MAX_CODE_BYTES, MAX_PATH_BYTES, MAX_PROJECT_BYTES, MAX_PROJECT_FILES,
     valid_relative_path,
 };
+use plimsoll::api::MAX_REQUEST_BYTES;
 use plimsoll::dirs::Dir;
 use serde_json::{Value, json};
 
 use crate::client;
 
 /// The snippet at `path`: a regular file of UTF-8 text, at most the API's
-/// bound. It is opened without blocking (a FIFO would otherwise hold the
-/// open until a writer came, and a terminal must not become this process's
-/// controlling one), checked on the descriptor itself, and read no further
-/// than one byte past the bound, so `/dev/zero` or a huge file costs
-/// nothing.
+/// bound for a snippet.
 pub(crate) fn read_snippet(path: &Path) -> Result<String, String> {
+    let bytes = read_bounded(path, MAX_CODE_BYTES, "a snippet")?;
+    String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8 text", path.display()))
+}
+
+/// A request written as JSON (`plimsoll attest run`), at most what the API
+/// reads as a body.
+pub(crate) fn read_request(path: &Path) -> Result<Value, String> {
+    let bytes = read_bounded(path, MAX_REQUEST_BYTES, "a request")?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{}: not JSON: {e}", path.display()))
+}
+
+/// The bytes of the regular file at `path`, if at most `limit`. It is
+/// opened without blocking (a FIFO would otherwise hold the open until a
+/// writer came, and a terminal must not become this process's controlling
+/// one), checked on the descriptor itself, and read no further than one
+/// byte past the bound, so `/dev/zero` or a huge file costs nothing.
+fn read_bounded(path: &Path, limit: usize, what: &str) -> Result<Vec<u8>, String> {
     use std::os::unix::fs::OpenOptionsExt;
     let shown = path.display();
     let file = std::fs::OpenOptions::new()
@@ -44,15 +58,14 @@ pub(crate) fn read_snippet(path: &Path) -> Result<String, String> {
             "{shown}: not a regular file (a pipe, device or directory is not read)"
         ));
     }
-    let bytes = read_at_most(file, MAX_CODE_BYTES)
+    read_at_most(file, limit)
         .map_err(|e| format!("{shown}: {e}"))?
         .ok_or_else(|| {
             format!(
-                "{shown}: larger than the {} KiB the daemon accepts for a snippet",
-                MAX_CODE_BYTES >> 10
+                "{shown}: larger than the {} KiB the daemon accepts for {what}",
+                limit >> 10
             )
-        })?;
-    String::from_utf8(bytes).map_err(|_| format!("{shown}: not UTF-8 text"))
+        })
 }
 
 /// Reads everything `from` holds if that is at most `limit` bytes; `None`

@@ -5,12 +5,14 @@
 //!   plimsoll describe [--json]
 //!   plimsoll mcp [--url URL]
 //!   plimsoll callers create|import|list|rotate|revoke --file F ...
+//!   plimsoll attest keygen|run|verify ...
 //!
 //! `run` and `describe` talk to a daemon (`--url`, or PLIMSOLL_URL, default
 //! http://127.0.0.1:8746) with the caller's token from PLIMSOLL_TOKEN; see
 //! docs/cli.md for what they print and their exit codes. `callers` manages
 //! the callers file on this machine.
 
+mod attest;
 mod callers;
 mod client;
 mod local_files;
@@ -46,6 +48,11 @@ enum Command {
         #[command(subcommand)]
         action: callers::Action,
     },
+    /// Signed run records: keys, signing runs into a bundle, verifying one.
+    Attest {
+        #[command(subcommand)]
+        action: attest::Action,
+    },
 }
 
 fn main() -> ExitCode {
@@ -53,6 +60,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Describe(args) => run::describe(args),
         Command::Mcp(args) => mcp::run(args),
+        Command::Attest { action } => attest::run(action),
         Command::Callers { action } => match callers::run(action) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

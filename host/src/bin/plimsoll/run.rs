@@ -20,12 +20,13 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::attest::Signer;
 use crate::client::{self, Api, Failure, shown};
 use crate::local_files::{check_artifact_names, project_files, read_snippet, write_artifacts};
 
 pub const EXIT_NOT_DISPATCHED: u8 = 125;
 pub const EXIT_UNKNOWN: u8 = 126;
-const EXIT_USAGE: u8 = 2;
+pub const EXIT_USAGE: u8 = 2;
 
 #[derive(clap::Args)]
 pub struct Connection {
@@ -65,6 +66,17 @@ pub struct RunArgs {
     /// A grant profile the run may use.
     #[arg(long)]
     grant: Option<String>,
+    /// Also sign the run into this bundle (see `plimsoll attest`); a run
+    /// whose record does not check is not signed, and the exit code is 126.
+    #[arg(long)]
+    bundle: Option<PathBuf>,
+    /// The key that signs for --bundle (default: the PEM text in
+    /// PLIMSOLL_ATTEST_KEY).
+    #[arg(long, requires = "bundle")]
+    key: Option<PathBuf>,
+    /// Accept a --bundle others may read.
+    #[arg(long, requires = "bundle")]
+    shared_bundle: bool,
     #[command(flatten)]
     conn: Connection,
 }
@@ -80,6 +92,13 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(EXIT_USAGE, &e),
     };
+    let signer = match &args.bundle {
+        Some(b) => match Signer::new(b.clone(), args.key.as_deref(), args.shared_bundle) {
+            Ok(s) => Some(s),
+            Err(e) => return fail(EXIT_USAGE, &e),
+        },
+        None => None,
+    };
     let budget = Duration::from_millis(request["timeoutMs"].as_u64().unwrap_or(120_000));
     let api = match Api::new(args.conn.url.clone()) {
         Ok(a) => a,
@@ -91,7 +110,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             Err(code) => return code,
         };
         println!("{answer}");
-        return ExitCode::from(exit_of(&answer));
+        return recorded(signer.as_ref(), &request, &answer, exit_of(&answer));
     }
     // Output is printed as the run writes it, where the provider passes it
     // on early; what was not streamed is printed from the answer.
@@ -111,7 +130,16 @@ pub fn run(args: RunArgs) -> ExitCode {
     }
     let code = exit_of(&answer);
     eprintln!("{}", summary(&answer, code));
-    ExitCode::from(code)
+    recorded(signer.as_ref(), &request, &answer, code)
+}
+
+/// The run's exit code once it is in the bundle, if one was asked for; 126
+/// if it could not be put there (the run happened; its record is not kept).
+fn recorded(signer: Option<&Signer>, request: &Value, answer: &Value, code: u8) -> ExitCode {
+    match signer.map(|s| s.record(request, answer)) {
+        Some(Err(e)) => fail(EXIT_UNKNOWN, &e),
+        _ => ExitCode::from(code),
+    }
 }
 
 pub fn describe(args: DescribeArgs) -> ExitCode {
@@ -145,7 +173,12 @@ pub fn describe(args: DescribeArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn call(api: &Api, procedure: &str, body: &Value, budget: Duration) -> Result<Value, ExitCode> {
+pub(crate) fn call(
+    api: &Api,
+    procedure: &str,
+    body: &Value,
+    budget: Duration,
+) -> Result<Value, ExitCode> {
     let (_output, quiet) = tokio::sync::mpsc::unbounded_channel();
     drive(api.call(procedure, body, budget), quiet).map(|(answer, _)| answer)
 }
@@ -238,7 +271,7 @@ fn drive(
     })
 }
 
-fn fail(code: u8, why: &str) -> ExitCode {
+pub(crate) fn fail(code: u8, why: &str) -> ExitCode {
     eprintln!("plimsoll: {}", shown(why));
     ExitCode::from(code)
 }

@@ -1,0 +1,210 @@
+//! `plimsoll attest`: signed run records a third party can check later.
+//!
+//!   plimsoll attest keygen --out PREFIX
+//!   plimsoll attest run --bundle FILE [--key FILE] [--shared-bundle] [--url URL] REQUEST.json
+//!   plimsoll attest verify --pub FILE [--expect FILE | --expect-count N] BUNDLE
+//!
+//! `run` sends the request as one Run, prints the answer as JSON, and
+//! appends the signed run to the bundle, but only if its record checks
+//! against the request: a record that does not is printed and never
+//! signed. The bundle's format and what a signature proves are in
+//! docs/attest.md.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use plimsoll::attest::bundle::{self, Expect, Sharing};
+use plimsoll::attest::keys::{self, SigningKey, VerifyingKey};
+use serde_json::Value;
+
+use crate::client::Api;
+use crate::local_files::read_request;
+use crate::run::{EXIT_USAGE, call, fail};
+
+/// The answer came but is not in the bundle: its record did not check, or
+/// the bundle could not be written.
+const EXIT_NOT_RECORDED: u8 = 3;
+/// A bundle that does not verify.
+const EXIT_NOT_VERIFIED: u8 = 1;
+/// Where a signing key may come from instead of a file: its PEM text.
+const KEY_VAR: &str = "PLIMSOLL_ATTEST_KEY";
+
+#[derive(Subcommand)]
+pub enum Action {
+    /// Creates an Ed25519 key pair: PREFIX.key (owner-only) and PREFIX.pub.
+    /// Never overwrites a file.
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Sends REQUEST.json as one Run, prints the answer, and appends the
+    /// signed run to the bundle.
+    Run(RunArgs),
+    /// Checks every line of a bundle, and that no expected run is missing.
+    Verify(VerifyArgs),
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// A Run request in the API's JSON form.
+    request: PathBuf,
+    /// The bundle to append to (created owner-only if absent).
+    #[arg(long)]
+    bundle: PathBuf,
+    /// The signing key (default: the PEM text in PLIMSOLL_ATTEST_KEY).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Accept a bundle others may read.
+    #[arg(long)]
+    shared_bundle: bool,
+    /// The daemon (default PLIMSOLL_URL, else http://127.0.0.1:8746); the
+    /// caller's token is read from PLIMSOLL_TOKEN.
+    #[arg(long)]
+    url: Option<String>,
+}
+
+#[derive(Args)]
+pub struct VerifyArgs {
+    bundle: PathBuf,
+    /// The signer's public key (PREFIX.pub).
+    #[arg(long = "pub")]
+    public: PathBuf,
+    /// A file of request digests, one per line: each must be in the bundle.
+    #[arg(long, conflicts_with = "expect_count")]
+    expect: Option<PathBuf>,
+    /// The number of runs the bundle must hold.
+    #[arg(long)]
+    expect_count: Option<usize>,
+}
+
+pub fn run(action: Action) -> ExitCode {
+    match action {
+        Action::Keygen { out } => keygen(&out),
+        Action::Run(args) => sign_run(args),
+        Action::Verify(args) => verify(args),
+    }
+}
+
+fn keygen(prefix: &Path) -> ExitCode {
+    match keys::generate(prefix) {
+        Ok(public) => {
+            println!("key ID {}", public.key_id());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, &e.to_string()),
+    }
+}
+
+fn sign_run(args: RunArgs) -> ExitCode {
+    // Everything that can be refused here is, before anything is sent.
+    let signer = match Signer::new(args.bundle, args.key.as_deref(), args.shared_bundle) {
+        Ok(s) => s,
+        Err(e) => return fail(EXIT_USAGE, &e),
+    };
+    let request = match read_request(&args.request) {
+        Ok(r) => r,
+        Err(e) => return fail(EXIT_USAGE, &e),
+    };
+    let api = match Api::new(args.url) {
+        Ok(a) => a,
+        Err(e) => return fail(EXIT_USAGE, &e),
+    };
+    let budget = Duration::from_millis(request["timeoutMs"].as_u64().unwrap_or(120_000));
+    let answer = match call(&api, "Run", &request, budget) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    println!("{answer}");
+    match signer.record(&request, &answer) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(EXIT_NOT_RECORDED, &e),
+    }
+}
+
+/// A bundle and the key that signs runs into it, checked before any run is
+/// sent (`plimsoll attest run`, and `plimsoll run --bundle`).
+pub(crate) struct Signer {
+    bundle: PathBuf,
+    key: SigningKey,
+    sharing: Sharing,
+}
+
+impl Signer {
+    pub(crate) fn new(bundle: PathBuf, key: Option<&Path>, shared: bool) -> Result<Signer, String> {
+        Ok(Signer {
+            bundle,
+            key: signing_key(key)?,
+            sharing: if shared {
+                Sharing::Shared
+            } else {
+                Sharing::Private
+            },
+        })
+    }
+
+    /// Appends the run, if its record checks against the request.
+    pub(crate) fn record(&self, request: &Value, answer: &Value) -> Result<(), String> {
+        bundle::append_run(&self.bundle, &self.key, self.sharing, request, answer)
+            .map_err(|e| format!("not recorded: {e}"))
+    }
+}
+
+fn verify(args: VerifyArgs) -> ExitCode {
+    let key = match VerifyingKey::load(&args.public) {
+        Ok(k) => k,
+        Err(e) => return fail(EXIT_USAGE, &e.to_string()),
+    };
+    let expect = match (&args.expect, args.expect_count) {
+        (Some(file), _) => match expected_requests(file) {
+            Ok(digests) => Expect::Requests(digests),
+            Err(e) => return fail(EXIT_USAGE, &e),
+        },
+        (None, Some(n)) => Expect::Count(n),
+        (None, None) => Expect::Nothing,
+    };
+    match bundle::verify(&args.bundle, &key, &expect) {
+        Ok(v) => {
+            println!(
+                "{} runs verified, signed by key ID {}",
+                v.runs,
+                key.key_id()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(EXIT_NOT_VERIFIED, &format!("not verified: {e}")),
+    }
+}
+
+fn signing_key(file: Option<&Path>) -> Result<SigningKey, String> {
+    match file {
+        Some(path) => SigningKey::load(path).map_err(|e| e.to_string()),
+        None => match std::env::var(KEY_VAR) {
+            Ok(pem) if !pem.is_empty() => {
+                SigningKey::from_pkcs8_pem(pem.as_bytes()).map_err(|e| format!("{KEY_VAR}: {e}"))
+            }
+            _ => Err(format!("no signing key: give --key FILE or set {KEY_VAR}")),
+        },
+    }
+}
+
+/// The request digests an `--expect` file lists: one lowercase hex SHA-256
+/// per line, blank lines ignored.
+fn expected_requests(path: &Path) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            if l.len() == 64 && l.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                Ok(l.to_string())
+            } else {
+                Err(format!(
+                    "{}: {l:?} is not a request digest (64 lowercase hex)",
+                    path.display()
+                ))
+            }
+        })
+        .collect()
+}

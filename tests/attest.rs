@@ -1,0 +1,557 @@
+//! `plimsoll attest`, run as a subprocess against a real daemon: keys that
+//! are never overwritten, runs signed into a bundle only when their records
+//! check, and a verifier that refuses every change an attacker holding the
+//! bundle (but not the key) can make to it. Every envelope is also checked
+//! by verifiers nobody here wrote (securesystemslib's DSSE and
+//! in-toto-attestation's Statement v1), so the format is the standard's,
+//! not only our reading of it.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use plimsoll_tests::{Daemon, Scratch};
+use serde_json::{Value, json};
+
+fn cli() -> PathBuf {
+    plimsoll_tests::plimsolld_path().with_file_name("plimsoll")
+}
+
+fn attest(url: Option<&str>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(cli());
+    cmd.env_clear().arg("attest").args(args);
+    if let Some(u) = url {
+        cmd.env("PLIMSOLL_URL", u);
+    }
+    cmd.output().expect("running plimsoll attest")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+fn keygen(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let prefix = dir.join(name);
+    let out = attest(None, &["keygen", "--out", s(&prefix)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    (prefix.with_extension("key"), prefix.with_extension("pub"))
+}
+
+/// Writes `request` and signs its run into `bundle`.
+fn sign(d_url: &str, dir: &Path, key: &Path, bundle: &Path, request: &Value) -> Output {
+    let file = dir.join(format!("req-{}.json", rand_tag()));
+    std::fs::write(&file, request.to_string()).expect("write request");
+    attest(
+        Some(d_url),
+        &["run", "--key", s(key), "--bundle", s(bundle), s(&file)],
+    )
+}
+
+fn rand_tag() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn verify(bundle: &Path, public: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["verify", "--pub", s(public)];
+    args.extend_from_slice(extra);
+    args.push(s(bundle));
+    attest(None, &args)
+}
+
+fn assert_refused(out: &Output, says: &str) {
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains(says), "wanted {says:?} in {err}");
+}
+
+/// The independent verifiers' verdict on a bundle.
+fn others_verify(bundle: &Path, public: &Path) -> Output {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    Command::new(root.join(".venv-attest/bin/python"))
+        .arg(root.join("tests/attest/verify_with_others.py"))
+        .args([bundle, public])
+        .output()
+        .expect("the independent verifiers run (make setup creates .venv-attest)")
+}
+
+fn lines(bundle: &Path) -> Vec<String> {
+    text(&std::fs::read(bundle).expect("read bundle"))
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn write_lines(path: &Path, lines: &[String]) {
+    let mut body = lines.join("\n");
+    body.push('\n');
+    std::fs::write(path, body).expect("write bundle");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+}
+
+/// A bundle of three runs signed through a real daemon, and its keys.
+struct Signed {
+    _d: Daemon,
+    scratch: Scratch,
+    key: PathBuf,
+    public: PathBuf,
+    bundle: PathBuf,
+}
+
+fn three_runs() -> Signed {
+    let d = plimsoll_tests::wasm_daemon();
+    let scratch = Scratch::new("attest");
+    let (key, public) = keygen(&scratch.0, "signer");
+    let bundle = scratch.path("runs.jsonl");
+    for code in [
+        "console.log(1)",
+        "console.log(2)",
+        "throw new Error('three')",
+    ] {
+        let out = sign(
+            &d.url(""),
+            &scratch.0,
+            &key,
+            &bundle,
+            &plimsoll_tests::js_run(code),
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let answer: Value = serde_json::from_slice(&out.stdout).expect("the answer, as JSON");
+        assert_eq!(answer["isolation"], "process");
+    }
+    Signed {
+        _d: d,
+        scratch,
+        key,
+        public,
+        bundle,
+    }
+}
+
+#[test]
+fn keys_are_owner_only_and_never_overwritten() {
+    let scratch = Scratch::new("attest-keys");
+    let (key, public) = keygen(&scratch.0, "k");
+    let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode(&key), 0o600);
+    assert_eq!(mode(&public), 0o644);
+    let before = std::fs::read(&key).expect("read key");
+    let again = attest(None, &["keygen", "--out", s(&scratch.path("k"))]);
+    assert_ne!(again.status.code(), Some(0));
+    assert_eq!(
+        std::fs::read(&key).expect("read key"),
+        before,
+        "a key was overwritten"
+    );
+    // A private key others may read is not used.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = attest(
+        Some("http://127.0.0.1:9"),
+        &[
+            "run",
+            "--key",
+            s(&key),
+            "--bundle",
+            s(&scratch.path("b")),
+            s(&public),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        !scratch.path("b").exists(),
+        "nothing is written with a refused key"
+    );
+}
+
+#[test]
+fn a_signed_bundle_verifies_with_ours_and_with_theirs() {
+    let r = three_runs();
+    let out = verify(&r.bundle, &r.public, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("3 runs verified"),
+        "{}",
+        text(&out.stdout)
+    );
+    let mode = std::fs::metadata(&r.bundle)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "a new bundle is owner-only");
+    // Three runs and a checkpoint; every line linked, every run's record
+    // signed: seven envelopes, each standard DSSE around in-toto v1.
+    assert_eq!(lines(&r.bundle).len(), 4);
+    let theirs = others_verify(&r.bundle, &r.public);
+    assert_eq!(theirs.status.code(), Some(0), "{}", text(&theirs.stderr));
+    assert!(
+        text(&theirs.stdout).contains("7 envelopes verified"),
+        "{}",
+        text(&theirs.stdout)
+    );
+
+    // And they are not a rubber stamp: a payload changed by one byte fails
+    // theirs as it fails ours.
+    let mut changed = lines(&r.bundle);
+    let mut line: Value = serde_json::from_str(&changed[1]).expect("line");
+    let payload = line["record"]["payload"]
+        .as_str()
+        .expect("payload")
+        .to_string();
+    let flipped = if payload.starts_with('e') { "f" } else { "e" };
+    line["record"]["payload"] = json!(format!("{flipped}{}", &payload[1..]));
+    changed[1] = line.to_string();
+    let tampered = r.scratch.path("payload.jsonl");
+    write_lines(&tampered, &changed);
+    assert_eq!(others_verify(&tampered, &r.public).status.code(), Some(1));
+    assert_eq!(verify(&tampered, &r.public, &[]).status.code(), Some(1));
+}
+
+#[test]
+fn every_change_to_a_bundle_is_refused() {
+    let r = three_runs();
+    let good = lines(&r.bundle);
+    let at = |name: &str| r.scratch.path(name);
+
+    // Stdout changed, the line kept in canonical form, as an attacker would.
+    let mut changed = good.clone();
+    let mut line: Value = serde_json::from_str(&changed[0]).expect("line");
+    line["response"]["javascript"]["stdout"] = json!("Mgo="); // "2\n"
+    changed[0] = line.to_string();
+    write_lines(&at("stdout"), &changed);
+    assert_refused(&verify(&at("stdout"), &r.public, &[]), "line 1");
+
+    let mut swapped = good.clone();
+    swapped.swap(0, 1);
+    write_lines(&at("swapped"), &swapped);
+    assert_refused(&verify(&at("swapped"), &r.public, &[]), "line 1");
+
+    let mut dropped = good.clone();
+    dropped.remove(1);
+    write_lines(&at("dropped"), &dropped);
+    assert_refused(&verify(&at("dropped"), &r.public, &[]), "line 2");
+
+    let mut added = good.clone();
+    added.insert(1, good[0].clone());
+    write_lines(&at("added"), &added);
+    assert_refused(&verify(&at("added"), &r.public, &[]), "line 2");
+
+    // Cut short: no checkpoint, or half a line.
+    write_lines(&at("no-checkpoint"), &good[..3]);
+    assert_refused(&verify(&at("no-checkpoint"), &r.public, &[]), "checkpoint");
+    let whole = std::fs::read(&r.bundle).expect("read");
+    std::fs::write(at("cut"), &whole[..whole.len() - 40]).expect("write");
+    assert_refused(&verify(&at("cut"), &r.public, &[]), "cut short");
+
+    // The same runs in another encoding of the same JSON.
+    let mut spaced = good.clone();
+    spaced[0] = spaced[0].replacen(":", ": ", 1);
+    write_lines(&at("spaced"), &spaced);
+    assert_refused(&verify(&at("spaced"), &r.public, &[]), "canonical");
+
+    // Another key's signatures are no signatures at all.
+    let (_, other) = keygen(&r.scratch.0, "other");
+    assert_refused(&verify(&r.bundle, &other, &[]), "signature");
+
+    // The untouched bundle still verifies: each refusal above was the change.
+    assert_eq!(verify(&r.bundle, &r.public, &[]).status.code(), Some(0));
+}
+
+#[test]
+fn a_forger_without_the_key_cannot_sign_a_changed_run() {
+    // The forger has a key of their own and the bundle; the verifier has the
+    // signer's public key. Runs the forger signs into the bundle do not
+    // verify, and the bundle they then hold no longer ends with the signer's
+    // checkpoint, so the signer will not extend it either.
+    let r = three_runs();
+    let d = plimsoll_tests::wasm_daemon();
+    let (forger, _) = keygen(&r.scratch.0, "forger");
+    let out = sign(
+        &d.url(""),
+        &r.scratch.0,
+        &forger,
+        &r.bundle,
+        &plimsoll_tests::js_run("1"),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not recorded"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(lines(&r.bundle).len(), 4, "the bundle was changed");
+    assert_eq!(verify(&r.bundle, &r.public, &[]).status.code(), Some(0));
+    // A fresh bundle signed by the forger is refused under the signer's key.
+    let forged = r.scratch.path("forged.jsonl");
+    let out = sign(
+        &d.url(""),
+        &r.scratch.0,
+        &forger,
+        &forged,
+        &plimsoll_tests::js_run("1"),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_refused(&verify(&forged, &r.public, &[]), "signature");
+    drop(r.key);
+}
+
+#[test]
+fn a_batch_with_runs_missing_is_refused() {
+    let r = three_runs();
+    assert_eq!(
+        verify(&r.bundle, &r.public, &["--expect-count", "3"])
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_refused(
+        &verify(&r.bundle, &r.public, &["--expect-count", "4"]),
+        "expected 4",
+    );
+    // The request digests the daemon recorded, one per line.
+    let digests: Vec<String> = lines(&r.bundle)[..3]
+        .iter()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).expect("line");
+            v["response"]["record"]["requestSha256"]
+                .as_str()
+                .expect("digest")
+                .to_string()
+        })
+        .collect();
+    let expect = r.scratch.path("expect.txt");
+    std::fs::write(&expect, digests.join("\n")).expect("write");
+    let out = verify(&r.bundle, &r.public, &["--expect", s(&expect)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // One more run expected than was signed: the batch is incomplete.
+    std::fs::write(
+        &expect,
+        format!("{}\n{}", digests.join("\n"), "a".repeat(64)),
+    )
+    .expect("w");
+    assert_refused(
+        &verify(&r.bundle, &r.public, &["--expect", s(&expect)]),
+        "1 of the 4",
+    );
+}
+
+#[test]
+fn a_record_that_does_not_check_is_never_signed() {
+    // The answers come from a stand-in daemon that takes a real answer and
+    // changes one thing in it; the bundle must not change.
+    let d = plimsoll_tests::wasm_daemon();
+    let scratch = Scratch::new("attest-check");
+    let (key, _) = keygen(&scratch.0, "signer");
+    let bundle = scratch.path("b.jsonl");
+    let ok = sign(
+        &d.url(""),
+        &scratch.0,
+        &key,
+        &bundle,
+        &plimsoll_tests::js_run("console.log(7)"),
+    );
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
+    let real: Value = serde_json::from_slice(&ok.stdout).expect("answer");
+    let before = std::fs::read(&bundle).expect("read");
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut floor_req = plimsoll_tests::js_run("console.log(7)");
+    floor_req["minimumIsolation"] = json!("container");
+    let cases: Vec<(&str, Value, Value)> = vec![
+        (
+            "stdout changed",
+            plimsoll_tests::js_run("console.log(7)"),
+            {
+                let mut a = real.clone();
+                a["javascript"]["stdout"] = json!("OAo=");
+                a
+            },
+        ),
+        (
+            "answered for another request",
+            plimsoll_tests::js_run("console.log(8)"),
+            real.clone(),
+        ),
+        // The floor asked for is above the tier the record states.
+        ("below the floor", floor_req, real.clone()),
+    ];
+    for (what, request, answer) in cases {
+        let app = axum::Router::new().route(
+            "/plimsoll.v1.SandboxService/Run",
+            axum::routing::post(move || {
+                let answer = answer.clone();
+                async move { axum::Json(answer) }
+            }),
+        );
+        let url = rt.block_on(plimsoll_tests::serve_loopback(app));
+        let out = sign(&url, &scratch.0, &key, &bundle, &request);
+        assert_eq!(out.status.code(), Some(3), "{what}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("not recorded"),
+            "{what}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read(&bundle).expect("read"),
+            before,
+            "{what}: the bundle changed"
+        );
+    }
+}
+
+#[test]
+fn a_bundle_others_can_read_is_refused_unless_shared() {
+    let d = plimsoll_tests::wasm_daemon();
+    let scratch = Scratch::new("attest-shared");
+    let (key, public) = keygen(&scratch.0, "signer");
+    let bundle = scratch.path("b.jsonl");
+    std::fs::write(&bundle, "").expect("create");
+    std::fs::set_permissions(&bundle, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let request = plimsoll_tests::js_run("1");
+    let out = sign(&d.url(""), &scratch.0, &key, &bundle, &request);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("others"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&bundle).expect("read").len(), 0);
+    let file = scratch.path("req.json");
+    std::fs::write(&file, request.to_string()).expect("write");
+    let out = attest(
+        Some(&d.url("")),
+        &[
+            "run",
+            "--key",
+            s(&key),
+            "--bundle",
+            s(&bundle),
+            "--shared-bundle",
+            s(&file),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        verify(&bundle, &public, &["--expect-count", "1"])
+            .status
+            .code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn a_symlinked_bundle_is_not_followed() {
+    let d = plimsoll_tests::wasm_daemon();
+    let scratch = Scratch::new("attest-link");
+    let (key, _) = keygen(&scratch.0, "signer");
+    let target = scratch.path("elsewhere");
+    std::fs::write(&target, "").expect("create");
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let link = scratch.path("b.jsonl");
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    let out = sign(
+        &d.url(""),
+        &scratch.0,
+        &key,
+        &link,
+        &plimsoll_tests::js_run("1"),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read(&target).expect("read").len(),
+        0,
+        "written through a link"
+    );
+}
+
+#[test]
+fn a_failed_append_leaves_the_bundle_as_it_was() {
+    // The file-size limit makes the append's write fail part way (EFBIG,
+    // with SIGXFSZ ignored so the process lives to put the bundle back).
+    let d = plimsoll_tests::wasm_daemon();
+    let scratch = Scratch::new("attest-efbig");
+    let (key, public) = keygen(&scratch.0, "signer");
+    let bundle = scratch.path("b.jsonl");
+    let ok = sign(
+        &d.url(""),
+        &scratch.0,
+        &key,
+        &bundle,
+        &plimsoll_tests::js_run("1"),
+    );
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
+    let before = std::fs::read(&bundle).expect("read");
+    let request = scratch.path("req.json");
+    std::fs::write(
+        &request,
+        plimsoll_tests::js_run("console.log('x'.repeat(4096))").to_string(),
+    )
+    .expect("write");
+    let limit_kib = before.len() / 1024 + 1;
+    let script = format!(
+        "trap '' XFSZ; ulimit -f {limit_kib}; exec \"$0\" attest run --key \"$1\" --bundle \"$2\" \"$3\""
+    );
+    let out = Command::new("bash")
+        .env_clear()
+        .env("PLIMSOLL_URL", d.url(""))
+        .args(["-c", &script])
+        .arg(cli())
+        .args([&key, &bundle, &request])
+        .output()
+        .expect("bash");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("as it was"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&bundle).expect("read"),
+        before,
+        "the bundle was left changed"
+    );
+    // And it is still a bundle the signer extends.
+    let again = sign(
+        &d.url(""),
+        &scratch.0,
+        &key,
+        &bundle,
+        &plimsoll_tests::js_run("2"),
+    );
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    assert_eq!(
+        verify(&bundle, &public, &["--expect-count", "2"])
+            .status
+            .code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn plimsoll_run_signs_into_a_bundle_too() {
+    let d = plimsoll_tests::wasm_daemon();
+    let scratch = Scratch::new("attest-cli-run");
+    let (key, public) = keygen(&scratch.0, "signer");
+    let bundle = scratch.path("b.jsonl");
+    let file = scratch.path("a.js");
+    std::fs::write(&file, "console.log('signed'); throw new Error('after')").expect("write");
+    let mut cmd = Command::new(cli());
+    cmd.env_clear()
+        .env("PLIMSOLL_URL", d.url(""))
+        .env(
+            "PLIMSOLL_ATTEST_KEY",
+            std::fs::read_to_string(&key).expect("key"),
+        )
+        .args(["run", "--bundle", s(&bundle), s(&file)]);
+    let out = cmd.output().expect("plimsoll run");
+    // The run's own exit code, and the run in the bundle.
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "signed\n");
+    let v = verify(&bundle, &public, &["--expect-count", "1"]);
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v.stderr));
+}

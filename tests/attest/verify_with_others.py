@@ -1,0 +1,129 @@
+"""Check a plimsoll attestation bundle with verifiers this project did not write.
+
+`plimsoll attest verify` reads our envelopes with our own code, so a mistake in
+how we write them could be matched by the same mistake in how we read them.
+Here every envelope goes to securesystemslib's DSSE code and every payload to
+in-toto-attestation's Statement v1 validator instead. A bundle that passes is
+standard DSSE around standard in-toto statements, readable by anyone's tools,
+not only by ours.
+
+Checked: each envelope (record, link, and receipt with --daemon-pub) verifies
+with the key, threshold 1; its payload is an in-toto Statement v1 that the
+validator accepts; a record statement's subject digest is its line's
+response.record.recordSha256. The link chain and the checkpoint's count are our
+own format, left to `plimsoll attest verify`.
+
+Tested with securesystemslib 1.6.0 and in-toto-attestation 0.9.3, the versions
+scripts/setup.sh pins in .venv-attest:
+
+    .venv-attest/bin/python tests/attest/verify_with_others.py BUNDLE KEY.pub
+
+Exit 0 and "N envelopes verified", or exit 1 naming the line and envelope.
+"""
+
+import argparse
+import copy
+import hashlib
+import json
+import sys
+
+from cryptography.hazmat.primitives import serialization
+from google.protobuf import json_format
+from in_toto_attestation.v1 import statement_pb2
+from in_toto_attestation.v1.statement import STATEMENT_TYPE_URI, Statement
+from securesystemslib.dsse import Envelope
+from securesystemslib.exceptions import VerificationError
+from securesystemslib.signer import SSlibKey
+
+IN_TOTO = "application/vnd.in-toto+json"
+
+
+def fail(message):
+    print(f"verify_with_others: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def load_key(path):
+    # securesystemslib 1.6 has no PEM reader for a public key (no
+    # SSlibKey.from_pem); from_crypto is its way in. The key ID is ours:
+    # SHA-256 of the key's SubjectPublicKeyInfo DER.
+    try:
+        with open(path, "rb") as f:
+            public = serialization.load_pem_public_key(f.read())
+    except (OSError, ValueError) as e:
+        fail(f"{path}: {e}")
+    der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return SSlibKey.from_crypto(public, keyid=hashlib.sha256(der).hexdigest())
+
+
+def check(envelope, key):
+    """Verify one envelope with their code; return its statement as JSON."""
+    # from_dict rewrites the signatures it is given, so give it a copy.
+    env = Envelope.from_dict(copy.deepcopy(envelope))
+    if env.payload_type != IN_TOTO:
+        raise ValueError(f"payloadType {env.payload_type!r}, not {IN_TOTO}")
+    try:
+        env.verify([key], 1)
+    except VerificationError as e:
+        raise VerificationError(f"no signature verifies with key {key.keyid}: {e}") from e
+    pb = json_format.Parse(env.payload, statement_pb2.Statement())
+    if pb.type != STATEMENT_TYPE_URI:
+        raise ValueError(f"_type {pb.type!r}, not {STATEMENT_TYPE_URI}")
+    Statement.copy_from_pb(pb).validate()
+    return json.loads(env.payload)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle")
+    parser.add_argument("pub", help="the signer's public key, PEM")
+    parser.add_argument("--daemon-pub", help="the daemon's public key, PEM, for receipts")
+    args = parser.parse_args()
+    keys = {"record": load_key(args.pub)}
+    keys["link"] = keys["record"]
+    if args.daemon_pub:
+        keys["receipt"] = load_key(args.daemon_pub)
+
+    try:
+        with open(args.bundle, "rb") as f:
+            lines = f.read().split(b"\n")
+    except OSError as e:
+        fail(f"{args.bundle}: {e}")
+    if lines[-1] == b"":
+        lines.pop()
+    if not lines:
+        fail(f"{args.bundle}: empty")
+
+    verified = 0
+    for n, text in enumerate(lines, start=1):
+        try:
+            line = json.loads(text)
+        except ValueError as e:
+            fail(f"line {n}: not JSON: {e}")
+        kind = line.get("kind") if isinstance(line, dict) else None
+        if kind == "run":
+            names = ["record", "link"] + (["receipt"] if "receipt" in line else [])
+        elif kind == "checkpoint":
+            names = ["link"]
+        else:
+            fail(f"line {n}: kind {kind!r} is neither run nor checkpoint")
+        for name in names:
+            if name not in line:
+                fail(f"line {n}, {name}: missing")
+            if name not in keys:
+                fail(f"line {n}, {name}: receipt present but no daemon key given")
+            try:
+                statement = check(line[name], keys[name])
+                if name == "record":
+                    want = line["response"]["record"]["recordSha256"]
+                    got = [s.get("digest", {}).get("sha256") for s in statement["subject"]]
+                    if got != [want]:
+                        raise ValueError(f"subject digest {got}, not the line's recordSha256 {want}")
+            except Exception as e:  # whatever their code or ours raised, name where
+                fail(f"line {n}, {name}: {type(e).__name__}: {e}")
+            verified += 1
+    print(f"{verified} envelopes verified")
+
+
+if __name__ == "__main__":
+    main()
