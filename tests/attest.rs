@@ -184,13 +184,13 @@ fn a_signed_bundle_verifies_with_ours_and_with_theirs() {
         .mode()
         & 0o777;
     assert_eq!(mode, 0o600, "a new bundle is owner-only");
-    // Three runs and a checkpoint; every line linked, every run's record
-    // signed: seven envelopes, each standard DSSE around in-toto v1.
+    // Three runs and a checkpoint, each line one signed statement: four
+    // envelopes, each standard DSSE around in-toto v1.
     assert_eq!(lines(&r.bundle).len(), 4);
     let theirs = others_verify(&r.bundle, &r.public);
     assert_eq!(theirs.status.code(), Some(0), "{}", text(&theirs.stderr));
     assert!(
-        text(&theirs.stdout).contains("7 envelopes verified"),
+        text(&theirs.stdout).contains("4 envelopes verified"),
         "{}",
         text(&theirs.stdout)
     );
@@ -199,12 +199,12 @@ fn a_signed_bundle_verifies_with_ours_and_with_theirs() {
     // theirs as it fails ours.
     let mut changed = lines(&r.bundle);
     let mut line: Value = serde_json::from_str(&changed[1]).expect("line");
-    let payload = line["record"]["payload"]
+    let payload = line["signed"]["payload"]
         .as_str()
         .expect("payload")
         .to_string();
     let flipped = if payload.starts_with('e') { "f" } else { "e" };
-    line["record"]["payload"] = json!(format!("{flipped}{}", &payload[1..]));
+    line["signed"]["payload"] = json!(format!("{flipped}{}", &payload[1..]));
     changed[1] = line.to_string();
     let tampered = r.scratch.path("payload.jsonl");
     write_lines(&tampered, &changed);
@@ -225,6 +225,18 @@ fn every_change_to_a_bundle_is_refused() {
     changed[0] = line.to_string();
     write_lines(&at("stdout"), &changed);
     assert_refused(&verify(&at("stdout"), &r.public, &[]), "line 1");
+
+    // A field no digest covers (the answer's duration), changed in a middle
+    // run: the next line's statement names the old bytes; in the last run,
+    // the checkpoint does.
+    for (index, refused_at) in [(1, "line 3"), (2, "line 4")] {
+        let mut timed = good.clone();
+        let mut line: Value = serde_json::from_str(&timed[index]).expect("line");
+        line["response"]["durationMs"] = json!("999");
+        timed[index] = line.to_string();
+        write_lines(&at("timed"), &timed);
+        assert_refused(&verify(&at("timed"), &r.public, &[]), refused_at);
+    }
 
     let mut swapped = good.clone();
     swapped.swap(0, 1);

@@ -7,11 +7,11 @@ in-toto-attestation's Statement v1 validator instead. A bundle that passes is
 standard DSSE around standard in-toto statements, readable by anyone's tools,
 not only by ours.
 
-Checked: each envelope (record, link, and receipt with --daemon-pub) verifies
-with the key, threshold 1; its payload is an in-toto Statement v1 that the
-validator accepts; a record statement's subject digest is its line's
-response.record.recordSha256. The link chain and the checkpoint's count are our
-own format, left to `plimsoll attest verify`.
+Checked: each line's signed statement (and a receipt, with --daemon-pub)
+verifies with the key, threshold 1; its payload is an in-toto Statement v1
+that the validator accepts; a run's statement names its line's
+response.record.recordSha256 as its subject. The chain of lines and the
+checkpoint's count are our own format, left to `plimsoll attest verify`.
 
 Tested with securesystemslib 1.6.0 and in-toto-attestation 0.9.3, the versions
 scripts/setup.sh pins in .venv-attest:
@@ -79,8 +79,7 @@ def main():
     parser.add_argument("pub", help="the signer's public key, PEM")
     parser.add_argument("--daemon-pub", help="the daemon's public key, PEM, for receipts")
     args = parser.parse_args()
-    keys = {"record": load_key(args.pub)}
-    keys["link"] = keys["record"]
+    keys = {"signed": load_key(args.pub)}
     if args.daemon_pub:
         keys["receipt"] = load_key(args.daemon_pub)
 
@@ -102,9 +101,9 @@ def main():
             fail(f"line {n}: not JSON: {e}")
         kind = line.get("kind") if isinstance(line, dict) else None
         if kind == "run":
-            names = ["record", "link"] + (["receipt"] if "receipt" in line else [])
+            names = ["signed"] + (["receipt"] if "receipt" in line else [])
         elif kind == "checkpoint":
-            names = ["link"]
+            names = ["signed"]
         else:
             fail(f"line {n}: kind {kind!r} is neither run nor checkpoint")
         for name in names:
@@ -114,7 +113,7 @@ def main():
                 fail(f"line {n}, {name}: receipt present but no daemon key given")
             try:
                 statement = check(line[name], keys[name])
-                if name == "record":
+                if kind == "run" and name == "signed":
                     want = line["response"]["record"]["recordSha256"]
                     got = [s.get("digest", {}).get("sha256") for s in statement["subject"]]
                     if got != [want]:

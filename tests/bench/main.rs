@@ -26,9 +26,13 @@
 //!    run; the difference of the medians is what the store adds, and the
 //!    server's own command counts give its round trips per run.
 //!
+//! 9. signed runs: the same HTTP Run, unsigned and signed into a bundle,
+//!    alternated run by run (`attest.rs`).
+//!
 //! Everything is bounded in count and time and only talks to 127.0.0.1.
 
 mod admission;
+mod attest;
 mod native;
 mod stats;
 
@@ -313,6 +317,13 @@ async fn main() {
         admission(n).await;
         return;
     }
+    // BENCH_ONLY=attest: what signing a run into a bundle adds, alone.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("attest") {
+        println!("| what | runs | p50 | p99 | min |");
+        println!("|---|---|---|---|---|");
+        attest::attest(&plimsoll_tests::wasm_daemon(), n).await;
+        return;
+    }
     println!("| what | runs | p50 | p99 | min |");
     println!("|---|---|---|---|---|");
     let wasm = bare(n).await;
@@ -342,6 +353,7 @@ async fn main() {
     throughput(&d, 4, n / 2).await;
     throughput(&d, 8, n / 4).await;
     broker(n / 2).await;
+    attest::attest(&d, n / 2).await;
     admission(n).await;
     println!();
     plugin_http().await;

@@ -20,7 +20,7 @@ pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 /// Our predicate types (URNs: we own no domain to put them under).
 pub const RUN_RECORD: &str = "urn:plimsoll:attest:run-record:v1";
 pub const SESSION_CLOSE: &str = "urn:plimsoll:attest:session-close:v1";
-pub const BUNDLE_LINK: &str = "urn:plimsoll:attest:bundle-link:v1";
+pub const BUNDLE_CHECKPOINT: &str = "urn:plimsoll:attest:bundle-checkpoint:v1";
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Statement<P> {

@@ -10,20 +10,31 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{
-    KIND_CHECKPOINT, KIND_RUN, LINE_SUBJECT, LinkPredicate, RECORD_SUBJECT, RecordPredicate,
-    Sharing, canonical, io_error, object, sha256_hex, signed_line, to_value,
+    CheckpointPredicate, KIND_CHECKPOINT, KIND_RUN, LINE_SUBJECT, RECORD_SUBJECT, RunPredicate,
+    SIGNED, Sharing, canonical, io_error, object, sha256_hex, to_value,
 };
 use crate::attest::AttestError;
 use crate::attest::check::{check_run, parse_run_request};
 use crate::attest::dsse::Envelope;
 use crate::attest::keys::SigningKey;
-use crate::attest::statement::{self, BUNDLE_LINK, RUN_RECORD};
+use crate::attest::statement::{self, BUNDLE_CHECKPOINT, RUN_RECORD};
 use crate::wire::RunResponse;
 
+/// Whether each append is on disk before it returns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Synced before `append_run` returns: what a one-shot signer needs,
+    /// since it says "recorded" and exits.
+    Synced,
+    /// Written, and synced by `sync` or when the appender is dropped: for a
+    /// long-lived signer, which can say when its runs must be on disk. A
+    /// crash can lose the unsynced tail (the bundle then shows it was cut
+    /// short), never change what is there.
+    Buffered,
+}
+
 /// Appends one run to the bundle at `path` (creating it, owner-only, if it
-/// does not exist), signed with `key`. The record must check against the
-/// request first: a record that does not is never signed. If anything
-/// fails after the file was touched, the file is put back as it was.
+/// does not exist), signed with `key`: `Appender` for one run.
 pub fn append_run(
     path: &Path,
     key: &SigningKey,
@@ -31,52 +42,143 @@ pub fn append_run(
     request: &Value,
     response: &Value,
 ) -> Result<(), AttestError> {
-    let sent = canonical(request);
-    let parsed = parse_run_request(&sent)?;
-    let answer: RunResponse = serde_json::from_value(response.clone())
-        .map_err(|e| AttestError::Format(format!("the answer is not a Run answer: {e}")))?;
-    check_run(&parsed, &answer)?;
-    let record = statement::sign(
-        key,
-        RECORD_SUBJECT,
-        &answer.record.record_sha256,
-        RUN_RECORD,
-        &RecordPredicate {
-            record: response.get("record").cloned().unwrap_or(Value::Null),
-        },
-    )?;
+    Appender::open(path, key, sharing, Durability::Synced)?.append_run(request, response)
+}
 
-    let mut file = open_for_append(path, sharing)?;
-    file.lock().map_err(|e| io_error("locking the bundle", e))?;
-    let tail = read_tail(&mut file, key)?;
-    let entry = signed_line(
-        key,
-        object(&[
+/// A bundle held open to append runs to: its checkpoint is read and checked
+/// once, and the file stays locked while the appender lives, so each run
+/// costs its own checks, signatures and write, never a read of the file.
+pub struct Appender<'k> {
+    file: File,
+    key: &'k SigningKey,
+    tail: Tail,
+    durability: Durability,
+    /// An append failed and the file could not be put back: nothing more
+    /// is written through this appender.
+    broken: bool,
+}
+
+impl<'k> Appender<'k> {
+    /// Opens (or creates, owner-only) the bundle at `path`, locks it, and
+    /// checks that it ends with a checkpoint signed by `key`.
+    pub fn open(
+        path: &Path,
+        key: &'k SigningKey,
+        sharing: Sharing,
+        durability: Durability,
+    ) -> Result<Self, AttestError> {
+        let mut file = open_for_append(path, sharing)?;
+        file.lock().map_err(|e| io_error("locking the bundle", e))?;
+        let tail = read_tail(&mut file, key)?;
+        Ok(Appender {
+            file,
+            key,
+            tail,
+            durability,
+            broken: false,
+        })
+    }
+
+    /// Appends one run. Its record must check against the request first: a
+    /// record that does not is never signed. If the write fails, the file
+    /// is put back as it was.
+    pub fn append_run(&mut self, request: &Value, response: &Value) -> Result<(), AttestError> {
+        if self.broken {
+            return Err(AttestError::Format(
+                "an earlier append could not be undone; reopen the bundle".into(),
+            ));
+        }
+        let key = self.key;
+        let sent = canonical(request);
+        let parsed = parse_run_request(&sent)?;
+        let answer: RunResponse = serde_json::from_value(response.clone())
+            .map_err(|e| AttestError::Format(format!("the answer is not a Run answer: {e}")))?;
+        check_run(&parsed, &answer)?;
+        let tail = &self.tail;
+        let number = tail.entries + 1;
+        let signed = statement::sign(
+            key,
+            RECORD_SUBJECT,
+            &answer.record.record_sha256,
+            RUN_RECORD,
+            &RunPredicate {
+                record: response.get("record").cloned().unwrap_or(Value::Null),
+                line: number,
+                previous_line_sha256: tail.previous.clone(),
+            },
+        )?;
+        let entry = canonical(&Value::Object(object(&[
             ("kind", Value::from(KIND_RUN)),
-            ("line", Value::from(tail.entries + 1)),
+            ("line", Value::from(number)),
             ("procedure", Value::from("Run")),
             ("request", request.clone()),
             ("response", response.clone()),
-            ("record", to_value(&record)),
-        ]),
-        tail.entries + 1,
-        &tail.previous,
-    )?;
-    let checkpoint = signed_line(
+            (SIGNED, to_value(&signed)),
+        ])));
+        let checkpoint = checkpoint_line(key, number, &sha256_hex(&entry))?;
+        let mut added = entry;
+        added.push(b'\n');
+        let entry_len = added.len() as u64;
+        let entry_sha256 = sha256_hex(&added[..added.len() - 1]);
+        added.extend_from_slice(&checkpoint);
+        added.push(b'\n');
+        let sync = self.durability == Durability::Synced;
+        match replace_tail(&mut self.file, &self.tail, &added, sync) {
+            Ok(()) => {
+                self.tail = Tail {
+                    entries: self.tail.entries + 1,
+                    previous: entry_sha256,
+                    offset: self.tail.offset + entry_len,
+                    checkpoint: added[entry_len as usize..].to_vec(),
+                };
+                Ok(())
+            }
+            Err(Unwritten { error, restored }) => {
+                self.broken = !restored;
+                Err(error)
+            }
+        }
+    }
+
+    /// Puts every run appended so far on disk.
+    pub fn sync(&self) -> Result<(), AttestError> {
+        self.file
+            .sync_data()
+            .map_err(|e| io_error("syncing the bundle", e))
+    }
+}
+
+impl Drop for Appender<'_> {
+    fn drop(&mut self) {
+        if self.durability == Durability::Buffered {
+            let _ = self.file.sync_data();
+        }
+    }
+}
+
+/// The checkpoint after `entries` runs, the last of them the line whose
+/// digest is `last_line_sha256`.
+fn checkpoint_line(
+    key: &SigningKey,
+    entries: u64,
+    last_line_sha256: &str,
+) -> Result<Vec<u8>, AttestError> {
+    let signed = statement::sign(
         key,
-        object(&[
-            ("kind", Value::from(KIND_CHECKPOINT)),
-            ("line", Value::from(tail.entries + 2)),
-            ("entries", Value::from(tail.entries + 1)),
-        ]),
-        tail.entries + 2,
-        &sha256_hex(&entry),
+        LINE_SUBJECT,
+        last_line_sha256,
+        BUNDLE_CHECKPOINT,
+        &CheckpointPredicate {
+            line: entries + 1,
+            entries,
+        },
     )?;
-    let mut added = entry;
-    added.push(b'\n');
-    added.extend_from_slice(&checkpoint);
-    added.push(b'\n');
-    replace_tail(&mut file, &tail, &added)
+    Ok(canonical(&Value::Object(object(&[
+        ("kind", Value::from(KIND_CHECKPOINT)),
+        ("line", Value::from(entries + 1)),
+        ("entries", Value::from(entries)),
+        (SIGNED, to_value(&signed)),
+    ]))))
 }
 
 /// Where the next run goes: after `entries` runs, replacing the checkpoint
@@ -122,31 +224,34 @@ fn read_tail(file: &mut File, key: &SigningKey) -> Result<Tail, AttestError> {
             "the bundle's last line is not a JSON object".into(),
         ));
     };
-    let link: Envelope = fields
-        .remove("link")
-        .and_then(|v| serde_json::from_value(v).ok())
-        .ok_or_else(|| AttestError::Format("the bundle's last line has no link".into()))?;
-    let (digest, stated): (String, LinkPredicate) =
-        statement::open(&link, &key.public(), LINE_SUBJECT, BUNDLE_LINK)?;
-    let entries = fields.get("entries").and_then(Value::as_u64);
-    let is_checkpoint = fields.get("kind").and_then(Value::as_str) == Some(KIND_CHECKPOINT);
-    match entries {
-        Some(entries)
-            if is_checkpoint
-                && digest == sha256_hex(&canonical(&Value::Object(fields.clone())))
-                && stated.line == entries + 1 =>
-        {
-            Ok(Tail {
-                entries,
-                previous: stated.previous_line_sha256,
-                offset,
-                checkpoint,
-            })
-        }
-        _ => Err(AttestError::Incomplete(
+    let signed: Option<Envelope> = fields
+        .remove(SIGNED)
+        .and_then(|v| serde_json::from_value(v).ok());
+    let not_ours = || {
+        AttestError::Incomplete(
             "the bundle does not end with this key's checkpoint: it was cut short, changed, or signed by another key".into(),
-        )),
+        )
+    };
+    let signed = signed.ok_or_else(not_ours)?;
+    let (last_line, stated): (String, CheckpointPredicate) =
+        statement::open(&signed, &key.public(), LINE_SUBJECT, BUNDLE_CHECKPOINT)
+            .map_err(|_| not_ours())?;
+    let is_checkpoint = fields.get("kind").and_then(Value::as_str) == Some(KIND_CHECKPOINT);
+    let entries = fields.get("entries").and_then(Value::as_u64);
+    let line_number = fields.get("line").and_then(Value::as_u64);
+    if !is_checkpoint
+        || entries != Some(stated.entries)
+        || line_number != Some(stated.line)
+        || stated.line != stated.entries + 1
+    {
+        return Err(not_ours());
     }
+    Ok(Tail {
+        entries: stated.entries,
+        previous: last_line,
+        offset,
+        checkpoint,
+    })
 }
 
 /// Where the file's last line starts (it ends with a newline).
@@ -169,29 +274,36 @@ fn last_line_start(file: &mut File, len: u64) -> Result<u64, AttestError> {
     Ok(0)
 }
 
-/// Writes `added` in place of the checkpoint and syncs; on failure puts the
-/// old checkpoint back, so the bundle is as it was.
-fn replace_tail(file: &mut File, tail: &Tail, added: &[u8]) -> Result<(), AttestError> {
+/// An append that did not happen: why, and whether the file is as it was.
+struct Unwritten {
+    error: AttestError,
+    restored: bool,
+}
+
+/// Writes `added` in place of the checkpoint (and syncs, if asked); on
+/// failure puts the old checkpoint back, so the bundle is as it was.
+fn replace_tail(file: &mut File, tail: &Tail, added: &[u8], sync: bool) -> Result<(), Unwritten> {
     let written = file
         .seek(SeekFrom::Start(tail.offset))
         .and_then(|_| file.write_all(added))
         .and_then(|()| file.set_len(tail.offset + added.len() as u64))
+        .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+    let Err(e) = written else {
+        return Ok(());
+    };
+    let restored = file
+        .set_len(tail.offset)
+        .and_then(|()| file.seek(SeekFrom::Start(tail.offset)))
+        .and_then(|_| file.write_all(&tail.checkpoint))
         .and_then(|()| file.sync_data());
-    match written {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let restored = file
-                .set_len(tail.offset)
-                .and_then(|()| file.seek(SeekFrom::Start(tail.offset)))
-                .and_then(|_| file.write_all(&tail.checkpoint))
-                .and_then(|()| file.sync_data());
-            let what = match restored {
-                Ok(()) => "appending to the bundle (it is as it was)".to_string(),
-                Err(r) => format!("appending to the bundle, and putting it back ({r})"),
-            };
-            Err(io_error(&what, e))
-        }
-    }
+    let what = match &restored {
+        Ok(()) => "appending to the bundle (it is as it was)".to_string(),
+        Err(r) => format!("appending to the bundle, and putting it back ({r})"),
+    };
+    Err(Unwritten {
+        error: io_error(&what, e),
+        restored: restored.is_ok(),
+    })
 }
 
 /// Opens (or creates, owner-only) the bundle for an append. A bundle others

@@ -2,12 +2,14 @@
 //! holding the signer's public key can check later, line by line.
 //!
 //! Each run is one line holding the request as sent, the answer as
-//! received, and the run record signed as an in-toto statement. Every line
-//! also carries a signed link: the digest of the line itself and of the
-//! line before it, so a line removed, moved, added or changed breaks the
-//! chain at that point. The last line is a checkpoint, linked the same way
-//! and stating how many runs came before it: a bundle cut short has lost
-//! its checkpoint, and only the key's holder can write a new one.
+//! received, and one signed in-toto statement whose subject is the run
+//! record (by its own digest) and whose predicate places it: the record,
+//! its line number, and the digest of the line before it. So a line
+//! removed, moved or added breaks the chain where it was, and a line
+//! changed breaks it at the next line, whose statement names the old
+//! bytes. The last line is a checkpoint, signed over the digest of the
+//! line before it with the number of runs: a bundle cut short has lost its
+//! checkpoint, and only the key's holder can write a new one.
 //!
 //! Lines are in one canonical form (compact JSON, object keys sorted, as
 //! `serde_json::Value` writes them), so a line's digest is over exactly
@@ -24,32 +26,37 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::AttestError;
-use super::keys::SigningKey;
-use super::statement::{self, BUNDLE_LINK};
 
-pub use append::append_run;
+pub use append::{Appender, Durability, append_run};
 pub use verify::{verify, verify_bytes};
 
-/// The link statement's subject: the line it belongs to.
-const LINE_SUBJECT: &str = "bundle-line";
-/// The record statement's subject: the run record, by its own digest.
+/// A run statement's subject: the run record, by its own digest.
 const RECORD_SUBJECT: &str = "run-record";
+/// A checkpoint's subject: the line it closes the bundle after.
+const LINE_SUBJECT: &str = "bundle-line";
 const KIND_RUN: &str = "run";
 const KIND_CHECKPOINT: &str = "checkpoint";
+/// The key under which each line carries its signed statement.
+const SIGNED: &str = "signed";
 
-/// What a line's link states besides the line's own digest.
+/// What a run's statement says besides the record's digest.
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct LinkPredicate {
+struct RunPredicate {
+    /// The record as the daemon answered it.
+    record: Value,
     line: u64,
     /// SHA-256 of the previous line's bytes; empty for the first line.
     previous_line_sha256: String,
 }
 
-/// What a record statement carries: the record as the daemon answered it.
+/// What a checkpoint's statement says besides the last run line's digest.
 #[derive(Serialize, Deserialize)]
-struct RecordPredicate {
-    record: Value,
+#[serde(rename_all = "camelCase")]
+struct CheckpointPredicate {
+    line: u64,
+    /// How many runs the bundle holds before the checkpoint.
+    entries: u64,
 }
 
 /// Whether others may read the bundle file.
@@ -76,28 +83,6 @@ pub struct Verified {
     pub runs: usize,
     /// Request digests of the runs, in order.
     pub requests: Vec<String>,
-}
-
-/// `fields` with its link: the link signs the line as it is without one.
-fn signed_line(
-    key: &SigningKey,
-    mut fields: Map<String, Value>,
-    number: u64,
-    previous: &str,
-) -> Result<Vec<u8>, AttestError> {
-    let unlinked = canonical(&Value::Object(fields.clone()));
-    let link = statement::sign(
-        key,
-        LINE_SUBJECT,
-        &sha256_hex(&unlinked),
-        BUNDLE_LINK,
-        &LinkPredicate {
-            line: number,
-            previous_line_sha256: previous.to_string(),
-        },
-    )?;
-    fields.insert("link".into(), to_value(&link));
-    Ok(canonical(&Value::Object(fields)))
 }
 
 fn object(fields: &[(&str, Value)]) -> Map<String, Value> {
@@ -140,5 +125,16 @@ fn prefixed(e: AttestError, number: u64) -> AttestError {
         AttestError::Record(m) => AttestError::Record(at(m)),
         AttestError::Incomplete(m) => AttestError::Incomplete(at(m)),
         io @ AttestError::Io { .. } => io,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_lines_have_their_keys_sorted() {
+        let v: Value = serde_json::from_str(r#"{"b":1,"a":{"d":2,"c":3}}"#).expect("json");
+        assert_eq!(canonical(&v), br#"{"a":{"c":3,"d":2},"b":1}"#);
     }
 }

@@ -9,14 +9,14 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::{
-    Expect, KIND_CHECKPOINT, KIND_RUN, LINE_SUBJECT, LinkPredicate, RECORD_SUBJECT,
-    RecordPredicate, Verified, canonical, io_error, prefixed, sha256_hex,
+    CheckpointPredicate, Expect, KIND_CHECKPOINT, KIND_RUN, LINE_SUBJECT, RECORD_SUBJECT,
+    RunPredicate, SIGNED, Verified, canonical, io_error, prefixed, sha256_hex,
 };
 use crate::attest::AttestError;
 use crate::attest::check::{check_run, parse_run_request};
 use crate::attest::dsse::Envelope;
 use crate::attest::keys::VerifyingKey;
-use crate::attest::statement::{self, BUNDLE_LINK, RUN_RECORD};
+use crate::attest::statement::{self, BUNDLE_CHECKPOINT, RUN_RECORD};
 use crate::record::request_digest;
 use crate::wire::RunResponse;
 
@@ -56,10 +56,9 @@ pub fn verify_bytes(bytes: &[u8], key: &VerifyingKey) -> Result<Verified, Attest
         if canonical(&line) != *raw {
             return Err(AttestError::Format(at("not in canonical form".into())));
         }
-        let Value::Object(mut fields) = line else {
+        let Value::Object(fields) = line else {
             return Err(AttestError::Format(at("not a JSON object".into())));
         };
-        check_link(&mut fields, key, number, &previous).map_err(|e| prefixed(e, number))?;
         if fields.get("line").and_then(Value::as_u64) != Some(number) {
             return Err(AttestError::Format(at(
                 "its line number is not its place".into()
@@ -68,16 +67,14 @@ pub fn verify_bytes(bytes: &[u8], key: &VerifyingKey) -> Result<Verified, Attest
         let last = i + 1 == lines.len();
         match fields.get("kind").and_then(Value::as_str) {
             Some(KIND_RUN) => {
-                let request = check_run_line(&fields, key).map_err(|e| prefixed(e, number))?;
+                let request = check_run_line(&fields, key, number, &previous)
+                    .map_err(|e| prefixed(e, number))?;
                 verified.runs += 1;
                 verified.requests.push(request);
             }
             Some(KIND_CHECKPOINT) if last => {
-                if fields.get("entries").and_then(Value::as_u64) != Some(verified.runs as u64) {
-                    return Err(AttestError::Incomplete(at(
-                        "the checkpoint's count is not the number of runs before it".into(),
-                    )));
-                }
+                check_checkpoint(&fields, key, number, &previous, verified.runs)
+                    .map_err(|e| prefixed(e, number))?;
             }
             Some(KIND_CHECKPOINT) => {
                 return Err(AttestError::Format(at(
@@ -129,10 +126,15 @@ fn check_expected(v: &Verified, expect: &Expect) -> Result<(), AttestError> {
     }
 }
 
-/// A run line: its record statement is signed by `key` and names the
-/// answer's record, and that record checks against the request. Returns
-/// the request's digest.
-fn check_run_line(fields: &Map<String, Value>, key: &VerifyingKey) -> Result<String, AttestError> {
+/// A run line: its statement is signed by `key`, places it here after the
+/// line before it, and names the answer's record; and that record checks
+/// against the request. Returns the request's digest.
+fn check_run_line(
+    fields: &Map<String, Value>,
+    key: &VerifyingKey,
+    number: u64,
+    previous: &str,
+) -> Result<String, AttestError> {
     if fields.get("procedure").and_then(Value::as_str) != Some("Run") {
         return Err(AttestError::Format(
             "a run line for another procedure".into(),
@@ -144,21 +146,14 @@ fn check_run_line(fields: &Map<String, Value>, key: &VerifyingKey) -> Result<Str
     let response = fields
         .get("response")
         .ok_or_else(|| AttestError::Format("no answer".into()))?;
-    let envelope: Envelope = fields
-        .get("record")
-        .cloned()
-        .ok_or_else(|| AttestError::Format("no signed record".into()))
-        .and_then(|v| {
-            serde_json::from_value(v)
-                .map_err(|e| AttestError::Format(format!("the record envelope: {e}")))
-        })?;
-    let (subject, predicate): (String, RecordPredicate) =
-        statement::open(&envelope, key, RECORD_SUBJECT, RUN_RECORD)?;
+    let (subject, stated): (String, RunPredicate) =
+        statement::open(&signed(fields)?, key, RECORD_SUBJECT, RUN_RECORD)?;
+    placed(stated.line, &stated.previous_line_sha256, number, previous)?;
     let parsed = parse_run_request(&canonical(request))?;
     let answer: RunResponse = serde_json::from_value(response.clone())
         .map_err(|e| AttestError::Format(format!("the answer is not a Run answer: {e}")))?;
     check_run(&parsed, &answer)?;
-    if subject != answer.record.record_sha256 || Some(&predicate.record) != response.get("record") {
+    if subject != answer.record.record_sha256 || Some(&stated.record) != response.get("record") {
         return Err(AttestError::Record(
             "the signed record is not the answer's record".into(),
         ));
@@ -166,37 +161,55 @@ fn check_run_line(fields: &Map<String, Value>, key: &VerifyingKey) -> Result<Str
     Ok(request_digest(&parsed))
 }
 
-/// The line's link: signed by `key`, over this line without the link, at
-/// this place, after the line before it.
-fn check_link(
-    fields: &mut Map<String, Value>,
+/// The checkpoint: signed by `key`, closing the bundle right after the line
+/// before it, with as many runs as the bundle holds.
+fn check_checkpoint(
+    fields: &Map<String, Value>,
     key: &VerifyingKey,
     number: u64,
     previous: &str,
+    runs: usize,
 ) -> Result<(), AttestError> {
-    let link: Envelope = fields
-        .remove("link")
-        .ok_or_else(|| AttestError::Format("no link".into()))
-        .and_then(|v| {
-            serde_json::from_value(v).map_err(|e| AttestError::Format(format!("the link: {e}")))
-        })?;
-    let (digest, stated): (String, LinkPredicate) =
-        statement::open(&link, key, LINE_SUBJECT, BUNDLE_LINK)?;
-    if digest != sha256_hex(&canonical(&Value::Object(fields.clone()))) {
-        return Err(AttestError::Format(
-            "changed since it was signed (its link names other content)".into(),
-        ));
-    }
-    if stated.line != number {
-        return Err(AttestError::Format(format!(
-            "signed as line {}: lines were removed, moved or added",
-            stated.line
-        )));
-    }
-    if stated.previous_line_sha256 != previous {
-        return Err(AttestError::Format(
-            "the line before it is not the one it was signed after".into(),
+    let (last_line, stated): (String, CheckpointPredicate) =
+        statement::open(&signed(fields)?, key, LINE_SUBJECT, BUNDLE_CHECKPOINT)?;
+    placed(stated.line, &last_line, number, previous)?;
+    let written = fields.get("entries").and_then(Value::as_u64);
+    if stated.entries != runs as u64 || written != Some(stated.entries) {
+        return Err(AttestError::Incomplete(
+            "the checkpoint's count is not the number of runs before it".into(),
         ));
     }
     Ok(())
+}
+
+/// A signed place against the line's real one.
+fn placed(
+    signed_line: u64,
+    signed_previous: &str,
+    number: u64,
+    previous: &str,
+) -> Result<(), AttestError> {
+    if signed_line != number {
+        return Err(AttestError::Format(format!(
+            "signed as line {signed_line}: lines were removed, moved or added"
+        )));
+    }
+    if signed_previous != previous {
+        return Err(AttestError::Format(
+            "the line before it is not the one it was signed after (it was changed, removed or added)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The line's signed statement.
+fn signed(fields: &Map<String, Value>) -> Result<Envelope, AttestError> {
+    fields
+        .get(SIGNED)
+        .cloned()
+        .ok_or_else(|| AttestError::Format("no signed statement".into()))
+        .and_then(|v| {
+            serde_json::from_value(v)
+                .map_err(|e| AttestError::Format(format!("the signed statement: {e}")))
+        })
 }
