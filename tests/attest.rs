@@ -260,6 +260,14 @@ fn every_change_to_a_bundle_is_refused() {
     std::fs::write(at("cut"), &whole[..whole.len() - 40]).expect("write");
     assert_refused(&verify(&at("cut"), &r.public, &[]), "cut short");
 
+    // Something unsigned riding on the checkpoint.
+    let mut padded = good.clone();
+    let mut line: Value = serde_json::from_str(&padded[3]).expect("line");
+    line["approvedBy"] = json!("security-team");
+    padded[3] = line.to_string();
+    write_lines(&at("padded"), &padded);
+    assert_refused(&verify(&at("padded"), &r.public, &[]), "line 4");
+
     // The same runs in another encoding of the same JSON.
     let mut spaced = good.clone();
     spaced[0] = spaced[0].replacen(":", ": ", 1);
@@ -290,9 +298,10 @@ fn a_forger_without_the_key_cannot_sign_a_changed_run() {
         &r.bundle,
         &plimsoll_tests::js_run("1"),
     );
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    // Refused before the run is sent (2: nothing was sent).
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("not recorded"),
+        text(&out.stderr).contains("checkpoint"),
         "{}",
         text(&out.stderr)
     );
@@ -350,6 +359,18 @@ fn a_batch_with_runs_missing_is_refused() {
         &verify(&r.bundle, &r.public, &["--expect", s(&expect)]),
         "1 of the 4",
     );
+    // One run fewer expected than signed: the batch is not this one either.
+    std::fs::write(&expect, digests[..2].join("\n")).expect("w");
+    assert_refused(
+        &verify(&r.bundle, &r.public, &["--expect", s(&expect)]),
+        "not among",
+    );
+    // And an empty list expects nothing, so it vouches for nothing.
+    std::fs::write(&expect, "").expect("w");
+    assert_refused(
+        &verify(&r.bundle, &r.public, &["--expect", s(&expect)]),
+        "empty",
+    );
 }
 
 #[test]
@@ -391,6 +412,25 @@ fn a_record_that_does_not_check_is_never_signed() {
         ),
         // The floor asked for is above the tier the record states.
         ("below the floor", floor_req, real.clone()),
+        // Every digest right, and something no digest covers beside them.
+        (
+            "a claim inside the record",
+            plimsoll_tests::js_run("console.log(7)"),
+            {
+                let mut a = real.clone();
+                a["record"]["attestedIsolation"] = json!("vm");
+                a
+            },
+        ),
+        (
+            "a snake_case twin another reader would prefer",
+            plimsoll_tests::js_run("console.log(7)"),
+            {
+                let mut a = real.clone();
+                a["javascript"]["exit_code"] = json!(7);
+                a
+            },
+        ),
     ];
     for (what, request, answer) in cases {
         let app = axum::Router::new().route(
@@ -414,6 +454,26 @@ fn a_record_that_does_not_check_is_never_signed() {
             "{what}: the bundle changed"
         );
     }
+    // A refused record leaves no trace: not even an empty bundle.
+    let app = axum::Router::new().route(
+        "/plimsoll.v1.SandboxService/Run",
+        axum::routing::post(move || {
+            let mut a = real.clone();
+            a["javascript"]["stdout"] = json!("OAo=");
+            async move { axum::Json(a) }
+        }),
+    );
+    let url = rt.block_on(plimsoll_tests::serve_loopback(app));
+    let fresh = scratch.path("fresh.jsonl");
+    let out = sign(
+        &url,
+        &scratch.0,
+        &key,
+        &fresh,
+        &plimsoll_tests::js_run("console.log(7)"),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(!fresh.exists(), "a refused record created the bundle");
 }
 
 #[test]
@@ -426,7 +486,8 @@ fn a_bundle_others_can_read_is_refused_unless_shared() {
     std::fs::set_permissions(&bundle, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let request = plimsoll_tests::js_run("1");
     let out = sign(&d.url(""), &scratch.0, &key, &bundle, &request);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    // Refused before the run is sent (2: nothing was sent).
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("others"),
         "{}",
@@ -473,7 +534,7 @@ fn a_symlinked_bundle_is_not_followed() {
         &link,
         &plimsoll_tests::js_run("1"),
     );
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert_eq!(
         std::fs::read(&target).expect("read").len(),
         0,
@@ -566,4 +627,206 @@ fn plimsoll_run_signs_into_a_bundle_too() {
     assert_eq!(text(&out.stdout), "signed\n");
     let v = verify(&bundle, &public, &["--expect-count", "1"]);
     assert_eq!(v.status.code(), Some(0), "{}", text(&v.stderr));
+}
+
+/// The key ID `keygen` printed for the pair at `prefix`.
+fn keygen_id(dir: &Path, name: &str) -> (PathBuf, PathBuf, String) {
+    let prefix = dir.join(name);
+    let out = attest(None, &["keygen", "--out", s(&prefix)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let id = text(&out.stdout)
+        .trim()
+        .strip_prefix("key ID ")
+        .expect("key ID line")
+        .to_string();
+    (
+        prefix.with_extension("key"),
+        prefix.with_extension("pub"),
+        id,
+    )
+}
+
+#[test]
+fn a_daemon_with_a_key_vouches_for_each_record_it_seals() {
+    let scratch = Scratch::new("attest-receipts");
+    let (daemon_key, daemon_pub, daemon_id) = keygen_id(&scratch.0, "daemon");
+    let (key, public) = keygen(&scratch.0, "signer");
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_RECORD_SIGNING_KEY", s(&daemon_key)),
+    ]);
+    // Describe states which key the daemon signs with.
+    let describe = Command::new(cli())
+        .env_clear()
+        .env("PLIMSOLL_URL", d.url(""))
+        .args(["describe", "--json"])
+        .output()
+        .expect("describe");
+    let described: Value = serde_json::from_slice(&describe.stdout).expect("describe JSON");
+    assert_eq!(described["recordSigningKeyId"], json!(daemon_id));
+
+    let bundle = scratch.path("b.jsonl");
+    for code in ["console.log(1)", "console.log(2)"] {
+        let out = sign(
+            &d.url(""),
+            &scratch.0,
+            &key,
+            &bundle,
+            &plimsoll_tests::js_run(code),
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let answer: Value = serde_json::from_slice(&out.stdout).expect("answer");
+        assert!(answer["receipt"].is_object(), "{answer}");
+        // The audit line names the record, so a signed run can be found in
+        // the daemon's log.
+        let digest = answer["record"]["recordSha256"]
+            .as_str()
+            .expect("digest")
+            .to_string();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !d
+            .log_lines()
+            .iter()
+            .any(|l| l.contains("plimsoll::audit") && l.contains(&digest))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no audit line names {digest}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    let out = verify(&bundle, &public, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("2 daemon receipts present, not checked"));
+    let out = verify(&bundle, &public, &["--daemon-pub", s(&daemon_pub)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&format!(
+        "2 daemon receipts verified, signed by key ID {daemon_id}"
+    )));
+    // A receipt by a key other than the one Describe states is refused.
+    assert_refused(
+        &verify(&bundle, &public, &["--daemon-pub", s(&public)]),
+        "signature",
+    );
+    // The independent verifiers check the receipts too.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let theirs = Command::new(root.join(".venv-attest/bin/python"))
+        .arg(root.join("tests/attest/verify_with_others.py"))
+        .args([&bundle, &public])
+        .arg("--daemon-pub")
+        .arg(&daemon_pub)
+        .output()
+        .expect("independent verifiers");
+    assert_eq!(theirs.status.code(), Some(0), "{}", text(&theirs.stderr));
+    assert!(
+        text(&theirs.stdout).contains("5 envelopes verified"),
+        "{}",
+        text(&theirs.stdout)
+    );
+
+    // A bundle from a daemon that signs nothing does not pass as vouched.
+    let plain = plimsoll_tests::wasm_daemon();
+    let unvouched = scratch.path("plain.jsonl");
+    let out = sign(
+        &plain.url(""),
+        &scratch.0,
+        &key,
+        &unvouched,
+        &plimsoll_tests::js_run("1"),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_refused(
+        &verify(&unvouched, &public, &["--daemon-pub", s(&daemon_pub)]),
+        "no receipt",
+    );
+}
+
+#[test]
+fn a_record_signing_key_others_can_read_stops_the_daemon() {
+    let scratch = Scratch::new("attest-daemon-key");
+    let (daemon_key, _, _) = keygen_id(&scratch.0, "daemon");
+    std::fs::set_permissions(&daemon_key, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let started = Daemon::try_start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("PLIMSOLL_RECORD_SIGNING_KEY", s(&daemon_key)),
+    ]);
+    let log = started
+        .err()
+        .expect("the daemon started with a key others may read");
+    assert!(log.contains("PLIMSOLL_RECORD_SIGNING_KEY"), "{log}");
+    assert!(
+        !log.contains("PRIVATE KEY"),
+        "the key's text reached the log: {log}"
+    );
+}
+
+#[test]
+fn only_a_bundle_this_key_closed_is_extended() {
+    let r = three_runs();
+    let d = plimsoll_tests::wasm_daemon();
+    let good = lines(&r.bundle);
+    // The signer's own checkpoint, copied after nothing or after junk: the
+    // line before it is not the one it closes, so nothing is spliced on.
+    for (name, body) in [
+        ("copied", vec![good[3].clone()]),
+        ("junk", vec!["junk".to_string(), good[3].clone()]),
+        ("other", vec![good[0].clone(), good[3].clone()]),
+    ] {
+        let path = r.scratch.path(name);
+        write_lines(&path, &body);
+        let before = std::fs::read(&path).expect("read");
+        let out = sign(
+            &d.url(""),
+            &r.scratch.0,
+            &r.key,
+            &path,
+            &plimsoll_tests::js_run("1"),
+        );
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("checkpoint"),
+            "{name}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            before,
+            "{name}: changed"
+        );
+    }
+    // A bundle of another user's is not written to, whatever its mode.
+    let theirs = r.scratch.path("theirs.jsonl");
+    std::fs::copy(&r.bundle, &theirs).expect("copy");
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown");
+    let out = sign(
+        &d.url(""),
+        &r.scratch.0,
+        &r.key,
+        &theirs,
+        &plimsoll_tests::js_run("1"),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("another user"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn verify_reads_only_a_bounded_regular_file() {
+    let scratch = Scratch::new("attest-verify-files");
+    let (_, public) = keygen(&scratch.0, "k");
+    let out = verify(Path::new("/dev/zero"), &public, &[]);
+    assert_refused(&out, "not a regular file");
+    let fifo = scratch.path("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let t = std::time::Instant::now();
+    assert_refused(&verify(&fifo, &public, &[]), "not a regular file");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "waited on a FIFO"
+    );
 }

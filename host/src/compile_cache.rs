@@ -41,6 +41,8 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use crate::dirs::euid;
+
 /// Bumped whenever what is stored, or how, changes.
 const FORMAT: &[u8] = b"plimsoll-compile-cache-1";
 const DIGEST_LEN: usize = 32;
@@ -228,12 +230,6 @@ impl CompileCache {
 
 fn file_name(key: &str) -> OsString {
     OsString::from(format!("{key}.cwasm"))
-}
-
-/// The effective uid, which owns what the daemon creates.
-fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::api::settings::ListenerSettings;
+use crate::attest::receipts::Receipts;
 use crate::callers::settings::{Auth, CallerSettings};
 use crate::env_vars::{ConfigError, Env, Var, invalid, var};
 use crate::grants::Grants;
@@ -42,6 +43,7 @@ pub const PARTS: &[(&str, &[Var])] = &[
     ("replicas", crate::replicas::settings::VARIABLES),
     ("sessions", crate::sessions::settings::VARIABLES),
     ("grants", crate::grants::VARIABLES),
+    ("signed records", crate::attest::receipts::VARIABLES),
     ("providers", crate::providers::settings::VARIABLES),
     ("provider plugins", crate::plugin_host::settings::VARIABLES),
     ("docker", crate::backends::docker::settings::VARIABLES),
@@ -76,6 +78,8 @@ pub struct Config {
     /// How replicas forward session calls to one another, if they do.
     pub replicas: Option<crate::replicas::ReplicaSettings>,
     pub sessions: SessionSettings,
+    /// The key the daemon signs each record with, if one is configured.
+    pub receipts: Option<Arc<Receipts>>,
     /// The variables that were set (non-empty), for hardened mode's
     /// "explicit" checks.
     pub set: BTreeSet<String>,
@@ -124,6 +128,7 @@ impl Config {
         let hardened = part(&mut errors, env.flag("PLIMSOLL_HARDENED"));
         let listeners = part(&mut errors, ListenerSettings::from_env(&env));
         let grants = part(&mut errors, Grants::from_env(&env));
+        let receipts = part(&mut errors, Receipts::from_env(&env));
         let callers = part(&mut errors, CallerSettings::from_env(&env));
         let quotas = part(&mut errors, QuotaSettings::from_env(&env));
         let state = part(&mut errors, StateSettings::from_env(&env));
@@ -199,9 +204,10 @@ impl Config {
             Some(state),
             Some(replicas),
             Some(sessions),
+            Some(receipts),
         ) = (
             providers, log_format, hardened, listeners, grants, callers, quotas, state, replicas,
-            sessions,
+            sessions, receipts,
         )
         else {
             return Err(ConfigErrors(errors));
@@ -235,6 +241,7 @@ impl Config {
             state,
             replicas,
             sessions,
+            receipts: receipts.map(Arc::new),
             set,
             unknown,
         })

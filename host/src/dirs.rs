@@ -34,8 +34,7 @@ pub fn open_private(path: &Path) -> io::Result<(Dir, std::path::PathBuf)> {
         Err(e) => return Err(e),
     }
     let real = path.canonicalize()?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
+    let me = euid();
     for ancestor in real.ancestors().skip(1) {
         let m = std::fs::symlink_metadata(ancestor)?;
         let others_write = m.mode() & 0o022 != 0;
@@ -148,6 +147,13 @@ pub fn replace(dir: &Dir, name: &std::ffi::OsStr, bytes: &[u8], mode: u32) -> io
 /// itself is opened for lookups only, where fchown and fchmod do not work).
 pub fn self_path(dir: &Dir) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+}
+
+/// The effective uid: the user whose files the daemon (or the CLI) may
+/// trust as its own.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 #[cfg(test)]

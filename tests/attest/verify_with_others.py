@@ -36,6 +36,12 @@ from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
 
 IN_TOTO = "application/vnd.in-toto+json"
+# What each envelope must be about: subject name, predicate type.
+EXPECTED = {
+    "run": ("run-record", "urn:plimsoll:attest:run-record:v1"),
+    "checkpoint": ("bundle-line", "urn:plimsoll:attest:bundle-checkpoint:v1"),
+    "receipt": ("run-record", "urn:plimsoll:attest:run-receipt:v1"),
+}
 
 
 def fail(message):
@@ -100,24 +106,33 @@ def main():
         except ValueError as e:
             fail(f"line {n}: not JSON: {e}")
         kind = line.get("kind") if isinstance(line, dict) else None
-        if kind == "run":
-            names = ["signed"] + (["receipt"] if "receipt" in line else [])
-        elif kind == "checkpoint":
-            names = ["signed"]
-        else:
+        if kind not in ("run", "checkpoint"):
             fail(f"line {n}: kind {kind!r} is neither run nor checkpoint")
-        for name in names:
-            if name not in line:
+        # (envelope, key, subject name, predicate type) for each envelope the
+        # line carries: its own statement, and a run's receipt from the daemon.
+        envelopes = [(line.get("signed"), "signed") + EXPECTED[kind]]
+        receipt = line.get("response", {}).get("receipt") if kind == "run" else None
+        if receipt is not None:
+            envelopes.append((receipt, "receipt") + EXPECTED["receipt"])
+        for envelope, name, subject, predicate_type in envelopes:
+            if envelope is None:
                 fail(f"line {n}, {name}: missing")
             if name not in keys:
                 fail(f"line {n}, {name}: receipt present but no daemon key given")
             try:
-                statement = check(line[name], keys[name])
-                if kind == "run" and name == "signed":
-                    want = line["response"]["record"]["recordSha256"]
+                statement = check(envelope, keys[name])
+                if statement.get("predicateType") != predicate_type:
+                    raise ValueError(f"predicateType {statement.get('predicateType')!r}, not {predicate_type}")
+                names = [s.get("name") for s in statement["subject"]]
+                if names != [subject]:
+                    raise ValueError(f"subjects {names}, not [{subject!r}]")
+                if kind == "run":
+                    record = line["response"]["record"]
                     got = [s.get("digest", {}).get("sha256") for s in statement["subject"]]
-                    if got != [want]:
-                        raise ValueError(f"subject digest {got}, not the line's recordSha256 {want}")
+                    if got != [record["recordSha256"]]:
+                        raise ValueError(f"subject digest {got}, not the line's recordSha256")
+                    if statement["predicate"].get("record") != record:
+                        raise ValueError("the predicate's record is not the line's record")
             except Exception as e:  # whatever their code or ours raised, name where
                 fail(f"line {n}, {name}: {type(e).__name__}: {e}")
             verified += 1

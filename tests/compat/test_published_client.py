@@ -362,3 +362,28 @@ def test_callers_with_tokens():
         assert not any(token in line for line in d.lines)
     finally:
         d.stop()
+
+
+def test_a_daemon_signing_its_records_keeps_the_client_working(tmp_path):
+    """The receipt beside the record and the key ID in Describe are this
+    daemon's own fields: the published client must read past them and still
+    check every record."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key_file = tmp_path / "daemon.key"
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    d = Daemon({"SANDBOX_PROVIDER": "wasm", "PLIMSOLL_RECORD_SIGNING_KEY": str(key_file)})
+    try:
+        client = Client(d.url)
+        assert client.describe().provider == "wasm"
+        # The client recomputes the record's digests, as for any daemon.
+        result = client.run_javascript("console.log(6 * 7)", minimum_isolation="process")
+        assert result.stdout == b"42\n"
+        assert result.record is not None and result.record.version == 4
+    finally:
+        d.stop()

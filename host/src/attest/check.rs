@@ -29,6 +29,9 @@
 //! so the check cannot drift from what the daemon does.
 
 use super::AttestError;
+use serde_json::Value;
+
+use crate::admission;
 use crate::record;
 use crate::tier::Tier;
 use crate::wire::{self, RECORD_VERSION, RunRecord, RunRequest, RunResponse};
@@ -46,6 +49,31 @@ pub fn parse_run_request(body: &[u8]) -> Result<RunRequest, AttestError> {
         .map_err(|e| AttestError::Format(format!("malformed RunRequest: {e}")))
 }
 
+/// Reads a Run answer as the JSON it arrived as, refusing anything in it
+/// the answer types do not carry: a field no check covers (an "attested"
+/// flag inside the record, a result kind the digest leaves out, a
+/// snake_case twin another reader would prefer, a number too large to
+/// keep) would otherwise be signed beside what was checked. Only
+/// `callTrace`, which no digest covers by design, is set aside.
+pub fn answer_as_received(response: &Value) -> Result<RunResponse, AttestError> {
+    let answer: RunResponse = serde_json::from_value(response.clone())
+        .map_err(|e| AttestError::Format(format!("the answer is not a Run answer: {e}")))?;
+    let mut received = response.clone();
+    for result in ["javascript", "project"] {
+        if let Some(Value::Object(r)) = received.get_mut(result) {
+            r.remove("callTrace");
+        }
+    }
+    let read = serde_json::to_value(&answer)
+        .map_err(|e| AttestError::Format(format!("the answer: {e}")))?;
+    if read != received {
+        return Err(AttestError::Format(
+            "the answer carries fields or forms a Run answer does not have".into(),
+        ));
+    }
+    Ok(answer)
+}
+
 /// Checks a Run answer's record against the request sent (see the module
 /// documentation for the list). `Ok` means every check held.
 pub fn check_run(request: &RunRequest, response: &RunResponse) -> Result<(), AttestError> {
@@ -61,6 +89,7 @@ pub fn check_run(request: &RunRequest, response: &RunResponse) -> Result<(), Att
     }
 
     let asked = request_kind(request)?;
+    refused_unrun(request, asked, rec)?;
     let (answered, result_sha256) = result_of(response)?;
     if answered != asked {
         return Err(bad(format!(
@@ -261,12 +290,41 @@ fn meets_floor(rec: &RunRecord, req: &RunRequest) -> Result<(), AttestError> {
             req.minimum_isolation
         ))
     })?;
+    if tier == Tier::None {
+        return Err(bad(
+            "record.isolation is none: nothing runs at that tier, so no run answered it".into(),
+        ));
+    }
     match floor {
         Some(floor) if !tier.meets(floor) => Err(bad(format!(
             "record.isolation {tier} is below the request's minimumIsolation {floor}"
         ))),
         _ => Ok(()),
     }
+}
+
+/// What the daemon refuses before anything runs, whatever its limits: a
+/// record answering such a request says something that did not happen.
+/// The rule's membership test is the floor check's (pipeline/floor.rs),
+/// repeated here because a client has only the record's word for the
+/// software that ran.
+fn refused_unrun(req: &RunRequest, asked: Kind, rec: &RunRecord) -> Result<(), AttestError> {
+    if asked == Kind::Cell {
+        return Err(bad(
+            "request: a cell runs only inside a session; a Run never answers one".into(),
+        ));
+    }
+    if let Some(rule) = &req.software_rule {
+        admission::validate_rule(rule)
+            .map_err(|r| bad(format!("request.softwareRule: {}", r.message)))?;
+        if rec.software_identity.is_empty() || !rule.identities.contains(&rec.software_identity) {
+            return Err(bad(format!(
+                "record.softwareIdentity {:?} is not in the request's software rule",
+                rec.software_identity
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

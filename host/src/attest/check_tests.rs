@@ -62,6 +62,7 @@ fn sealed(req: &RunRequest, ev: &record::Evidence<'_>, output: Output) -> RunRes
         javascript,
         project,
         cell,
+        receipt: None,
     }
 }
 
@@ -151,7 +152,7 @@ fn refused(req: &RunRequest, resp: &RunResponse, field: &str) {
 
 #[test]
 fn answers_as_the_daemon_seals_them_check() {
-    for (req, resp) in [javascript_run(), project_run(), cell_run()] {
+    for (req, resp) in [javascript_run(), project_run()] {
         check_run(&req, &resp).expect("checks");
     }
 }
@@ -160,7 +161,7 @@ fn answers_as_the_daemon_seals_them_check() {
 fn answers_check_after_a_trip_through_their_json() {
     // The daemon writes the answer; the client reads it back into the
     // same types and recomputes the digests from what it read.
-    for (req, resp) in [javascript_run(), project_run(), cell_run()] {
+    for (req, resp) in [javascript_run(), project_run()] {
         let bytes = serde_json::to_vec(&resp).expect("serialises");
         let read: RunResponse = serde_json::from_slice(&bytes).expect("reads back");
         check_run(&req, &read).expect("checks from bytes");
@@ -194,10 +195,44 @@ fn a_changed_artifact_byte_is_refused() {
 }
 
 #[test]
-fn a_changed_cell_flag_is_refused() {
-    let (req, mut resp) = cell_run();
-    resp.cell.as_mut().expect("cell").interpreter_ended = true;
-    refused(&req, &resp, "record.resultSha256");
+fn a_cell_answered_through_run_is_refused() {
+    // Every digest right, but the daemon refuses a cell outside a session
+    // before running it: no Run ever answered one.
+    let (req, resp) = cell_run();
+    refused(&req, &resp, "a cell runs only inside a session");
+}
+
+#[test]
+fn software_outside_the_rule_and_the_none_tier_are_refused() {
+    let rule = |mode: &str, ids: &str| {
+        parse_run_request(
+            format!(
+                r#"{{"protocol":4,"softwareRule":{{"mode":"{mode}","identities":[{ids}]}},"javascript":{{"code":"1"}}}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("parses")
+    };
+    let mut ev = EV;
+    ev.software_identity = "evil-runtime:1.0";
+    // The record names its software; the rule names another.
+    let req = rule("exact", r#""quickjs-wasm:sha256:03""#);
+    let resp = sealed(&req, &ev, Output::JavaScript(JavaScriptResult::default()));
+    refused(&req, &resp, "record.softwareIdentity");
+    // A rule the daemon refuses as malformed.
+    let req = rule("bogus", r#""evil-runtime:1.0""#);
+    let resp = sealed(&req, &ev, Output::JavaScript(JavaScriptResult::default()));
+    refused(&req, &resp, "request.softwareRule");
+    // The rule holds here: the same record checks.
+    let req = rule("exact", r#""evil-runtime:1.0""#);
+    let resp = sealed(&req, &ev, Output::JavaScript(JavaScriptResult::default()));
+    check_run(&req, &resp).expect("checks");
+    // Nothing runs at tier none.
+    let mut none = EV;
+    none.isolation = "none";
+    let (req, _) = javascript_run();
+    let resp = sealed(&req, &none, Output::JavaScript(JavaScriptResult::default()));
+    refused(&req, &resp, "record.isolation is none");
 }
 
 #[test]
@@ -265,7 +300,7 @@ fn the_none_tier_meets_no_floor() {
         ..EV
     };
     let resp = sealed(&req, &ev, Output::JavaScript(javascript_result()));
-    refused(&req, &resp, "below the request's minimumIsolation");
+    refused(&req, &resp, "record.isolation is none");
 }
 
 #[test]

@@ -23,6 +23,7 @@ pub mod check;
 pub mod dsse;
 pub mod error;
 pub mod keys;
+pub mod receipts;
 pub mod statement;
 
 pub use error::AttestError;

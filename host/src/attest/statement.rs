@@ -21,6 +21,8 @@ pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 pub const RUN_RECORD: &str = "urn:plimsoll:attest:run-record:v1";
 pub const SESSION_CLOSE: &str = "urn:plimsoll:attest:session-close:v1";
 pub const BUNDLE_CHECKPOINT: &str = "urn:plimsoll:attest:bundle-checkpoint:v1";
+/// A daemon's receipt for a record it sealed (`receipts`).
+pub const RUN_RECEIPT: &str = "urn:plimsoll:attest:run-receipt:v1";
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Statement<P> {

@@ -153,6 +153,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             metrics: metrics.clone(),
             sessions: cfg.sessions.clone(),
             replicas,
+            receipts: cfg.receipts.clone(),
         },
     ));
     let ev = daemon.evidence();

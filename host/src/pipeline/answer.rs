@@ -94,6 +94,8 @@ pub fn seal(
             javascript,
             project,
             cell,
+            // Signed in dispatch, where the daemon's key is.
+            receipt: None,
         },
         exit_code,
         timed_out,

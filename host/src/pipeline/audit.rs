@@ -92,16 +92,29 @@ impl<'a> AuditLine<'a> {
         self
     }
 
-    /// A run that answered: its exit code, whether it timed out, and a
-    /// project's outcome.
-    pub fn answered(&self, exit_code: i32, timed_out: bool, outcome: Option<&str>) {
-        self.write(Some(exit_code), Some(timed_out), None, outcome);
+    /// A run that answered: its exit code, whether it timed out, a
+    /// project's outcome, and the digest of its record (a hash the caller
+    /// was given too, so a signed record can be found in the log).
+    pub fn answered(
+        &self,
+        exit_code: i32,
+        timed_out: bool,
+        outcome: Option<&str>,
+        record_sha256: &str,
+    ) {
+        self.write(
+            Some(exit_code),
+            Some(timed_out),
+            None,
+            outcome,
+            Some(record_sha256),
+        );
     }
 
     /// A run that failed after it may have started; `error_id` joins the
     /// caller's answer to the detailed log line.
     pub fn failed(&self, error_id: &str) {
-        self.write(None, None, Some(error_id), None);
+        self.write(None, None, Some(error_id), None, None);
     }
 
     fn write(
@@ -110,6 +123,7 @@ impl<'a> AuditLine<'a> {
         timed_out: Option<bool>,
         error_id: Option<&str>,
         outcome: Option<&str>,
+        record_sha256: Option<&str>,
     ) {
         tracing::info!(
             target: "plimsoll::audit",
@@ -126,6 +140,7 @@ impl<'a> AuditLine<'a> {
             exit_code,
             timed_out,
             error_id,
+            record_sha256,
             trace_id = self.trace_id,
             trace_id_rejected = self.trace_id_rejected,
             grant_profile = self.grant_profile,

@@ -107,7 +107,7 @@ impl Daemon {
         }
         match dispatched {
             Ok(output) => {
-                let sealed = answer::seal(
+                let mut sealed = answer::seal(
                     work.req,
                     work.evidence,
                     output,
@@ -115,7 +115,15 @@ impl Daemon {
                     (started_wall, elapsed_ms),
                     link,
                 );
-                audit.answered(sealed.exit_code, sealed.timed_out, sealed.outcome);
+                if let Some(receipts) = &self.receipts {
+                    sealed.response.receipt = receipts.sign(&sealed.response.record);
+                }
+                audit.answered(
+                    sealed.exit_code,
+                    sealed.timed_out,
+                    sealed.outcome,
+                    &sealed.response.record.record_sha256,
+                );
                 Ok(sealed)
             }
             Err(RunFailure::NotDispatched(refusal)) => Err(Undone::Refused(refusal)),

@@ -20,6 +20,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Semaphore;
 
 use crate::admission::{self, Limits};
+use crate::attest::receipts::Receipts;
 use crate::callers::Caller;
 use crate::grants::{Grants, Profile, broker};
 use crate::job::{Payload, ProjectInput};
@@ -69,6 +70,8 @@ pub struct Daemon {
     sessions: Arc<Registry>,
     /// Forwarding of session calls to the replica holding the session.
     replicas: Option<Arc<Replicas>>,
+    /// The daemon's signature on each record it seals, if configured.
+    receipts: Option<Arc<Receipts>>,
 }
 
 /// Everything a daemon is built from besides its provider.
@@ -80,6 +83,7 @@ pub struct Options {
     pub metrics: Arc<Metrics>,
     pub sessions: SessionSettings,
     pub replicas: Option<Arc<Replicas>>,
+    pub receipts: Option<Arc<Receipts>>,
 }
 
 impl Daemon {
@@ -111,6 +115,7 @@ impl Daemon {
             metrics: o.metrics,
             sessions,
             replicas: o.replicas,
+            receipts: o.receipts,
         }
     }
 
@@ -251,6 +256,11 @@ impl Daemon {
             sandbox: ev.sandbox.clone(),
             isolation: ev.tier.as_str().to_string(),
             protocol: PROTOCOL,
+            record_signing_key_id: self
+                .receipts
+                .as_ref()
+                .map(|r| r.key_id().to_string())
+                .unwrap_or_default(),
             ..Default::default()
         };
         if offer.javascript {

@@ -278,6 +278,11 @@ pub struct RunResponse {
     pub project: Option<ProjectResult>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cell: Option<CellResult>,
+    /// The daemon's signature on `record` (a DSSE envelope, see
+    /// `attest::receipts`), when it has a record signing key: this
+    /// daemon's own field, which clients that do not know it skip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -472,6 +477,10 @@ pub struct DescribeResponse {
     pub max_sessions_per_caller: u32,
     #[serde(skip_serializing_if = "is_zero_u32")]
     pub max_sessions_per_owner: u32,
+    /// The ID of the key the daemon signs records with (this daemon's own
+    /// field; empty when it signs none).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub record_signing_key_id: String,
 }
 
 #[cfg(test)]

@@ -252,8 +252,9 @@ fn run_response_reads_back() {
         javascript: Some(javascript_result()),
         project: Some(project_result()),
         cell: Some(cell_result()),
+        receipt: Some(serde_json::json!({"payload": "e30=", "signatures": []})),
     };
-    round_trip(&resp, 10, |back| {
+    round_trip(&resp, 11, |back| {
         for t in [
             &mut back.javascript.as_mut().expect("javascript").call_trace,
             &mut back.project.as_mut().expect("project").call_trace,

@@ -14,11 +14,10 @@ use super::{
     SIGNED, Sharing, canonical, io_error, object, sha256_hex, to_value,
 };
 use crate::attest::AttestError;
-use crate::attest::check::{check_run, parse_run_request};
+use crate::attest::check::{answer_as_received, check_run, parse_run_request};
 use crate::attest::dsse::Envelope;
 use crate::attest::keys::SigningKey;
 use crate::attest::statement::{self, BUNDLE_CHECKPOINT, RUN_RECORD};
-use crate::wire::RunResponse;
 
 /// Whether each append is on disk before it returns.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -42,7 +41,31 @@ pub fn append_run(
     request: &Value,
     response: &Value,
 ) -> Result<(), AttestError> {
-    Appender::open(path, key, sharing, Durability::Synced)?.append_run(request, response)
+    // Checked before the file is opened: a record that does not check
+    // leaves no trace, not even an empty bundle.
+    let run = Checked::new(request, response)?;
+    Appender::open(path, key, sharing, Durability::Synced)?.append(&run)
+}
+
+/// A run whose record checked against its request, as received: the only
+/// thing an appender signs.
+pub struct Checked<'a> {
+    request: &'a Value,
+    response: &'a Value,
+    record_sha256: String,
+}
+
+impl<'a> Checked<'a> {
+    pub fn new(request: &'a Value, response: &'a Value) -> Result<Self, AttestError> {
+        let parsed = parse_run_request(&canonical(request))?;
+        let answer = answer_as_received(response)?;
+        check_run(&parsed, &answer)?;
+        Ok(Checked {
+            request,
+            response,
+            record_sha256: answer.record.record_sha256,
+        })
+    }
 }
 
 /// A bundle held open to append runs to: its checkpoint is read and checked
@@ -83,26 +106,25 @@ impl<'k> Appender<'k> {
     /// record that does not is never signed. If the write fails, the file
     /// is put back as it was.
     pub fn append_run(&mut self, request: &Value, response: &Value) -> Result<(), AttestError> {
+        self.append(&Checked::new(request, response)?)
+    }
+
+    fn append(&mut self, run: &Checked<'_>) -> Result<(), AttestError> {
         if self.broken {
             return Err(AttestError::Format(
                 "an earlier append could not be undone; reopen the bundle".into(),
             ));
         }
         let key = self.key;
-        let sent = canonical(request);
-        let parsed = parse_run_request(&sent)?;
-        let answer: RunResponse = serde_json::from_value(response.clone())
-            .map_err(|e| AttestError::Format(format!("the answer is not a Run answer: {e}")))?;
-        check_run(&parsed, &answer)?;
         let tail = &self.tail;
         let number = tail.entries + 1;
         let signed = statement::sign(
             key,
             RECORD_SUBJECT,
-            &answer.record.record_sha256,
+            &run.record_sha256,
             RUN_RECORD,
             &RunPredicate {
-                record: response.get("record").cloned().unwrap_or(Value::Null),
+                record: run.response.get("record").cloned().unwrap_or(Value::Null),
                 line: number,
                 previous_line_sha256: tail.previous.clone(),
             },
@@ -111,10 +133,17 @@ impl<'k> Appender<'k> {
             ("kind", Value::from(KIND_RUN)),
             ("line", Value::from(number)),
             ("procedure", Value::from("Run")),
-            ("request", request.clone()),
-            ("response", response.clone()),
+            ("request", run.request.clone()),
+            ("response", run.response.clone()),
             (SIGNED, to_value(&signed)),
         ])));
+        // The line must read back as written: an answer nested as deep as
+        // the parser allows is one level too deep inside a line.
+        if serde_json::from_slice::<Value>(&entry).is_err() {
+            return Err(AttestError::Format(
+                "the answer would not read back from a bundle line (nested too deep)".into(),
+            ));
+        }
         let checkpoint = checkpoint_line(key, number, &sha256_hex(&entry))?;
         let mut added = entry;
         added.push(b'\n');
@@ -246,12 +275,28 @@ fn read_tail(file: &mut File, key: &SigningKey) -> Result<Tail, AttestError> {
     {
         return Err(not_ours());
     }
+    // The line before the checkpoint must be the one it closes: a file
+    // that ends with one of this key's checkpoints after anything else (a
+    // copied checkpoint, lines of another bundle) is not extended.
+    if offset == 0 || last_line_sha256(file, offset)? != last_line {
+        return Err(not_ours());
+    }
     Ok(Tail {
         entries: stated.entries,
         previous: last_line,
         offset,
         checkpoint,
     })
+}
+
+/// The digest of the line that ends (with its newline) at `end`.
+fn last_line_sha256(file: &mut File, end: u64) -> Result<String, AttestError> {
+    let start = last_line_start(file, end)?;
+    let mut line = vec![0u8; (end - 1 - start) as usize];
+    file.seek(SeekFrom::Start(start))
+        .and_then(|_| file.read_exact(&mut line))
+        .map_err(|e| io_error("reading the bundle", e))?;
+    Ok(sha256_hex(&line))
 }
 
 /// Where the file's last line starts (it ends with a newline).
@@ -324,6 +369,12 @@ fn open_for_append(path: &Path, sharing: Sharing) -> Result<File, AttestError> {
     if !meta.file_type().is_file() {
         return Err(AttestError::Format(format!(
             "{} is not a regular file",
+            path.display()
+        )));
+    }
+    if meta.uid() != crate::dirs::euid() && sharing == Sharing::Private {
+        return Err(AttestError::Key(format!(
+            "{} belongs to another user; use a file of your own, or ask for a shared bundle",
             path.display()
         )));
     }

@@ -81,6 +81,9 @@ pub enum Expect {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Verified {
     pub runs: usize,
+    /// Runs whose answer carries the daemon's receipt (each checked, if
+    /// the daemon's key was given).
+    pub receipts: usize,
     /// Request digests of the runs, in order.
     pub requests: Vec<String>,
 }

@@ -2,8 +2,9 @@
 //! checked against its request and answer, the checkpoint at the end, and
 //! what the caller expected of the runs.
 
-use std::fs::File;
+use std::fs::OpenOptions;
 use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use serde_json::{Map, Value};
@@ -13,27 +14,70 @@ use super::{
     RunPredicate, SIGNED, Verified, canonical, io_error, prefixed, sha256_hex,
 };
 use crate::attest::AttestError;
-use crate::attest::check::{check_run, parse_run_request};
+use crate::attest::check::{answer_as_received, check_run, parse_run_request};
 use crate::attest::dsse::Envelope;
 use crate::attest::keys::VerifyingKey;
+use crate::attest::receipts;
 use crate::attest::statement::{self, BUNDLE_CHECKPOINT, RUN_RECORD};
 use crate::record::request_digest;
-use crate::wire::RunResponse;
 
-/// Checks every line of the bundle at `path` with `key`, then what the
-/// caller expected of it.
-pub fn verify(path: &Path, key: &VerifyingKey, expect: &Expect) -> Result<Verified, AttestError> {
-    let mut bytes = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(|e| io_error(&format!("reading {}", path.display()), e))?;
-    let verified = verify_bytes(&bytes, key)?;
+/// Checks every line of the bundle at `path` with `key` (and every run's
+/// receipt with `daemon`, if given), then what the caller expected of it.
+pub fn verify(
+    path: &Path,
+    key: &VerifyingKey,
+    daemon: Option<&VerifyingKey>,
+    expect: &Expect,
+) -> Result<Verified, AttestError> {
+    let bytes = read_bundle(path)?;
+    let verified = verify_bytes(&bytes, key, daemon)?;
     check_expected(&verified, expect)?;
     Ok(verified)
 }
 
-/// The lines' checks, on the bundle's bytes.
-pub fn verify_bytes(bytes: &[u8], key: &VerifyingKey) -> Result<Verified, AttestError> {
+/// The largest bundle read: far past any batch of runs (a run line holds at
+/// most an 8 MiB request and its answer), and short of exhausting memory.
+const MAX_BUNDLE_BYTES: u64 = 4 << 30;
+
+/// The bundle's bytes, from a regular file only (opened without blocking,
+/// so a FIFO or a device named as a bundle is refused, not waited on or
+/// read forever), and no more than `MAX_BUNDLE_BYTES`.
+fn read_bundle(path: &Path) -> Result<Vec<u8>, AttestError> {
+    let shown = path.display();
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| io_error(&format!("opening {shown}"), e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| io_error(&format!("reading {shown}"), e))?;
+    if !meta.is_file() {
+        return Err(AttestError::Format(format!(
+            "{shown} is not a regular file"
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_BUNDLE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_error(&format!("reading {shown}"), e))?;
+    if bytes.len() as u64 > MAX_BUNDLE_BYTES {
+        return Err(AttestError::Format(format!(
+            "{shown} is larger than any bundle this reads ({} GiB)",
+            MAX_BUNDLE_BYTES >> 30
+        )));
+    }
+    Ok(bytes)
+}
+
+/// The lines' checks, on the bundle's bytes. With `daemon`, every run must
+/// carry a receipt by that key for its record: the bundle then shows the
+/// daemon vouched for each run, not only that the signer was answered.
+pub fn verify_bytes(
+    bytes: &[u8],
+    key: &VerifyingKey,
+    daemon: Option<&VerifyingKey>,
+) -> Result<Verified, AttestError> {
     if bytes.is_empty() {
         return Err(AttestError::Incomplete("the bundle is empty".into()));
     }
@@ -45,6 +89,7 @@ pub fn verify_bytes(bytes: &[u8], key: &VerifyingKey) -> Result<Verified, Attest
     let mut previous = String::new();
     let mut verified = Verified {
         runs: 0,
+        receipts: 0,
         requests: Vec::new(),
     };
     let lines: Vec<&[u8]> = body.split(|b| *b == b'\n').collect();
@@ -65,10 +110,21 @@ pub fn verify_bytes(bytes: &[u8], key: &VerifyingKey) -> Result<Verified, Attest
             )));
         }
         let last = i + 1 == lines.len();
-        match fields.get("kind").and_then(Value::as_str) {
+        let kind = fields.get("kind").and_then(Value::as_str);
+        if let Some(keys) = kind.and_then(line_keys)
+            && !fields.keys().map(String::as_str).eq(keys.iter().copied())
+        {
+            return Err(AttestError::Format(at(format!(
+                "a {} line holds exactly {keys:?}",
+                kind.unwrap_or_default()
+            ))));
+        }
+        match kind {
             Some(KIND_RUN) => {
                 let request = check_run_line(&fields, key, number, &previous)
                     .map_err(|e| prefixed(e, number))?;
+                let receipt = check_receipt(&fields, daemon).map_err(|e| prefixed(e, number))?;
+                verified.receipts += usize::from(receipt);
                 verified.runs += 1;
                 verified.requests.push(request);
             }
@@ -93,6 +149,16 @@ pub fn verify_bytes(bytes: &[u8], key: &VerifyingKey) -> Result<Verified, Attest
     Ok(verified)
 }
 
+/// The keys a line of each kind holds, in the canonical (sorted) order:
+/// nothing unsigned can ride along on a line.
+fn line_keys(kind: &str) -> Option<&'static [&'static str]> {
+    match kind {
+        KIND_RUN => Some(&["kind", "line", "procedure", "request", "response", SIGNED]),
+        KIND_CHECKPOINT => Some(&["entries", "kind", "line", SIGNED]),
+        _ => None,
+    }
+}
+
 /// The runs a bundle holds against what the caller expected: a batch with
 /// runs missing fails here even when every line it holds is good.
 fn check_expected(v: &Verified, expect: &Expect) -> Result<(), AttestError> {
@@ -103,7 +169,12 @@ fn check_expected(v: &Verified, expect: &Expect) -> Result<(), AttestError> {
             "expected {n} runs, the bundle holds {}",
             v.runs
         ))),
+        Expect::Requests(wanted) if wanted.is_empty() => Err(AttestError::Incomplete(
+            "the list of expected runs is empty: it would accept any bundle".into(),
+        )),
         Expect::Requests(wanted) => {
+            // The batch exactly: each listed request as many times as
+            // listed, and nothing else.
             let mut held = v.requests.clone();
             let mut missing = 0;
             for w in wanted {
@@ -114,13 +185,16 @@ fn check_expected(v: &Verified, expect: &Expect) -> Result<(), AttestError> {
                     None => missing += 1,
                 }
             }
-            if missing == 0 {
-                Ok(())
-            } else {
-                Err(AttestError::Incomplete(format!(
+            match (missing, held.len()) {
+                (0, 0) => Ok(()),
+                (0, extra) => Err(AttestError::Incomplete(format!(
+                    "the bundle holds {extra} runs that are not among the {} expected",
+                    wanted.len()
+                ))),
+                (missing, _) => Err(AttestError::Incomplete(format!(
                     "{missing} of the {} expected runs are not in the bundle",
                     wanted.len()
-                )))
+                ))),
             }
         }
     }
@@ -150,8 +224,7 @@ fn check_run_line(
         statement::open(&signed(fields)?, key, RECORD_SUBJECT, RUN_RECORD)?;
     placed(stated.line, &stated.previous_line_sha256, number, previous)?;
     let parsed = parse_run_request(&canonical(request))?;
-    let answer: RunResponse = serde_json::from_value(response.clone())
-        .map_err(|e| AttestError::Format(format!("the answer is not a Run answer: {e}")))?;
+    let answer = answer_as_received(response)?;
     check_run(&parsed, &answer)?;
     if subject != answer.record.record_sha256 || Some(&stated.record) != response.get("record") {
         return Err(AttestError::Record(
@@ -180,6 +253,29 @@ fn check_checkpoint(
         ));
     }
     Ok(())
+}
+
+/// A run's receipt, checked with the daemon's key when one is given (then
+/// a run without one is refused). Says whether the run carries one.
+fn check_receipt(
+    fields: &Map<String, Value>,
+    daemon: Option<&VerifyingKey>,
+) -> Result<bool, AttestError> {
+    let response = fields.get("response");
+    let receipt = response.and_then(|r| r.get("receipt"));
+    match (receipt, daemon) {
+        (Some(receipt), Some(key)) => {
+            let record = response
+                .and_then(|r| r.get("record"))
+                .unwrap_or(&Value::Null);
+            receipts::check(receipt, key, record)?;
+            Ok(true)
+        }
+        (None, Some(_)) => Err(AttestError::Record(
+            "the answer carries no receipt from the daemon".into(),
+        )),
+        (receipt, None) => Ok(receipt.is_some()),
+    }
 }
 
 /// A signed place against the line's real one.

@@ -2,7 +2,7 @@
 //!
 //!   plimsoll attest keygen --out PREFIX
 //!   plimsoll attest run --bundle FILE [--key FILE] [--shared-bundle] [--url URL] REQUEST.json
-//!   plimsoll attest verify --pub FILE [--expect FILE | --expect-count N] BUNDLE
+//!   plimsoll attest verify --pub FILE [--daemon-pub FILE] [--expect FILE | --expect-count N] BUNDLE
 //!
 //! `run` sends the request as one Run, prints the answer as JSON, and
 //! appends the signed run to the bundle, but only if its record checks
@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use plimsoll::attest::bundle::{self, Expect, Sharing};
+use plimsoll::attest::bundle::{self, Appender, Durability, Expect, Sharing};
 use plimsoll::attest::keys::{self, SigningKey, VerifyingKey};
 use serde_json::Value;
 
@@ -71,6 +71,10 @@ pub struct VerifyArgs {
     /// The signer's public key (PREFIX.pub).
     #[arg(long = "pub")]
     public: PathBuf,
+    /// The daemon's public key: every run must then carry the daemon's
+    /// receipt, signed with it, for its record.
+    #[arg(long = "daemon-pub")]
+    daemon_public: Option<PathBuf>,
     /// A file of request digests, one per line: each must be in the bundle.
     #[arg(long, conflicts_with = "expect_count")]
     expect: Option<PathBuf>,
@@ -133,7 +137,7 @@ pub(crate) struct Signer {
 
 impl Signer {
     pub(crate) fn new(bundle: PathBuf, key: Option<&Path>, shared: bool) -> Result<Signer, String> {
-        Ok(Signer {
+        let signer = Signer {
             bundle,
             key: signing_key(key)?,
             sharing: if shared {
@@ -141,7 +145,20 @@ impl Signer {
             } else {
                 Sharing::Private
             },
-        })
+        };
+        // A bundle that exists is checked now, before the run is sent: one
+        // this signer would refuse to extend refuses the run instead of
+        // letting it happen unrecorded. (The append checks again.)
+        if std::fs::symlink_metadata(&signer.bundle).is_ok() {
+            Appender::open(
+                &signer.bundle,
+                &signer.key,
+                signer.sharing,
+                Durability::Synced,
+            )
+            .map_err(|e| format!("{}: {e}", signer.bundle.display()))?;
+        }
+        Ok(signer)
     }
 
     /// Appends the run, if its record checks against the request.
@@ -156,6 +173,11 @@ fn verify(args: VerifyArgs) -> ExitCode {
         Ok(k) => k,
         Err(e) => return fail(EXIT_USAGE, &e.to_string()),
     };
+    let daemon = match args.daemon_public.as_deref().map(VerifyingKey::load) {
+        Some(Ok(k)) => Some(k),
+        Some(Err(e)) => return fail(EXIT_USAGE, &e.to_string()),
+        None => None,
+    };
     let expect = match (&args.expect, args.expect_count) {
         (Some(file), _) => match expected_requests(file) {
             Ok(digests) => Expect::Requests(digests),
@@ -164,13 +186,25 @@ fn verify(args: VerifyArgs) -> ExitCode {
         (None, Some(n)) => Expect::Count(n),
         (None, None) => Expect::Nothing,
     };
-    match bundle::verify(&args.bundle, &key, &expect) {
+    match bundle::verify(&args.bundle, &key, daemon.as_ref(), &expect) {
         Ok(v) => {
             println!(
                 "{} runs verified, signed by key ID {}",
                 v.runs,
                 key.key_id()
             );
+            match &daemon {
+                Some(d) => println!(
+                    "{} daemon receipts verified, signed by key ID {}",
+                    v.receipts,
+                    d.key_id()
+                ),
+                None if v.receipts > 0 => println!(
+                    "{} daemon receipts present, not checked (give --daemon-pub)",
+                    v.receipts
+                ),
+                None => {}
+            }
             ExitCode::SUCCESS
         }
         Err(e) => fail(EXIT_NOT_VERIFIED, &format!("not verified: {e}")),

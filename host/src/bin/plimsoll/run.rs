@@ -114,7 +114,15 @@ pub fn run(args: RunArgs) -> ExitCode {
     }
     // Output is printed as the run writes it, where the provider passes it
     // on early; what was not streamed is printed from the answer.
-    let (answer, streamed) = match stream(&api, &request, budget) {
+    // A run to be signed is asked with `Run` and printed from its answer:
+    // what the terminal shows is then exactly what the record checks and
+    // the bundle keeps, never output streamed before it.
+    let asked = if signer.is_some() {
+        call(&api, "Run", &request, budget).map(|a| (a, false))
+    } else {
+        stream(&api, &request, budget)
+    };
+    let (answer, streamed) = match asked {
         Ok(a) => a,
         Err(code) => return code,
     };
