@@ -41,14 +41,20 @@ fn keygen(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     (prefix.with_extension("key"), prefix.with_extension("pub"))
 }
 
-/// Writes `request` and signs its run into `bundle`.
-fn sign(d_url: &str, dir: &Path, key: &Path, bundle: &Path, request: &Value) -> Output {
+/// Writes `request` beside `bundle` and signs its run into `bundle`.
+fn sign(d_url: &str, key: &Path, bundle: &Path, request: &Value) -> Output {
+    let dir = bundle.parent().expect("the bundle's directory");
     let file = dir.join(format!("req-{}.json", rand_tag()));
     std::fs::write(&file, request.to_string()).expect("write request");
     attest(
         Some(d_url),
         &["run", "--key", s(key), "--bundle", s(bundle), s(&file)],
     )
+}
+
+/// Signs the run of JavaScript `code` into `bundle`.
+fn sign_js(d_url: &str, key: &Path, bundle: &Path, code: &str) -> Output {
+    sign(d_url, key, bundle, &plimsoll_tests::js_run(code))
 }
 
 fn rand_tag() -> u128 {
@@ -113,13 +119,7 @@ fn three_runs() -> Signed {
         "console.log(2)",
         "throw new Error('three')",
     ] {
-        let out = sign(
-            &d.url(""),
-            &scratch.0,
-            &key,
-            &bundle,
-            &plimsoll_tests::js_run(code),
-        );
+        let out = sign_js(&d.url(""), &key, &bundle, code);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let answer: Value = serde_json::from_slice(&out.stdout).expect("the answer, as JSON");
         assert_eq!(answer["isolation"], "process");
@@ -291,13 +291,7 @@ fn a_forger_without_the_key_cannot_sign_a_changed_run() {
     let r = three_runs();
     let d = plimsoll_tests::wasm_daemon();
     let (forger, _) = keygen(&r.scratch.0, "forger");
-    let out = sign(
-        &d.url(""),
-        &r.scratch.0,
-        &forger,
-        &r.bundle,
-        &plimsoll_tests::js_run("1"),
-    );
+    let out = sign_js(&d.url(""), &forger, &r.bundle, "1");
     // Refused before the run is sent (2: nothing was sent).
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
@@ -309,13 +303,7 @@ fn a_forger_without_the_key_cannot_sign_a_changed_run() {
     assert_eq!(verify(&r.bundle, &r.public, &[]).status.code(), Some(0));
     // A fresh bundle signed by the forger is refused under the signer's key.
     let forged = r.scratch.path("forged.jsonl");
-    let out = sign(
-        &d.url(""),
-        &r.scratch.0,
-        &forger,
-        &forged,
-        &plimsoll_tests::js_run("1"),
-    );
+    let out = sign_js(&d.url(""), &forger, &forged, "1");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_refused(&verify(&forged, &r.public, &[]), "signature");
     drop(r.key);
@@ -381,13 +369,7 @@ fn a_record_that_does_not_check_is_never_signed() {
     let scratch = Scratch::new("attest-check");
     let (key, _) = keygen(&scratch.0, "signer");
     let bundle = scratch.path("b.jsonl");
-    let ok = sign(
-        &d.url(""),
-        &scratch.0,
-        &key,
-        &bundle,
-        &plimsoll_tests::js_run("console.log(7)"),
-    );
+    let ok = sign_js(&d.url(""), &key, &bundle, "console.log(7)");
     assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
     let real: Value = serde_json::from_slice(&ok.stdout).expect("answer");
     let before = std::fs::read(&bundle).expect("read");
@@ -441,7 +423,7 @@ fn a_record_that_does_not_check_is_never_signed() {
             }),
         );
         let url = rt.block_on(plimsoll_tests::serve_loopback(app));
-        let out = sign(&url, &scratch.0, &key, &bundle, &request);
+        let out = sign(&url, &key, &bundle, &request);
         assert_eq!(out.status.code(), Some(3), "{what}: {}", text(&out.stderr));
         assert!(
             text(&out.stderr).contains("not recorded"),
@@ -465,13 +447,7 @@ fn a_record_that_does_not_check_is_never_signed() {
     );
     let url = rt.block_on(plimsoll_tests::serve_loopback(app));
     let fresh = scratch.path("fresh.jsonl");
-    let out = sign(
-        &url,
-        &scratch.0,
-        &key,
-        &fresh,
-        &plimsoll_tests::js_run("console.log(7)"),
-    );
+    let out = sign_js(&url, &key, &fresh, "console.log(7)");
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     assert!(!fresh.exists(), "a refused record created the bundle");
 }
@@ -485,7 +461,7 @@ fn a_bundle_others_can_read_is_refused_unless_shared() {
     std::fs::write(&bundle, "").expect("create");
     std::fs::set_permissions(&bundle, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let request = plimsoll_tests::js_run("1");
-    let out = sign(&d.url(""), &scratch.0, &key, &bundle, &request);
+    let out = sign(&d.url(""), &key, &bundle, &request);
     // Refused before the run is sent (2: nothing was sent).
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
@@ -527,13 +503,7 @@ fn a_symlinked_bundle_is_not_followed() {
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let link = scratch.path("b.jsonl");
     std::os::unix::fs::symlink(&target, &link).expect("symlink");
-    let out = sign(
-        &d.url(""),
-        &scratch.0,
-        &key,
-        &link,
-        &plimsoll_tests::js_run("1"),
-    );
+    let out = sign_js(&d.url(""), &key, &link, "1");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert_eq!(
         std::fs::read(&target).expect("read").len(),
@@ -550,13 +520,7 @@ fn a_failed_append_leaves_the_bundle_as_it_was() {
     let scratch = Scratch::new("attest-efbig");
     let (key, public) = keygen(&scratch.0, "signer");
     let bundle = scratch.path("b.jsonl");
-    let ok = sign(
-        &d.url(""),
-        &scratch.0,
-        &key,
-        &bundle,
-        &plimsoll_tests::js_run("1"),
-    );
+    let ok = sign_js(&d.url(""), &key, &bundle, "1");
     assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
     let before = std::fs::read(&bundle).expect("read");
     let request = scratch.path("req.json");
@@ -589,13 +553,7 @@ fn a_failed_append_leaves_the_bundle_as_it_was() {
         "the bundle was left changed"
     );
     // And it is still a bundle the signer extends.
-    let again = sign(
-        &d.url(""),
-        &scratch.0,
-        &key,
-        &bundle,
-        &plimsoll_tests::js_run("2"),
-    );
+    let again = sign_js(&d.url(""), &key, &bundle, "2");
     assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
     assert_eq!(
         verify(&bundle, &public, &["--expect-count", "2"])
@@ -667,13 +625,7 @@ fn a_daemon_with_a_key_vouches_for_each_record_it_seals() {
 
     let bundle = scratch.path("b.jsonl");
     for code in ["console.log(1)", "console.log(2)"] {
-        let out = sign(
-            &d.url(""),
-            &scratch.0,
-            &key,
-            &bundle,
-            &plimsoll_tests::js_run(code),
-        );
+        let out = sign_js(&d.url(""), &key, &bundle, code);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let answer: Value = serde_json::from_slice(&out.stdout).expect("answer");
         assert!(answer["receipt"].is_object(), "{answer}");
@@ -728,13 +680,7 @@ fn a_daemon_with_a_key_vouches_for_each_record_it_seals() {
     // A bundle from a daemon that signs nothing does not pass as vouched.
     let plain = plimsoll_tests::wasm_daemon();
     let unvouched = scratch.path("plain.jsonl");
-    let out = sign(
-        &plain.url(""),
-        &scratch.0,
-        &key,
-        &unvouched,
-        &plimsoll_tests::js_run("1"),
-    );
+    let out = sign_js(&plain.url(""), &key, &unvouched, "1");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_refused(
         &verify(&unvouched, &public, &["--daemon-pub", s(&daemon_pub)]),
@@ -776,13 +722,7 @@ fn only_a_bundle_this_key_closed_is_extended() {
         let path = r.scratch.path(name);
         write_lines(&path, &body);
         let before = std::fs::read(&path).expect("read");
-        let out = sign(
-            &d.url(""),
-            &r.scratch.0,
-            &r.key,
-            &path,
-            &plimsoll_tests::js_run("1"),
-        );
+        let out = sign_js(&d.url(""), &r.key, &path, "1");
         assert_eq!(out.status.code(), Some(2), "{name}: {}", text(&out.stderr));
         assert!(
             text(&out.stderr).contains("checkpoint"),
@@ -799,13 +739,7 @@ fn only_a_bundle_this_key_closed_is_extended() {
     let theirs = r.scratch.path("theirs.jsonl");
     std::fs::copy(&r.bundle, &theirs).expect("copy");
     std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown");
-    let out = sign(
-        &d.url(""),
-        &r.scratch.0,
-        &r.key,
-        &theirs,
-        &plimsoll_tests::js_run("1"),
-    );
+    let out = sign_js(&d.url(""), &r.key, &theirs, "1");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("another user"),

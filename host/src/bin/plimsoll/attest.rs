@@ -15,21 +15,19 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use plimsoll::attest::bundle::{self, Appender, Durability, Expect, Sharing};
-use plimsoll::attest::keys::{self, SigningKey, VerifyingKey};
-use serde_json::Value;
+use plimsoll::attest::bundle::{self, Expect};
+use plimsoll::attest::keys::{self, VerifyingKey};
 
 use crate::client::Api;
 use crate::local_files::read_request;
 use crate::run::{EXIT_USAGE, call, fail};
+use crate::signer::Signer;
 
 /// The answer came but is not in the bundle: its record did not check, or
 /// the bundle could not be written.
 const EXIT_NOT_RECORDED: u8 = 3;
 /// A bundle that does not verify.
 const EXIT_NOT_VERIFIED: u8 = 1;
-/// Where a signing key may come from instead of a file: its PEM text.
-const KEY_VAR: &str = "PLIMSOLL_ATTEST_KEY";
 
 #[derive(Subcommand)]
 pub enum Action {
@@ -127,47 +125,6 @@ fn sign_run(args: RunArgs) -> ExitCode {
     }
 }
 
-/// A bundle and the key that signs runs into it, checked before any run is
-/// sent (`plimsoll attest run`, and `plimsoll run --bundle`).
-pub(crate) struct Signer {
-    bundle: PathBuf,
-    key: SigningKey,
-    sharing: Sharing,
-}
-
-impl Signer {
-    pub(crate) fn new(bundle: PathBuf, key: Option<&Path>, shared: bool) -> Result<Signer, String> {
-        let signer = Signer {
-            bundle,
-            key: signing_key(key)?,
-            sharing: if shared {
-                Sharing::Shared
-            } else {
-                Sharing::Private
-            },
-        };
-        // A bundle that exists is checked now, before the run is sent: one
-        // this signer would refuse to extend refuses the run instead of
-        // letting it happen unrecorded. (The append checks again.)
-        if std::fs::symlink_metadata(&signer.bundle).is_ok() {
-            Appender::open(
-                &signer.bundle,
-                &signer.key,
-                signer.sharing,
-                Durability::Synced,
-            )
-            .map_err(|e| format!("{}: {e}", signer.bundle.display()))?;
-        }
-        Ok(signer)
-    }
-
-    /// Appends the run, if its record checks against the request.
-    pub(crate) fn record(&self, request: &Value, answer: &Value) -> Result<(), String> {
-        bundle::append_run(&self.bundle, &self.key, self.sharing, request, answer)
-            .map_err(|e| format!("not recorded: {e}"))
-    }
-}
-
 fn verify(args: VerifyArgs) -> ExitCode {
     let key = match VerifyingKey::load(&args.public) {
         Ok(k) => k,
@@ -208,18 +165,6 @@ fn verify(args: VerifyArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => fail(EXIT_NOT_VERIFIED, &format!("not verified: {e}")),
-    }
-}
-
-fn signing_key(file: Option<&Path>) -> Result<SigningKey, String> {
-    match file {
-        Some(path) => SigningKey::load(path).map_err(|e| e.to_string()),
-        None => match std::env::var(KEY_VAR) {
-            Ok(pem) if !pem.is_empty() => {
-                SigningKey::from_pkcs8_pem(pem.as_bytes()).map_err(|e| format!("{KEY_VAR}: {e}"))
-            }
-            _ => Err(format!("no signing key: give --key FILE or set {KEY_VAR}")),
-        },
     }
 }
 

@@ -18,6 +18,7 @@ mod client;
 mod local_files;
 mod mcp;
 mod run;
+mod signer;
 
 use std::process::ExitCode;
 

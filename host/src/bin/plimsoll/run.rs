@@ -20,9 +20,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::attest::Signer;
 use crate::client::{self, Api, Failure, shown};
 use crate::local_files::{check_artifact_names, project_files, read_snippet, write_artifacts};
+use crate::signer::Signer;
 
 pub const EXIT_NOT_DISPATCHED: u8 = 125;
 pub const EXIT_UNKNOWN: u8 = 126;
