@@ -12,7 +12,7 @@
 //! docs/cli.md for what they print and their exit codes. `callers` manages
 //! the callers file on this machine.
 
-mod attest;
+mod attest_cli;
 mod callers;
 mod client;
 mod local_files;
@@ -52,7 +52,7 @@ enum Command {
     /// Signed run records: keys, signing runs into a bundle, verifying one.
     Attest {
         #[command(subcommand)]
-        action: attest::Action,
+        action: attest_cli::Action,
     },
 }
 
@@ -61,7 +61,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Describe(args) => run::describe(args),
         Command::Mcp(args) => mcp::run(args),
-        Command::Attest { action } => attest::run(action),
+        Command::Attest { action } => attest_cli::run(action),
         Command::Callers { action } => match callers::run(action) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
