@@ -184,13 +184,13 @@ fn a_signed_bundle_verifies_with_ours_and_with_theirs() {
         .mode()
         & 0o777;
     assert_eq!(mode, 0o600, "a new bundle is owner-only");
-    // Three runs and a checkpoint, each line one signed statement: four
-    // envelopes, each standard DSSE around in-toto v1.
-    assert_eq!(lines(&r.bundle).len(), 4);
+    // Three runs, each followed by its checkpoint, each line one signed
+    // statement: six envelopes, each standard DSSE around in-toto v1.
+    assert_eq!(lines(&r.bundle).len(), 6);
     let theirs = others_verify(&r.bundle, &r.public);
     assert_eq!(theirs.status.code(), Some(0), "{}", text(&theirs.stderr));
     assert!(
-        text(&theirs.stdout).contains("4 envelopes verified"),
+        text(&theirs.stdout).contains("6 envelopes verified"),
         "{}",
         text(&theirs.stdout)
     );
@@ -229,7 +229,7 @@ fn every_change_to_a_bundle_is_refused() {
     // A field no digest covers (the answer's duration), changed in a middle
     // run: the next line's statement names the old bytes; in the last run,
     // the checkpoint does.
-    for (index, refused_at) in [(1, "line 3"), (2, "line 4")] {
+    for (index, refused_at) in [(2, "line 4"), (4, "line 6")] {
         let mut timed = good.clone();
         let mut line: Value = serde_json::from_str(&timed[index]).expect("line");
         line["response"]["durationMs"] = json!("999");
@@ -254,7 +254,7 @@ fn every_change_to_a_bundle_is_refused() {
     assert_refused(&verify(&at("added"), &r.public, &[]), "line 2");
 
     // Cut short: no checkpoint, or half a line.
-    write_lines(&at("no-checkpoint"), &good[..3]);
+    write_lines(&at("no-checkpoint"), &good[..5]);
     assert_refused(&verify(&at("no-checkpoint"), &r.public, &[]), "checkpoint");
     let whole = std::fs::read(&r.bundle).expect("read");
     std::fs::write(at("cut"), &whole[..whole.len() - 40]).expect("write");
@@ -262,11 +262,11 @@ fn every_change_to_a_bundle_is_refused() {
 
     // Something unsigned riding on the checkpoint.
     let mut padded = good.clone();
-    let mut line: Value = serde_json::from_str(&padded[3]).expect("line");
+    let mut line: Value = serde_json::from_str(&padded[5]).expect("line");
     line["approvedBy"] = json!("security-team");
-    padded[3] = line.to_string();
+    padded[5] = line.to_string();
     write_lines(&at("padded"), &padded);
-    assert_refused(&verify(&at("padded"), &r.public, &[]), "line 4");
+    assert_refused(&verify(&at("padded"), &r.public, &[]), "line 6");
 
     // The same runs in another encoding of the same JSON.
     let mut spaced = good.clone();
@@ -299,7 +299,7 @@ fn a_forger_without_the_key_cannot_sign_a_changed_run() {
         "{}",
         text(&out.stderr)
     );
-    assert_eq!(lines(&r.bundle).len(), 4, "the bundle was changed");
+    assert_eq!(lines(&r.bundle).len(), 6, "the bundle was changed");
     assert_eq!(verify(&r.bundle, &r.public, &[]).status.code(), Some(0));
     // A fresh bundle signed by the forger is refused under the signer's key.
     let forged = r.scratch.path("forged.jsonl");
@@ -323,8 +323,9 @@ fn a_batch_with_runs_missing_is_refused() {
         "expected 4",
     );
     // The request digests the daemon recorded, one per line.
-    let digests: Vec<String> = lines(&r.bundle)[..3]
+    let digests: Vec<String> = lines(&r.bundle)
         .iter()
+        .step_by(2)
         .map(|l| {
             let v: Value = serde_json::from_str(l).expect("line");
             v["response"]["record"]["requestSha256"]
@@ -672,7 +673,7 @@ fn a_daemon_with_a_key_vouches_for_each_record_it_seals() {
         .expect("independent verifiers");
     assert_eq!(theirs.status.code(), Some(0), "{}", text(&theirs.stderr));
     assert!(
-        text(&theirs.stdout).contains("5 envelopes verified"),
+        text(&theirs.stdout).contains("6 envelopes verified"),
         "{}",
         text(&theirs.stdout)
     );
@@ -715,9 +716,9 @@ fn only_a_bundle_this_key_closed_is_extended() {
     // The signer's own checkpoint, copied after nothing or after junk: the
     // line before it is not the one it closes, so nothing is spliced on.
     for (name, body) in [
-        ("copied", vec![good[3].clone()]),
-        ("junk", vec!["junk".to_string(), good[3].clone()]),
-        ("other", vec![good[0].clone(), good[3].clone()]),
+        ("copied", vec![good[5].clone()]),
+        ("junk", vec!["junk".to_string(), good[5].clone()]),
+        ("other", vec![good[0].clone(), good[5].clone()]),
     ] {
         let path = r.scratch.path(name);
         write_lines(&path, &body);
@@ -763,4 +764,69 @@ fn verify_reads_only_a_bounded_regular_file() {
         t.elapsed() < std::time::Duration::from_secs(5),
         "waited on a FIFO"
     );
+}
+
+#[test]
+fn an_append_cut_by_a_crash_is_refused_until_repaired() {
+    // What a kill part way through an append leaves: the last checkpoint
+    // before it whole, then a run line and part of its checkpoint (or part
+    // of the run line). Nothing earlier was rewritten.
+    let r = three_runs();
+    let d = plimsoll_tests::wasm_daemon();
+    let whole = std::fs::read(&r.bundle).expect("read");
+    let good = lines(&r.bundle);
+    let after_two = good[..4].join("\n").len() + 1;
+    for (name, cut) in [
+        ("into the checkpoint", whole.len() - 30),
+        ("into the run line", after_two + 50),
+    ] {
+        let torn = r.scratch.path("torn.jsonl");
+        std::fs::write(&torn, &whole[..cut]).expect("write");
+        std::fs::set_permissions(&torn, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert_refused(&verify(&torn, &r.public, &[]), "cut short");
+        let out = sign_js(&d.url(""), &r.key, &torn, "1");
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("repair"),
+            "{name}: {}",
+            text(&out.stderr)
+        );
+        let fixed = attest(None, &["repair", "--key", s(&r.key), s(&torn)]);
+        assert_eq!(
+            fixed.status.code(),
+            Some(0),
+            "{name}: {}",
+            text(&fixed.stderr)
+        );
+        assert!(
+            text(&fixed.stdout).contains("2 runs remain"),
+            "{name}: {}",
+            text(&fixed.stdout)
+        );
+        // The two runs before the torn append verify, and the bundle grows
+        // again from there.
+        let out = verify(&torn, &r.public, &["--expect-count", "2"]);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+        let out = sign_js(&d.url(""), &r.key, &torn, "1");
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+        let out = verify(&torn, &r.public, &["--expect-count", "3"]);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+    }
+    // A whole bundle is left alone; more than one append's worth of damage
+    // is not a torn append, and is not cut.
+    let out = attest(None, &["repair", "--key", s(&r.key), s(&r.bundle)]);
+    assert!(
+        text(&out.stdout).contains("nothing removed"),
+        "{}",
+        text(&out.stdout)
+    );
+    let wrecked = r.scratch.path("wrecked.jsonl");
+    write_lines(
+        &wrecked,
+        &[good[..2].join("\n"), "x".into(), "y".into(), "z".into()],
+    );
+    let before = std::fs::read(&wrecked).expect("read");
+    let out = attest(None, &["repair", "--key", s(&r.key), s(&wrecked)]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert_eq!(std::fs::read(&wrecked).expect("read"), before);
 }

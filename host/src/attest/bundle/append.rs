@@ -1,21 +1,23 @@
-//! Appending a run: its record checked, signed, and written in place of
-//! the checkpoint with a new checkpoint after it, the file put back as it
-//! was if the write fails.
+//! Appending a run: its record checked, signed, and written after the
+//! bundle's end with a new checkpoint after it. Nothing already in the file
+//! is rewritten, so a write cut short by a crash leaves every earlier
+//! checkpoint whole (`tail::repair` cuts the torn end off), and a write
+//! that fails with an error is undone by cutting the file back.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use serde_json::Value;
 
+use super::tail::{Tail, read_tail};
 use super::{
     CheckpointPredicate, KIND_CHECKPOINT, KIND_RUN, LINE_SUBJECT, RECORD_SUBJECT, RunPredicate,
     SIGNED, Sharing, canonical, io_error, object, sha256_hex, to_value,
 };
 use crate::attest::AttestError;
 use crate::attest::check::{answer_as_received, check_run, parse_run_request};
-use crate::attest::dsse::Envelope;
 use crate::attest::keys::SigningKey;
 use crate::attest::statement::{self, BUNDLE_CHECKPOINT, RUN_RECORD};
 
@@ -117,7 +119,7 @@ impl<'k> Appender<'k> {
         }
         let key = self.key;
         let tail = &self.tail;
-        let number = tail.entries + 1;
+        let number = tail.lines + 1;
         let signed = statement::sign(
             key,
             RECORD_SUBJECT,
@@ -144,21 +146,21 @@ impl<'k> Appender<'k> {
                 "the answer would not read back from a bundle line (nested too deep)".into(),
             ));
         }
-        let checkpoint = checkpoint_line(key, number, &sha256_hex(&entry))?;
+        let entries = tail.entries + 1;
+        let checkpoint = checkpoint_line(key, number + 1, entries, &sha256_hex(&entry))?;
+        let previous = sha256_hex(&checkpoint);
         let mut added = entry;
         added.push(b'\n');
-        let entry_len = added.len() as u64;
-        let entry_sha256 = sha256_hex(&added[..added.len() - 1]);
         added.extend_from_slice(&checkpoint);
         added.push(b'\n');
         let sync = self.durability == Durability::Synced;
-        match replace_tail(&mut self.file, &self.tail, &added, sync) {
+        match write_at_end(&mut self.file, self.tail.len, &added, sync) {
             Ok(()) => {
                 self.tail = Tail {
-                    entries: self.tail.entries + 1,
-                    previous: entry_sha256,
-                    offset: self.tail.offset + entry_len,
-                    checkpoint: added[entry_len as usize..].to_vec(),
+                    lines: number + 1,
+                    entries,
+                    previous,
+                    len: self.tail.len + added.len() as u64,
                 };
                 Ok(())
             }
@@ -185,10 +187,11 @@ impl Drop for Appender<'_> {
     }
 }
 
-/// The checkpoint after `entries` runs, the last of them the line whose
-/// digest is `last_line_sha256`.
+/// The checkpoint at line `line`, after `entries` runs, closing the line
+/// whose digest is `last_line_sha256`.
 fn checkpoint_line(
     key: &SigningKey,
+    line: u64,
     entries: u64,
     last_line_sha256: &str,
 ) -> Result<Vec<u8>, AttestError> {
@@ -197,126 +200,14 @@ fn checkpoint_line(
         LINE_SUBJECT,
         last_line_sha256,
         BUNDLE_CHECKPOINT,
-        &CheckpointPredicate {
-            line: entries + 1,
-            entries,
-        },
+        &CheckpointPredicate { line, entries },
     )?;
     Ok(canonical(&Value::Object(object(&[
         ("kind", Value::from(KIND_CHECKPOINT)),
-        ("line", Value::from(entries + 1)),
+        ("line", Value::from(line)),
         ("entries", Value::from(entries)),
         (SIGNED, to_value(&signed)),
     ]))))
-}
-
-/// Where the next run goes: after `entries` runs, replacing the checkpoint
-/// that starts at `offset` (the file's end for a new bundle).
-struct Tail {
-    entries: u64,
-    /// Digest of the last run line (empty for a new bundle).
-    previous: String,
-    offset: u64,
-    /// The checkpoint's bytes, to put back if an append fails.
-    checkpoint: Vec<u8>,
-}
-
-/// Reads the bundle's checkpoint, checked with the signer's own key: a
-/// bundle someone else closed, or one cut short, is not extended. Only
-/// the last line is read, so an append costs the same in a bundle of any
-/// length.
-fn read_tail(file: &mut File, key: &SigningKey) -> Result<Tail, AttestError> {
-    let len = file
-        .metadata()
-        .map_err(|e| io_error("reading the bundle", e))?
-        .len();
-    if len == 0 {
-        return Ok(Tail {
-            entries: 0,
-            previous: String::new(),
-            offset: 0,
-            checkpoint: Vec::new(),
-        });
-    }
-    let offset = last_line_start(file, len)?;
-    let mut checkpoint = Vec::new();
-    file.seek(SeekFrom::Start(offset))
-        .and_then(|_| file.read_to_end(&mut checkpoint))
-        .map_err(|e| io_error("reading the bundle", e))?;
-    let line = checkpoint.strip_suffix(b"\n").ok_or_else(|| {
-        AttestError::Incomplete(
-            "the bundle does not end with a whole line: it was cut short".into(),
-        )
-    })?;
-    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(line) else {
-        return Err(AttestError::Format(
-            "the bundle's last line is not a JSON object".into(),
-        ));
-    };
-    let signed: Option<Envelope> = fields
-        .remove(SIGNED)
-        .and_then(|v| serde_json::from_value(v).ok());
-    let not_ours = || {
-        AttestError::Incomplete(
-            "the bundle does not end with this key's checkpoint: it was cut short, changed, or signed by another key".into(),
-        )
-    };
-    let signed = signed.ok_or_else(not_ours)?;
-    let (last_line, stated): (String, CheckpointPredicate) =
-        statement::open(&signed, &key.public(), LINE_SUBJECT, BUNDLE_CHECKPOINT)
-            .map_err(|_| not_ours())?;
-    let is_checkpoint = fields.get("kind").and_then(Value::as_str) == Some(KIND_CHECKPOINT);
-    let entries = fields.get("entries").and_then(Value::as_u64);
-    let line_number = fields.get("line").and_then(Value::as_u64);
-    if !is_checkpoint
-        || entries != Some(stated.entries)
-        || line_number != Some(stated.line)
-        || stated.line != stated.entries + 1
-    {
-        return Err(not_ours());
-    }
-    // The line before the checkpoint must be the one it closes: a file
-    // that ends with one of this key's checkpoints after anything else (a
-    // copied checkpoint, lines of another bundle) is not extended.
-    if offset == 0 || last_line_sha256(file, offset)? != last_line {
-        return Err(not_ours());
-    }
-    Ok(Tail {
-        entries: stated.entries,
-        previous: last_line,
-        offset,
-        checkpoint,
-    })
-}
-
-/// The digest of the line that ends (with its newline) at `end`.
-fn last_line_sha256(file: &mut File, end: u64) -> Result<String, AttestError> {
-    let start = last_line_start(file, end)?;
-    let mut line = vec![0u8; (end - 1 - start) as usize];
-    file.seek(SeekFrom::Start(start))
-        .and_then(|_| file.read_exact(&mut line))
-        .map_err(|e| io_error("reading the bundle", e))?;
-    Ok(sha256_hex(&line))
-}
-
-/// Where the file's last line starts (it ends with a newline).
-fn last_line_start(file: &mut File, len: u64) -> Result<u64, AttestError> {
-    const CHUNK: u64 = 64 * 1024;
-    // The last byte is the line's own newline; search before it.
-    let mut end = len - 1;
-    let mut buf = vec![0u8; CHUNK as usize];
-    while end > 0 {
-        let start = end.saturating_sub(CHUNK);
-        let n = (end - start) as usize;
-        file.seek(SeekFrom::Start(start))
-            .and_then(|_| file.read_exact(&mut buf[..n]))
-            .map_err(|e| io_error("reading the bundle", e))?;
-        if let Some(at) = buf[..n].iter().rposition(|b| *b == b'\n') {
-            return Ok(start + at as u64 + 1);
-        }
-        end = start;
-    }
-    Ok(0)
 }
 
 /// An append that did not happen: why, and whether the file is as it was.
@@ -325,25 +216,20 @@ struct Unwritten {
     restored: bool,
 }
 
-/// Writes `added` in place of the checkpoint (and syncs, if asked); on
-/// failure puts the old checkpoint back, so the bundle is as it was.
-fn replace_tail(file: &mut File, tail: &Tail, added: &[u8], sync: bool) -> Result<(), Unwritten> {
+/// Writes `added` at `len`, the bundle's end (and syncs, if asked); on
+/// failure cuts the file back to `len`, so the bundle is as it was.
+fn write_at_end(file: &mut File, len: u64, added: &[u8], sync: bool) -> Result<(), Unwritten> {
     let written = file
-        .seek(SeekFrom::Start(tail.offset))
+        .seek(SeekFrom::Start(len))
         .and_then(|_| file.write_all(added))
-        .and_then(|()| file.set_len(tail.offset + added.len() as u64))
         .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
     let Err(e) = written else {
         return Ok(());
     };
-    let restored = file
-        .set_len(tail.offset)
-        .and_then(|()| file.seek(SeekFrom::Start(tail.offset)))
-        .and_then(|_| file.write_all(&tail.checkpoint))
-        .and_then(|()| file.sync_data());
+    let restored = file.set_len(len).and_then(|()| file.sync_data());
     let what = match &restored {
         Ok(()) => "appending to the bundle (it is as it was)".to_string(),
-        Err(r) => format!("appending to the bundle, and putting it back ({r})"),
+        Err(r) => format!("appending to the bundle, and cutting it back ({r})"),
     };
     Err(Unwritten {
         error: io_error(&what, e),
@@ -354,7 +240,7 @@ fn replace_tail(file: &mut File, tail: &Tail, added: &[u8], sync: bool) -> Resul
 /// Opens (or creates, owner-only) the bundle for an append. A bundle others
 /// may read or write is refused unless the caller asked for a shared one;
 /// a symlink is never followed.
-fn open_for_append(path: &Path, sharing: Sharing) -> Result<File, AttestError> {
+pub(super) fn open_for_append(path: &Path, sharing: Sharing) -> Result<File, AttestError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)

@@ -7,9 +7,11 @@
 //! its line number, and the digest of the line before it. So a line
 //! removed, moved or added breaks the chain where it was, and a line
 //! changed breaks it at the next line, whose statement names the old
-//! bytes. The last line is a checkpoint, signed over the digest of the
-//! line before it with the number of runs: a bundle cut short has lost its
-//! checkpoint, and only the key's holder can write a new one.
+//! bytes. Each run is followed by a checkpoint, signed over the digest of
+//! the run line with the number of runs so far; the last line is always
+//! one: a bundle cut short has lost its checkpoint, and only the key's
+//! holder can write a new one. Appends never rewrite a line, so a crash
+//! part way through one leaves the checkpoint before it whole.
 //!
 //! Lines are in one canonical form (compact JSON, object keys sorted, as
 //! `serde_json::Value` writes them), so a line's digest is over exactly
@@ -19,6 +21,7 @@
 //! `verify` reads one whole.
 
 mod append;
+mod tail;
 mod verify;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +31,7 @@ use sha2::{Digest, Sha256};
 use super::AttestError;
 
 pub use append::{Appender, Durability, append_run};
+pub use tail::{Repaired, repair};
 pub use verify::{verify, verify_bytes};
 
 /// A run statement's subject: the run record, by its own digest.

@@ -87,6 +87,7 @@ pub fn verify_bytes(
         ));
     };
     let mut previous = String::new();
+    let mut after_run = false;
     let mut verified = Verified {
         runs: 0,
         receipts: 0,
@@ -128,18 +129,21 @@ pub fn verify_bytes(
                 verified.runs += 1;
                 verified.requests.push(request);
             }
-            Some(KIND_CHECKPOINT) if last => {
+            // A checkpoint follows each append's run; every one is checked,
+            // though only the last closes the bundle.
+            Some(KIND_CHECKPOINT) if after_run => {
                 check_checkpoint(&fields, key, number, &previous, verified.runs)
                     .map_err(|e| prefixed(e, number))?;
             }
             Some(KIND_CHECKPOINT) => {
                 return Err(AttestError::Format(at(
-                    "a checkpoint before the bundle's last line".into(),
+                    "a checkpoint that follows no run".into()
                 )));
             }
             _ => return Err(AttestError::Format(at("an unknown kind of line".into()))),
         }
         previous = sha256_hex(raw);
+        after_run = kind == Some(KIND_RUN);
         if last && fields.get("kind").and_then(Value::as_str) != Some(KIND_CHECKPOINT) {
             return Err(AttestError::Incomplete(
                 "the bundle has no checkpoint at its end: it was cut short or never closed".into(),

@@ -2,6 +2,7 @@
 //!
 //!   plimsoll attest keygen --out PREFIX
 //!   plimsoll attest run --bundle FILE [--key FILE] [--shared-bundle] [--url URL] REQUEST.json
+//!   plimsoll attest repair [--key FILE] BUNDLE
 //!   plimsoll attest verify --pub FILE [--daemon-pub FILE] [--expect FILE | --expect-count N] BUNDLE
 //!
 //! `run` sends the request as one Run, prints the answer as JSON, and
@@ -15,13 +16,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use plimsoll::attest::bundle::{self, Expect};
+use plimsoll::attest::bundle::{self, Expect, Sharing};
 use plimsoll::attest::keys::{self, VerifyingKey};
 
 use crate::client::Api;
 use crate::local_files::read_request;
 use crate::run::{EXIT_USAGE, call, fail};
-use crate::signer::Signer;
+use crate::signer::{Signer, signing_key};
 
 /// The answer came but is not in the bundle: its record did not check, or
 /// the bundle could not be written.
@@ -42,6 +43,10 @@ pub enum Action {
     Run(RunArgs),
     /// Checks every line of a bundle, and that no expected run is missing.
     Verify(VerifyArgs),
+    /// Cuts off the end an interrupted append left (a crash, a kill):
+    /// whatever follows this key's last checkpoint, if no more than one
+    /// append writes. Prints what it removed.
+    Repair(RepairArgs),
 }
 
 #[derive(Args)]
@@ -86,6 +91,44 @@ pub fn run(action: Action) -> ExitCode {
         Action::Keygen { out } => keygen(&out),
         Action::Run(args) => sign_run(args),
         Action::Verify(args) => verify(args),
+        Action::Repair(args) => repair(args),
+    }
+}
+
+#[derive(Args)]
+pub struct RepairArgs {
+    bundle: PathBuf,
+    /// The signing key (default: the PEM text in PLIMSOLL_ATTEST_KEY).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Accept a bundle others may read.
+    #[arg(long)]
+    shared_bundle: bool,
+}
+
+fn repair(args: RepairArgs) -> ExitCode {
+    let key = match signing_key(args.key.as_deref()) {
+        Ok(k) => k,
+        Err(e) => return fail(EXIT_USAGE, &e),
+    };
+    let sharing = if args.shared_bundle {
+        Sharing::Shared
+    } else {
+        Sharing::Private
+    };
+    match bundle::repair(&args.bundle, &key, sharing) {
+        Ok(r) if r.removed == 0 => {
+            println!("the bundle is whole: {} runs, nothing removed", r.entries);
+            ExitCode::SUCCESS
+        }
+        Ok(r) => {
+            println!(
+                "removed the last {} bytes (an append cut short); {} runs remain",
+                r.removed, r.entries
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(EXIT_NOT_VERIFIED, &format!("not repaired: {e}")),
     }
 }
 

@@ -52,7 +52,8 @@ impl Signer {
     }
 }
 
-fn signing_key(file: Option<&Path>) -> Result<SigningKey, String> {
+/// The signing key: the file given, or the PEM text in PLIMSOLL_ATTEST_KEY.
+pub fn signing_key(file: Option<&Path>) -> Result<SigningKey, String> {
     match file {
         Some(path) => SigningKey::load(path).map_err(|e| e.to_string()),
         None => match std::env::var(KEY_VAR) {
