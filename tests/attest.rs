@@ -830,3 +830,51 @@ fn an_append_cut_by_a_crash_is_refused_until_repaired() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     assert_eq!(std::fs::read(&wrecked).expect("read"), before);
 }
+
+#[test]
+fn replay_sends_a_verified_bundle_again_and_compares_results() {
+    let r = three_runs();
+    let d = plimsoll_tests::wasm_daemon();
+    let replay =
+        |url: &str, bundle: &Path| attest(Some(url), &["replay", "--pub", s(&r.public), s(bundle)]);
+    // The same snippets answer the same results.
+    let out = replay(&d.url(""), &r.bundle);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("3 runs replayed: 3 the same, 0 not"),
+        "{}",
+        text(&out.stdout)
+    );
+    // A run whose output is the time it ran does not.
+    let timed = r.scratch.path("timed.jsonl");
+    let out = sign_js(&d.url(""), &r.key, &timed, "console.log(Date.now())");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let out = replay(&d.url(""), &timed);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("run 1: a different result"),
+        "{}",
+        text(&out.stdout)
+    );
+    // A bundle that does not verify sends nothing: a stand-in counts calls.
+    let mut broken = lines(&r.bundle);
+    broken.swap(0, 2);
+    let bad = r.scratch.path("bad.jsonl");
+    write_lines(&bad, &broken);
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let app = axum::Router::new().fallback(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async { axum::http::StatusCode::NOT_FOUND }
+    });
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let url = rt.block_on(plimsoll_tests::serve_loopback(app));
+    let out = replay(&url, &bad);
+    assert_refused(&out, "nothing sent");
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a call was sent"
+    );
+}

@@ -30,9 +30,9 @@ use sha2::{Digest, Sha256};
 
 use super::AttestError;
 
-pub use append::{Appender, Durability, append_run};
+pub use append::{Appender, Checked, Durability, append_run};
 pub use tail::{Repaired, repair};
-pub use verify::{verify, verify_bytes};
+pub use verify::{HeldRun, verified_runs, verify, verify_bytes};
 
 /// A run statement's subject: the run record, by its own digest.
 const RECORD_SUBJECT: &str = "run-record";

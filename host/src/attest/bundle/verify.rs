@@ -35,6 +35,38 @@ pub fn verify(
     Ok(verified)
 }
 
+/// A run as a bundle that verified holds it: what to send again, and the
+/// result digest it was answered with.
+pub struct HeldRun {
+    pub request: Value,
+    pub result_sha256: String,
+}
+
+/// The runs of the bundle at `path`, in order, once every line of it has
+/// verified with `key`. The file is read once: what is replayed is exactly
+/// what was verified.
+pub fn verified_runs(path: &Path, key: &VerifyingKey) -> Result<Vec<HeldRun>, AttestError> {
+    let bytes = read_bundle(path)?;
+    verify_bytes(&bytes, key, None)?;
+    let mut runs = Vec::new();
+    for raw in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let line: Value = serde_json::from_slice(raw)
+            .map_err(|e| AttestError::Format(format!("a verified line is not JSON: {e}")))?;
+        if line.get("kind").and_then(Value::as_str) != Some(KIND_RUN) {
+            continue;
+        }
+        let result_sha256 = line["response"]["record"]["resultSha256"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        runs.push(HeldRun {
+            request: line["request"].clone(),
+            result_sha256,
+        });
+    }
+    Ok(runs)
+}
+
 /// The largest bundle read: far past any batch of runs (a run line holds at
 /// most an 8 MiB request and its answer), and short of exhausting memory.
 const MAX_BUNDLE_BYTES: u64 = 4 << 30;

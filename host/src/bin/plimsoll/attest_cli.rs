@@ -3,6 +3,7 @@
 //!   plimsoll attest keygen --out PREFIX
 //!   plimsoll attest run --bundle FILE [--key FILE] [--shared-bundle] [--url URL] REQUEST.json
 //!   plimsoll attest repair [--key FILE] BUNDLE
+//!   plimsoll attest replay --pub FILE [--url URL] BUNDLE
 //!   plimsoll attest verify --pub FILE [--daemon-pub FILE] [--expect FILE | --expect-count N] BUNDLE
 //!
 //! `run` sends the request as one Run, prints the answer as JSON, and
@@ -16,7 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use plimsoll::attest::bundle::{self, Expect, Sharing};
+use plimsoll::attest::bundle::{self, Checked, Expect, Sharing};
 use plimsoll::attest::keys::{self, VerifyingKey};
 
 use crate::client::Api;
@@ -47,6 +48,9 @@ pub enum Action {
     /// whatever follows this key's last checkpoint, if no more than one
     /// append writes. Prints what it removed.
     Repair(RepairArgs),
+    /// Verifies a bundle, then sends each of its runs again and compares
+    /// result digests; nothing is sent if the bundle does not verify.
+    Replay(ReplayArgs),
 }
 
 #[derive(Args)]
@@ -92,6 +96,7 @@ pub fn run(action: Action) -> ExitCode {
         Action::Run(args) => sign_run(args),
         Action::Verify(args) => verify(args),
         Action::Repair(args) => repair(args),
+        Action::Replay(args) => replay(args),
     }
 }
 
@@ -104,6 +109,67 @@ pub struct RepairArgs {
     /// Accept a bundle others may read.
     #[arg(long)]
     shared_bundle: bool,
+}
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    bundle: PathBuf,
+    /// The signer's public key (PREFIX.pub): the bundle must verify first.
+    #[arg(long = "pub")]
+    public: PathBuf,
+    /// The daemon (default PLIMSOLL_URL, else http://127.0.0.1:8746).
+    #[arg(long)]
+    url: Option<String>,
+}
+
+/// A replayed run whose result differs (or that could not be compared).
+const EXIT_DIFFERS: u8 = 4;
+
+fn replay(args: ReplayArgs) -> ExitCode {
+    let key = match VerifyingKey::load(&args.public) {
+        Ok(k) => k,
+        Err(e) => return fail(EXIT_USAGE, &e.to_string()),
+    };
+    let api = match Api::new(args.url) {
+        Ok(a) => a,
+        Err(e) => return fail(EXIT_USAGE, &e),
+    };
+    let runs = match bundle::verified_runs(&args.bundle, &key) {
+        Ok(r) => r,
+        Err(e) => {
+            return fail(
+                EXIT_NOT_VERIFIED,
+                &format!("not verified, nothing sent: {e}"),
+            );
+        }
+    };
+    let (mut same, mut other) = (0, 0);
+    for (n, run) in runs.iter().enumerate() {
+        let n = n + 1;
+        let budget = Duration::from_millis(run.request["timeoutMs"].as_u64().unwrap_or(120_000));
+        let verdict = match call(&api, "Run", &run.request, budget) {
+            Err(_) => "not answered".to_string(),
+            // The new answer is held to the same checks as a signed one: a
+            // result digest is compared only once its record checks.
+            Ok(answer) => match Checked::new(&run.request, &answer) {
+                Err(e) => format!("its record does not check ({e})"),
+                Ok(_) if answer["record"]["resultSha256"] == run.result_sha256.as_str() => {
+                    same += 1;
+                    println!("run {n}: same result");
+                    continue;
+                }
+                Ok(_) => "a different result".to_string(),
+            },
+        };
+        other += 1;
+        println!("run {n}: {verdict}");
+    }
+    println!("{} runs replayed: {same} the same, {other} not", runs.len());
+    if other == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_DIFFERS)
+    }
 }
 
 fn repair(args: RepairArgs) -> ExitCode {
