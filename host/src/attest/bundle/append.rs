@@ -4,13 +4,13 @@
 //! checkpoint whole (`tail::repair` cuts the torn end off), and a write
 //! that fails with an error is undone by cutting the file back.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use serde_json::Value;
 
+use super::file::open_for_append;
 use super::tail::{Tail, read_tail};
 use super::{
     CheckpointPredicate, KIND_CHECKPOINT, KIND_RUN, LINE_SUBJECT, RECORD_SUBJECT, RunPredicate,
@@ -235,41 +235,4 @@ fn write_at_end(file: &mut File, len: u64, added: &[u8], sync: bool) -> Result<(
         error: io_error(&what, e),
         restored: restored.is_ok(),
     })
-}
-
-/// Opens (or creates, owner-only) the bundle for an append. A bundle others
-/// may read or write is refused unless the caller asked for a shared one;
-/// a symlink is never followed.
-pub(super) fn open_for_append(path: &Path, sharing: Sharing) -> Result<File, AttestError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| io_error(&format!("opening {}", path.display()), e))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| io_error(&format!("reading {}", path.display()), e))?;
-    if !meta.file_type().is_file() {
-        return Err(AttestError::Format(format!(
-            "{} is not a regular file",
-            path.display()
-        )));
-    }
-    if meta.uid() != crate::dirs::euid() && sharing == Sharing::Private {
-        return Err(AttestError::Key(format!(
-            "{} belongs to another user; use a file of your own, or ask for a shared bundle",
-            path.display()
-        )));
-    }
-    if meta.mode() & 0o077 != 0 && sharing == Sharing::Private {
-        return Err(AttestError::Key(format!(
-            "{} may be read or written by others (mode {:o}); use a private file, or ask for a shared bundle",
-            path.display(),
-            meta.mode() & 0o777
-        )));
-    }
-    Ok(file)
 }

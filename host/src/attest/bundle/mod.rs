@@ -21,6 +21,7 @@
 //! `verify` reads one whole.
 
 mod append;
+mod file;
 mod tail;
 mod verify;
 

@@ -74,7 +74,7 @@ pub struct Repaired {
 /// partial). Anything more is not a torn append and is left alone. The run
 /// cut off was never reported recorded: its append had not finished.
 pub fn repair(path: &Path, key: &SigningKey, sharing: Sharing) -> Result<Repaired, AttestError> {
-    let mut file = super::append::open_for_append(path, sharing)?;
+    let mut file = super::file::open_for_append(path, sharing)?;
     file.lock().map_err(|e| io_error("locking the bundle", e))?;
     let len = file
         .metadata()
