@@ -54,7 +54,9 @@ pub fn append_run(
 pub struct Checked<'a> {
     request: &'a Value,
     response: &'a Value,
-    record_sha256: String,
+    pub(super) record_sha256: String,
+    /// The request's digest, as the record (now checked) states it.
+    pub(super) request_sha256: String,
 }
 
 impl<'a> Checked<'a> {
@@ -66,6 +68,7 @@ impl<'a> Checked<'a> {
             request,
             response,
             record_sha256: answer.record.record_sha256,
+            request_sha256: answer.record.request_sha256,
         })
     }
 }

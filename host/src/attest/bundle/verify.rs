@@ -9,17 +9,16 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+use super::append::Checked;
 use super::{
     CheckpointPredicate, Expect, KIND_CHECKPOINT, KIND_RUN, LINE_SUBJECT, RECORD_SUBJECT,
     RunPredicate, SIGNED, Verified, canonical, io_error, prefixed, sha256_hex,
 };
 use crate::attest::AttestError;
-use crate::attest::check::{answer_as_received, check_run, parse_run_request};
 use crate::attest::dsse::Envelope;
 use crate::attest::keys::VerifyingKey;
 use crate::attest::receipts;
 use crate::attest::statement::{self, BUNDLE_CHECKPOINT, RUN_RECORD};
-use crate::record::request_digest;
 
 /// Checks every line of the bundle at `path` with `key` (and every run's
 /// receipt with `daemon`, if given), then what the caller expected of it.
@@ -259,15 +258,14 @@ fn check_run_line(
     let (subject, stated): (String, RunPredicate) =
         statement::open(&signed(fields)?, key, RECORD_SUBJECT, RUN_RECORD)?;
     placed(stated.line, &stated.previous_line_sha256, number, previous)?;
-    let parsed = parse_run_request(&canonical(request))?;
-    let answer = answer_as_received(response)?;
-    check_run(&parsed, &answer)?;
-    if subject != answer.record.record_sha256 || Some(&stated.record) != response.get("record") {
+    // The signer's own check, repeated rather than trusted.
+    let run = Checked::new(request, response)?;
+    if subject != run.record_sha256 || Some(&stated.record) != response.get("record") {
         return Err(AttestError::Record(
             "the signed record is not the answer's record".into(),
         ));
     }
-    Ok(request_digest(&parsed))
+    Ok(run.request_sha256)
 }
 
 /// The checkpoint: signed by `key`, closing the bundle right after the line
