@@ -216,6 +216,18 @@ fn validate_profile(p: &str) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// Whether a session call's rule keeps the session's: no rule at open
+/// allows any; otherwise the call's identities must all be the session's.
+/// The daemon refuses a call outside it, and a checker of a session's
+/// records holds each call to the same rule.
+pub fn rule_within(call: Option<&SoftwareRule>, session: Option<&SoftwareRule>) -> bool {
+    match (call, session) {
+        (_, None) => true,
+        (None, Some(_)) => false,
+        (Some(c), Some(s)) => c.identities.iter().all(|i| s.identities.contains(i)),
+    }
+}
+
 pub fn validate_rule(rule: &SoftwareRule) -> Result<(), Refusal> {
     let n = rule.identities.len();
     let shape_ok = match rule.mode.as_str() {

@@ -77,8 +77,25 @@ pub fn answer_as_received(response: &Value) -> Result<RunResponse, AttestError> 
 /// Checks a Run answer's record against the request sent (see the module
 /// documentation for the list). `Ok` means every check held.
 pub fn check_run(request: &RunRequest, response: &RunResponse) -> Result<(), AttestError> {
+    check_answered(request, response, Place::Run)
+}
+
+/// Where an answered record belongs: a Run has no place in a chain; a
+/// session call's place is checked against its chain by `session_check`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Place {
+    Run,
+    SessionCall,
+}
+
+/// The checks every answered record gets, a Run's or a session call's.
+pub(super) fn check_answered(
+    request: &RunRequest,
+    response: &RunResponse,
+    place: Place,
+) -> Result<(), AttestError> {
     let rec = &response.record;
-    answered_run(rec)?;
+    answered(rec, place)?;
 
     let request_sha256 = record::request_digest(request);
     if rec.request_sha256 != request_sha256 {
@@ -89,7 +106,7 @@ pub fn check_run(request: &RunRequest, response: &RunResponse) -> Result<(), Att
     }
 
     let asked = request_kind(request)?;
-    refused_unrun(request, asked, rec)?;
+    refused_unrun(request, rec, place)?;
     let (answered, result_sha256) = result_of(response)?;
     if answered != asked {
         return Err(bad(format!(
@@ -126,20 +143,20 @@ pub fn check_run(request: &RunRequest, response: &RunResponse) -> Result<(), Att
     meets_floor(rec, request)
 }
 
-fn bad(why: String) -> AttestError {
+pub(super) fn bad(why: String) -> AttestError {
     AttestError::Record(why)
 }
 
 /// A digest as a message shows it: "(none)" rather than nothing at all.
-fn shown(digest: &str) -> &str {
+pub(super) fn shown(digest: &str) -> &str {
     if digest.is_empty() { "(none)" } else { digest }
 }
 
-/// The record is of an answered Run: the version whose fields the digest
-/// below covers, no unanswered code (a record with one states no result),
-/// and no place in a session chain (a Run has none, and a chain position
-/// here would let a session call's record pass as a standalone run).
-fn answered_run(rec: &RunRecord) -> Result<(), AttestError> {
+/// The record is of an answered call: the version whose fields the digest
+/// below covers, and no unanswered code (a record with one states no
+/// result). A Run's record has no place in a session chain: one there would
+/// let a session call's record pass as a standalone run.
+fn answered(rec: &RunRecord, place: Place) -> Result<(), AttestError> {
     if rec.version != RECORD_VERSION {
         return Err(bad(format!(
             "record.version is {}; an answered run's record is version {RECORD_VERSION}",
@@ -151,6 +168,9 @@ fn answered_run(rec: &RunRecord) -> Result<(), AttestError> {
             "record.unanswered is {:?}: the record is of a call that has no answer",
             rec.unanswered
         )));
+    }
+    if place == Place::SessionCall {
+        return Ok(());
     }
     if !rec.session.is_empty() {
         return Err(bad(
@@ -263,7 +283,7 @@ fn same_evidence(rec: &RunRecord, resp: &RunResponse) -> Result<(), AttestError>
 }
 
 /// A tier by the name a record states it, `none` included (unlike a floor).
-fn tier_named(name: &str) -> Option<Tier> {
+pub(super) fn tier_named(name: &str) -> Option<Tier> {
     [
         Tier::None,
         Tier::Process,
@@ -308,12 +328,24 @@ fn meets_floor(rec: &RunRecord, req: &RunRequest) -> Result<(), AttestError> {
 /// The rule's membership test is the floor check's (pipeline/floor.rs),
 /// repeated here because a client has only the record's word for the
 /// software that ran.
-fn refused_unrun(req: &RunRequest, asked: Kind, rec: &RunRecord) -> Result<(), AttestError> {
-    if asked == Kind::Cell {
-        return Err(bad(
-            "request: a cell runs only inside a session; a Run never answers one".into(),
-        ));
+fn refused_unrun(req: &RunRequest, rec: &RunRecord, place: Place) -> Result<(), AttestError> {
+    match (&req.cell, place) {
+        (Some(_), Place::Run) => {
+            return Err(bad(
+                "request: a cell runs only inside a session; a Run never answers one".into(),
+            ));
+        }
+        (Some(cell), Place::SessionCall)
+            if !admission::CELL_LANGUAGES.contains(&cell.language.as_str()) =>
+        {
+            return Err(bad(format!(
+                "request: no session runs {:?} cells",
+                cell.language
+            )));
+        }
+        _ => {}
     }
+
     if let Some(rule) = &req.software_rule {
         admission::validate_rule(rule)
             .map_err(|r| bad(format!("request.softwareRule: {}", r.message)))?;

@@ -13,7 +13,9 @@
 //!   public), named by the SHA-256 of the public key's DER;
 //! - `dsse`: the DSSE envelope and its pre-authentication encoding;
 //! - `statement`: the in-toto Statement v1 around each predicate;
-//! - `check` and `bundle`: what a bundle holds and how it is checked.
+//! - `check` and `session_check`: whether a run's, or a session's, answers
+//!   check against what was sent;
+//! - `bundle`: what a bundle holds and how it is checked.
 //!
 //! The daemon holds no signing key unless the operator configures one; with
 //! none, nothing is signed and run records are as before.
@@ -24,6 +26,7 @@ pub mod dsse;
 pub mod error;
 pub mod keys;
 pub mod receipts;
+pub mod session_check;
 pub mod statement;
 
 pub use error::AttestError;

@@ -19,6 +19,7 @@ pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 /// Our predicate types (URNs: we own no domain to put them under).
 pub const RUN_RECORD: &str = "urn:plimsoll:attest:run-record:v1";
+pub const SESSION_OPEN: &str = "urn:plimsoll:attest:session-open:v1";
 pub const SESSION_CLOSE: &str = "urn:plimsoll:attest:session-close:v1";
 pub const BUNDLE_CHECKPOINT: &str = "urn:plimsoll:attest:bundle-checkpoint:v1";
 /// A daemon's receipt for a record it sealed (`receipts`).
@@ -136,7 +137,7 @@ pub fn open<P: DeserializeOwned>(
 
 /// 64 characters of 0-9 and a-f: the one spelling of a SHA-256 digest we
 /// write, so two spellings of one digest can never both pass.
-fn is_sha256_hex(text: &str) -> bool {
+pub(super) fn is_sha256_hex(text: &str) -> bool {
     text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 

@@ -146,6 +146,17 @@ pub enum SessionEnd {
 }
 
 impl SessionEnd {
+    const ALL: [SessionEnd; 8] = [
+        SessionEnd::Open,
+        SessionEnd::Closed,
+        SessionEnd::Expired,
+        SessionEnd::MainProcessEnded,
+        SessionEnd::SandboxChanged,
+        SessionEnd::Shutdown,
+        SessionEnd::Replaced,
+        SessionEnd::NotFound,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             SessionEnd::Open => "SESSION_END_UNSPECIFIED",
@@ -184,41 +195,59 @@ impl Serialize for SessionEnd {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+/// An answer's end, read back by its proto name only: a client checking
+/// what it was answered reads the one form the daemon writes.
+impl<'de> Deserialize<'de> for SessionEnd {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        SessionEnd::ALL
+            .into_iter()
+            .find(|e| e.name() == name)
+            .ok_or_else(|| serde::de::Error::custom(format!("{name:?} is not a SessionEnd name")))
+    }
+}
+
+// The answers are Deserialize so a client (the attest signer) can read
+// what it was answered into the types the daemon wrote it from.
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OpenSessionResponse {
+    /// Never empty on the wire; left out only where an answer is kept
+    /// without its ID (a bundle line), which then reads back the same.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub session_id: String,
     pub session: String,
     pub sandbox: String,
     pub isolation: String,
-    #[serde(skip_serializing_if = "is_zero_i64")]
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub expires_unix_ms: I64,
-    #[serde(skip_serializing_if = "is_zero_u32")]
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub idle_timeout_ms: u32,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub software_identity: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionRunResponse {
     pub run: RunResponse,
-    #[serde(skip_serializing_if = "SessionEnd::is_open")]
+    #[serde(default, skip_serializing_if = "SessionEnd::is_open")]
     pub ended: SessionEnd,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub end_detail: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CloseSessionResponse {
     pub session: String,
     /// A uint64: a decimal string in proto3 JSON, omitted at zero.
-    #[serde(skip_serializing_if = "is_zero_i64")]
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub calls: I64,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub last_record_sha256: String,
-    #[serde(skip_serializing_if = "SessionEnd::is_open")]
+    #[serde(default, skip_serializing_if = "SessionEnd::is_open")]
     pub ended: SessionEnd,
 }
 
@@ -276,5 +305,27 @@ mod tests {
         assert_eq!(v["ended"], "SESSION_END_CLOSED");
         let v = serde_json::to_value(SessionRunResponse::default()).expect("serialises");
         assert!(v.get("ended").is_none());
+    }
+
+    #[test]
+    fn answers_read_back_as_written_and_ends_only_by_name() {
+        let close =
+            r#"{"calls":"3","ended":"SESSION_END_CLOSED","lastRecordSha256":"d","session":"f"}"#;
+        let read: CloseSessionResponse = serde_json::from_str(close).expect("reads");
+        let written = serde_json::to_value(&read).expect("writes");
+        assert_eq!(
+            written,
+            serde_json::from_str::<serde_json::Value>(close).expect("json")
+        );
+        let empty: CloseSessionResponse =
+            serde_json::from_str(r#"{"session":"f"}"#).expect("reads");
+        assert_eq!((empty.calls.0, empty.ended), (0, SessionEnd::Open));
+        for bad in [r#""closed""#, "1", r#""SESSION_END_LATER""#] {
+            assert!(serde_json::from_str::<SessionEnd>(bad).is_err(), "{bad}");
+        }
+        for end in SessionEnd::ALL {
+            let v = serde_json::to_string(&end).expect("writes");
+            assert_eq!(serde_json::from_str::<SessionEnd>(&v).expect("reads"), end);
+        }
     }
 }

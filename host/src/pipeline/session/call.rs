@@ -24,7 +24,7 @@ use crate::pipeline::{Daemon, answer, floor, own_task};
 use crate::record::Link;
 use crate::refusal::{Reason, Refusal};
 use crate::sessions::{Entry, Turn, reaper};
-use crate::wire::{RunRequest, SessionEnd, SessionRunRequest, SessionRunResponse, SoftwareRule};
+use crate::wire::{RunRequest, SessionEnd, SessionRunRequest, SessionRunResponse};
 use tokio::sync::OwnedMutexGuard;
 
 /// A session call that passed its checks, waiting for nothing but its turn.
@@ -55,7 +55,7 @@ impl Daemon {
         }
         // 2. The session's rule cannot be dropped by a call: the call must
         //    carry it, or a narrower one, so its digest and record bind it.
-        if !within(req.software_rule.as_ref(), entry.rule.as_ref()) {
+        if !admission::rule_within(req.software_rule.as_ref(), entry.rule.as_ref()) {
             return Err(Refusal::request(
                 "a session call must carry the software rule the session was opened with (or a narrower one)",
             )
@@ -290,16 +290,6 @@ impl Daemon {
             ));
         }
         Ok(())
-    }
-}
-
-/// Whether a call's rule keeps the session's: no rule at open allows any;
-/// otherwise the call's identities must all be the session's.
-fn within(call: Option<&SoftwareRule>, session: Option<&SoftwareRule>) -> bool {
-    match (call, session) {
-        (_, None) => true,
-        (None, Some(_)) => false,
-        (Some(c), Some(s)) => c.identities.iter().all(|i| s.identities.contains(i)),
     }
 }
 

@@ -1,0 +1,360 @@
+//! Whether a session's answers check: its open, each call's record in its
+//! place in the chain, and its close, against what the client sent.
+//!
+//! A session call's record is an answered record like a Run's (`check`
+//! covers its digests, evidence, rule and floor) that also states its place:
+//! the session's fingerprint, its sequence number and the digest of the
+//! record before it. Checked in order, those places make the calls one
+//! chain with nothing dropped, added or moved, and the close states how
+//! many calls the daemon counted and the last record's digest, so a call
+//! missing at the end shows too.
+//!
+//! The session ID never appears here: it is a capability, and the open
+//! answer's is checked against the fingerprint (its SHA-256) by the signer,
+//! which holds it, and then left out of everything kept (`without_id`).
+//! These checks are the published client's, plus the daemon's own refusals
+//! (a call's rule outside the session's, a call after the session ended,
+//! evidence that changed), since a record of a call the daemon refuses
+//! unrun says something that did not happen.
+
+use serde_json::Value;
+
+use super::AttestError;
+use super::check::{Place, bad, check_answered, shown, tier_named};
+use super::statement::is_sha256_hex;
+use crate::admission;
+use crate::sessions;
+use crate::tier::Tier;
+use crate::wire::{
+    self, CloseSessionResponse, OpenSessionRequest, OpenSessionResponse, RunRecord, RunRequest,
+    SessionEnd, SessionRunRequest, SessionRunResponse, SoftwareRule,
+};
+
+/// The keys a session ID may come under, in a request or an answer.
+const ID_KEYS: [&str; 2] = ["sessionId", "session_id"];
+
+/// Parses an OpenSession request body as the daemon does (shape pass,
+/// protocol gate, strict typed parse).
+pub fn parse_open_request(body: &[u8]) -> Result<OpenSessionRequest, AttestError> {
+    parse(wire::Request::OpenSession, "OpenSessionRequest", body)
+}
+
+/// Parses a session call as kept, without its session ID (one present is
+/// refused: nothing kept may hold it), and returns it as the Run it is
+/// digested as.
+pub fn parse_session_call(body: &[u8]) -> Result<RunRequest, AttestError> {
+    let call: SessionRunRequest = parse(wire::Request::SessionRun, "SessionRunRequest", body)?;
+    if !call.session_id.is_empty() || has_id_key(body) {
+        return Err(AttestError::Format(
+            "the session call holds its session ID; a kept call must not".into(),
+        ));
+    }
+    Ok(call.into_run().1)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    request: wire::Request,
+    name: &str,
+    body: &[u8],
+) -> Result<T, AttestError> {
+    let stated = wire::shape_of(request, body)
+        .map_err(|e| AttestError::Format(format!("malformed {name}: {e}")))?;
+    wire::protocol_gate(stated).map_err(|m| AttestError::Format(format!("{name}: {m}")))?;
+    serde_json::from_slice::<T>(body)
+        .map_err(|e| AttestError::Format(format!("malformed {name}: {e}")))
+}
+
+fn has_id_key(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            v.as_object()
+                .map(|o| ID_KEYS.iter().any(|k| o.contains_key(*k)))
+        })
+        .unwrap_or(false)
+}
+
+/// An answer read into its type, refusing anything the type does not carry
+/// (the reasons are `check::answer_as_received`'s). `set_aside` removes
+/// what no digest covers before the comparison.
+fn as_received<T>(response: &Value, name: &str, set_aside: fn(&mut Value)) -> Result<T, AttestError>
+where
+    T: serde::de::DeserializeOwned + serde::Serialize,
+{
+    let answer: T = serde_json::from_value(response.clone())
+        .map_err(|e| AttestError::Format(format!("the answer is not a {name} answer: {e}")))?;
+    let mut received = response.clone();
+    set_aside(&mut received);
+    let read = serde_json::to_value(&answer)
+        .map_err(|e| AttestError::Format(format!("the answer: {e}")))?;
+    if read != received {
+        return Err(AttestError::Format(format!(
+            "the answer carries fields or forms a {name} answer does not have"
+        )));
+    }
+    Ok(answer)
+}
+
+/// An OpenSession answer as kept: without its session ID (one present is
+/// refused; `without_id` removes it from the answer as received).
+pub fn open_as_received(response: &Value) -> Result<OpenSessionResponse, AttestError> {
+    if response
+        .as_object()
+        .is_some_and(|o| ID_KEYS.iter().any(|k| o.contains_key(*k)))
+    {
+        return Err(AttestError::Format(
+            "the open answer holds its session ID; a kept answer must not".into(),
+        ));
+    }
+    as_received(response, "OpenSession", |_| {})
+}
+
+/// The answer as received, without the session ID it carries.
+pub fn without_id(response: &Value) -> Value {
+    let mut kept = response.clone();
+    if let Some(o) = kept.as_object_mut() {
+        for k in ID_KEYS {
+            o.remove(k);
+        }
+    }
+    kept
+}
+
+/// A session call's answer as received (its run's `callTrace` set aside).
+pub fn call_as_received(response: &Value) -> Result<SessionRunResponse, AttestError> {
+    as_received(response, "SessionRun", |v| {
+        for result in ["javascript", "project", "cell"] {
+            if let Some(Value::Object(r)) = v.pointer_mut(&format!("/run/{result}")) {
+                r.remove("callTrace");
+            }
+        }
+    })
+}
+
+pub fn close_as_received(response: &Value) -> Result<CloseSessionResponse, AttestError> {
+    as_received(response, "CloseSession", |_| {})
+}
+
+/// A session's chain so far, as a checker follows it: what the open stated,
+/// and where the calls have reached.
+#[derive(Debug, Clone)]
+pub struct Chain {
+    /// The SHA-256 of the session ID: the only name a session has here.
+    pub fingerprint: String,
+    sandbox: String,
+    isolation: String,
+    software_identity: String,
+    floor: Option<Tier>,
+    rule: Option<SoftwareRule>,
+    /// Calls in the chain so far, and the last one's record digest.
+    pub calls: u64,
+    pub last: String,
+    /// The environment and policy of the first call, which every call
+    /// shares (the daemon ends a session whose evidence changes).
+    evidence: Option<(String, String)>,
+    /// An answer said the session ended: no call may follow.
+    ended: bool,
+}
+
+/// Checks an OpenSession answer against its request: the fingerprint is a
+/// digest, the tier is a tier and meets the floor, the software identity is
+/// within the rule. Returns the chain the calls must continue.
+pub fn check_open(
+    req: &OpenSessionRequest,
+    resp: &OpenSessionResponse,
+) -> Result<Chain, AttestError> {
+    if let Some(rule) = &req.software_rule {
+        admission::validate_rule(rule)
+            .map_err(|r| bad(format!("request.softwareRule: {}", r.message)))?;
+    }
+    if let Some(lang) = req
+        .languages
+        .iter()
+        .find(|l| !admission::CELL_LANGUAGES.contains(&l.as_str()))
+    {
+        return Err(bad(format!(
+            "request.languages: no session runs {lang:?} cells"
+        )));
+    }
+    if !req.owner.is_empty() && !sessions::valid_owner(&req.owner) {
+        return Err(bad(
+            "request.owner is not an owner digest the daemon takes".into()
+        ));
+    }
+    if !is_sha256_hex(&resp.session) {
+        return Err(bad(format!(
+            "session {:?} is not a fingerprint (64 lowercase hex characters)",
+            resp.session
+        )));
+    }
+    if resp.sandbox.is_empty() {
+        return Err(bad("sandbox: the open answer names no sandbox".into()));
+    }
+    let floor = Tier::parse_floor(&req.minimum_isolation).map_err(|_| {
+        bad(format!(
+            "request.minimumIsolation {:?} is not a tier name, so no session opened",
+            req.minimum_isolation
+        ))
+    })?;
+    match tier_named(&resp.isolation) {
+        None | Some(Tier::None) => {
+            return Err(bad(format!(
+                "isolation {:?}: no session runs at it",
+                resp.isolation
+            )));
+        }
+        Some(tier) if floor.is_some_and(|f| !tier.meets(f)) => {
+            return Err(bad(format!(
+                "isolation {tier} is below the request's minimumIsolation {}",
+                req.minimum_isolation
+            )));
+        }
+        Some(_) => {}
+    }
+    if let Some(rule) = &req.software_rule
+        && !rule.identities.contains(&resp.software_identity)
+    {
+        return Err(bad(format!(
+            "softwareIdentity {:?} is not in the request's software rule",
+            resp.software_identity
+        )));
+    }
+    Ok(Chain {
+        fingerprint: resp.session.clone(),
+        sandbox: resp.sandbox.clone(),
+        isolation: resp.isolation.clone(),
+        software_identity: resp.software_identity.clone(),
+        floor,
+        rule: req.software_rule.clone(),
+        calls: 0,
+        last: String::new(),
+        evidence: None,
+        ended: false,
+    })
+}
+
+impl Chain {
+    /// Checks a call's answer against its request and its place: the
+    /// record checks as any answered record, continues this chain, states
+    /// the open's evidence, and the call keeps the session's rule and
+    /// floor. Leaves the chain as it was; `advance` moves it on.
+    pub fn check_call(
+        &self,
+        req: &RunRequest,
+        resp: &SessionRunResponse,
+    ) -> Result<(), AttestError> {
+        if self.ended {
+            return Err(bad(
+                "a call after an answer that ended the session: the daemon runs none".into(),
+            ));
+        }
+        check_answered(req, &resp.run, Place::SessionCall)?;
+        let rec = &resp.run.record;
+        self.continues(rec)?;
+        self.same_evidence(rec)?;
+        if !admission::rule_within(req.software_rule.as_ref(), self.rule.as_ref()) {
+            return Err(bad(
+                "request.softwareRule allows software the session's rule does not".into(),
+            ));
+        }
+        if let (Some(floor), Some(tier)) = (self.floor, tier_named(&rec.isolation))
+            && !tier.meets(floor)
+        {
+            return Err(bad(format!(
+                "record.isolation {tier} is below the session's minimumIsolation {floor}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Moves the chain past a call whose answer checked.
+    pub fn advance(&mut self, resp: &SessionRunResponse) {
+        let rec = &resp.run.record;
+        self.calls = rec.sequence.0 as u64;
+        self.last = rec.record_sha256.clone();
+        self.evidence
+            .get_or_insert_with(|| (rec.environment.clone(), rec.policy.clone()));
+        self.ended = resp.ended != SessionEnd::Open;
+    }
+
+    /// The close states this session, and the calls and last record the
+    /// chain reached: a call dropped from the end, or one the daemon ran
+    /// and the chain does not hold, shows here.
+    pub fn check_close(&self, resp: &CloseSessionResponse) -> Result<(), AttestError> {
+        if resp.session != self.fingerprint {
+            return Err(bad("the close is another session's".into()));
+        }
+        let calls = u64::try_from(resp.calls.0).unwrap_or(u64::MAX);
+        if calls != self.calls || resp.last_record_sha256 != self.last {
+            return Err(bad(format!(
+                "the close counts {calls} calls ending at {}; the chain holds {} ending at {}",
+                shown(&resp.last_record_sha256),
+                self.calls,
+                shown(&self.last)
+            )));
+        }
+        Ok(())
+    }
+
+    fn continues(&self, rec: &RunRecord) -> Result<(), AttestError> {
+        if rec.session != self.fingerprint {
+            return Err(bad(format!(
+                "record.session {} is not this session's fingerprint",
+                shown(&rec.session)
+            )));
+        }
+        let expected = self.calls + 1;
+        if u64::try_from(rec.sequence.0).ok() != Some(expected) {
+            return Err(bad(format!(
+                "record.sequence {} is not the next call's ({expected}): the session's chain has a gap or a call moved",
+                rec.sequence.0
+            )));
+        }
+        if rec.previous_sha256 != self.last {
+            return Err(bad(format!(
+                "record.previousSha256 {} is not the previous call's record ({})",
+                shown(&rec.previous_sha256),
+                shown(&self.last)
+            )));
+        }
+        Ok(())
+    }
+
+    fn same_evidence(&self, rec: &RunRecord) -> Result<(), AttestError> {
+        let opened = [
+            ("provider", &rec.provider, "sandbox", &self.sandbox),
+            ("isolation", &rec.isolation, "isolation", &self.isolation),
+            (
+                "softwareIdentity",
+                &rec.software_identity,
+                "softwareIdentity",
+                &self.software_identity,
+            ),
+        ];
+        for (field, stated, at_open, was) in opened {
+            if stated != was {
+                return Err(bad(format!(
+                    "record.{field} {stated:?} differs from the open answer's {at_open} {was:?}"
+                )));
+            }
+        }
+        if let Some((environment, policy)) = &self.evidence
+            && (&rec.environment != environment || &rec.policy != policy)
+        {
+            return Err(bad(
+                "record.environment or policy differs from the session's first call: the daemon ends a session whose evidence changes".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether an open answer's session ID is the one its fingerprint names:
+/// only a holder of the ID (the signer) can check this, so the signer must.
+pub fn id_matches(id: &str, fingerprint: &str) -> bool {
+    !id.is_empty() && sessions::fingerprint(id) == fingerprint
+}
+
+#[cfg(test)]
+#[path = "session_check_tests.rs"]
+mod tests;
