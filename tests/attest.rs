@@ -8,97 +8,14 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use plimsoll_tests::{Daemon, Scratch};
 use serde_json::{Value, json};
 
-fn cli() -> PathBuf {
-    plimsoll_tests::plimsolld_path().with_file_name("plimsoll")
-}
-
-fn attest(url: Option<&str>, args: &[&str]) -> Output {
-    let mut cmd = Command::new(cli());
-    cmd.env_clear().arg("attest").args(args);
-    if let Some(u) = url {
-        cmd.env("PLIMSOLL_URL", u);
-    }
-    cmd.output().expect("running plimsoll attest")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-fn keygen(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let prefix = dir.join(name);
-    let out = attest(None, &["keygen", "--out", s(&prefix)]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    (prefix.with_extension("key"), prefix.with_extension("pub"))
-}
-
-/// Writes `request` beside `bundle` and signs its run into `bundle`.
-fn sign(d_url: &str, key: &Path, bundle: &Path, request: &Value) -> Output {
-    let dir = bundle.parent().expect("the bundle's directory");
-    let file = dir.join(format!("req-{}.json", rand_tag()));
-    std::fs::write(&file, request.to_string()).expect("write request");
-    attest(
-        Some(d_url),
-        &["run", "--key", s(key), "--bundle", s(bundle), s(&file)],
-    )
-}
-
-/// Signs the run of JavaScript `code` into `bundle`.
-fn sign_js(d_url: &str, key: &Path, bundle: &Path, code: &str) -> Output {
-    sign(d_url, key, bundle, &plimsoll_tests::js_run(code))
-}
-
-fn rand_tag() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
-fn verify(bundle: &Path, public: &Path, extra: &[&str]) -> Output {
-    let mut args = vec!["verify", "--pub", s(public)];
-    args.extend_from_slice(extra);
-    args.push(s(bundle));
-    attest(None, &args)
-}
-
-fn assert_refused(out: &Output, says: &str) {
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
-    let err = text(&out.stderr);
-    assert!(err.contains(says), "wanted {says:?} in {err}");
-}
-
-/// The independent verifiers' verdict on a bundle.
-fn others_verify(bundle: &Path, public: &Path) -> Output {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    Command::new(root.join(".venv-attest/bin/python"))
-        .arg(root.join("tests/attest/verify_with_others.py"))
-        .args([bundle, public])
-        .output()
-        .expect("the independent verifiers run (make setup creates .venv-attest)")
-}
-
-fn lines(bundle: &Path) -> Vec<String> {
-    text(&std::fs::read(bundle).expect("read bundle"))
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-fn write_lines(path: &Path, lines: &[String]) {
-    let mut body = lines.join("\n");
-    body.push('\n');
-    std::fs::write(path, body).expect("write bundle");
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-}
+#[path = "attest/support.rs"]
+mod support;
+use support::*;
 
 /// A bundle of three runs signed through a real daemon, and its keys.
 struct Signed {
@@ -174,7 +91,7 @@ fn a_signed_bundle_verifies_with_ours_and_with_theirs() {
     let out = verify(&r.bundle, &r.public, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).starts_with("3 runs verified"),
+        text(&out.stdout).starts_with("3 runs and 0 sessions (0 calls) verified"),
         "{}",
         text(&out.stdout)
     );
@@ -588,23 +505,6 @@ fn plimsoll_run_signs_into_a_bundle_too() {
     assert_eq!(v.status.code(), Some(0), "{}", text(&v.stderr));
 }
 
-/// The key ID `keygen` printed for the pair at `prefix`.
-fn keygen_id(dir: &Path, name: &str) -> (PathBuf, PathBuf, String) {
-    let prefix = dir.join(name);
-    let out = attest(None, &["keygen", "--out", s(&prefix)]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let id = text(&out.stdout)
-        .trim()
-        .strip_prefix("key ID ")
-        .expect("key ID line")
-        .to_string();
-    (
-        prefix.with_extension("key"),
-        prefix.with_extension("pub"),
-        id,
-    )
-}
-
 #[test]
 fn a_daemon_with_a_key_vouches_for_each_record_it_seals() {
     let scratch = Scratch::new("attest-receipts");
@@ -799,7 +699,7 @@ fn an_append_cut_by_a_crash_is_refused_until_repaired() {
             text(&fixed.stderr)
         );
         assert!(
-            text(&fixed.stdout).contains("2 runs remain"),
+            text(&fixed.stdout).contains("2 entries remain"),
             "{name}: {}",
             text(&fixed.stdout)
         );
@@ -841,7 +741,7 @@ fn replay_sends_a_verified_bundle_again_and_compares_results() {
     let out = replay(&d.url(""), &r.bundle);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).contains("3 runs replayed: 3 the same, 0 not"),
+        text(&out.stdout).contains("3 runs and 0 sessions replayed: 3 results the same, 0 not"),
         "{}",
         text(&out.stdout)
     );

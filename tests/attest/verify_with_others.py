@@ -7,11 +7,18 @@ in-toto-attestation's Statement v1 validator instead. A bundle that passes is
 standard DSSE around standard in-toto statements, readable by anyone's tools,
 not only by ours.
 
+Line kinds: run, session-open, session-call, session-close, checkpoint.
 Checked: each line's signed statement (and a receipt, with --daemon-pub)
 verifies with the key, threshold 1; its payload is an in-toto Statement v1
-that the validator accepts; a run's statement names its line's
-response.record.recordSha256 as its subject. The chain of lines and the
-checkpoint's count are our own format, left to `plimsoll attest verify`.
+that the validator accepts, with the subject name and predicate type its
+kind calls for. A run's or session call's statements (and receipt) name its
+record's recordSha256 as their subject and carry that record, the record
+being at response.record for a run, response.run.record for a call. A
+session open's or close's statement names response.session (the session's
+fingerprint) as its subject. No session ID may be in a bundle: an open's or
+close's response, or a call's request, holding sessionId or session_id is
+refused. The chain of lines, the sessions' chains and the checkpoint's count
+are our own format, left to `plimsoll attest verify`.
 
 Tested with securesystemslib 1.6.0 and in-toto-attestation 0.9.3, the versions
 scripts/setup.sh pins in .venv-attest:
@@ -39,14 +46,60 @@ IN_TOTO = "application/vnd.in-toto+json"
 # What each envelope must be about: subject name, predicate type.
 EXPECTED = {
     "run": ("run-record", "urn:plimsoll:attest:run-record:v1"),
+    "session-open": ("session", "urn:plimsoll:attest:session-open:v1"),
+    "session-call": ("run-record", "urn:plimsoll:attest:run-record:v1"),
+    "session-close": ("session", "urn:plimsoll:attest:session-close:v1"),
     "checkpoint": ("bundle-line", "urn:plimsoll:attest:bundle-checkpoint:v1"),
     "receipt": ("run-record", "urn:plimsoll:attest:run-receipt:v1"),
 }
+KINDS = ("run", "session-open", "session-call", "session-close", "checkpoint")
+# Where a line that carries a run record keeps the object holding its
+# "record" and, when the daemon signs, its "receipt".
+RUN_AT = {
+    "run": ("response",),
+    "session-call": ("response", "run"),
+}
+# Where a session line keeps the session's fingerprint, its subject.
+SESSION_AT = {
+    "session-open": ("response", "session"),
+    "session-close": ("response", "session"),
+}
+# The part of a session line that must not hold the session's ID: the ID
+# is a capability, so a bundle holding it hands the session to its reader.
+NO_SESSION_ID = {
+    "session-open": "response",
+    "session-call": "request",
+    "session-close": "response",
+}
+SESSION_ID_KEYS = ("sessionId", "session_id")
 
 
 def fail(message):
     print(f"verify_with_others: {message}", file=sys.stderr)
     sys.exit(1)
+
+
+def dig(line, path):
+    """line[path[0]][path[1]]..., or None where something on the way is missing."""
+    at = line
+    for key in path:
+        at = at.get(key) if isinstance(at, dict) else None
+    return at
+
+
+def about(line, kind):
+    """What the line's statements must be about: (subject sha256, where it
+    is, the record the predicate must carry or None); None for a checkpoint,
+    whose subject is the previous line's bytes and is left to our verify."""
+    if kind in RUN_AT:
+        where = ".".join(RUN_AT[kind] + ("record",))
+        record = dig(line, RUN_AT[kind] + ("record",))
+        if not isinstance(record, dict):
+            raise ValueError(f"no record at {where}")
+        return record.get("recordSha256"), f"{where}.recordSha256", record
+    if kind in SESSION_AT:
+        return dig(line, SESSION_AT[kind]), ".".join(SESSION_AT[kind]), None
+    return None
 
 
 def load_key(path):
@@ -106,12 +159,18 @@ def main():
         except ValueError as e:
             fail(f"line {n}: not JSON: {e}")
         kind = line.get("kind") if isinstance(line, dict) else None
-        if kind not in ("run", "checkpoint"):
-            fail(f"line {n}: kind {kind!r} is neither run nor checkpoint")
+        if kind not in KINDS:
+            fail(f"line {n}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        part = NO_SESSION_ID.get(kind)
+        if part is not None and isinstance(line.get(part), dict):
+            for key in SESSION_ID_KEYS:
+                if key in line[part]:
+                    fail(f"line {n}, {part}: holds {key}: a session ID in a bundle is a leak")
         # (envelope, key, subject name, predicate type) for each envelope the
-        # line carries: its own statement, and a run's receipt from the daemon.
+        # line carries: its own statement, and a run record's receipt from
+        # the daemon.
         envelopes = [(line.get("signed"), "signed") + EXPECTED[kind]]
-        receipt = line.get("response", {}).get("receipt") if kind == "run" else None
+        receipt = dig(line, RUN_AT[kind] + ("receipt",)) if kind in RUN_AT else None
         if receipt is not None:
             envelopes.append((receipt, "receipt") + EXPECTED["receipt"])
         for envelope, name, subject, predicate_type in envelopes:
@@ -126,12 +185,15 @@ def main():
                 names = [s.get("name") for s in statement["subject"]]
                 if names != [subject]:
                     raise ValueError(f"subjects {names}, not [{subject!r}]")
-                if kind == "run":
-                    record = line["response"]["record"]
+                target = about(line, kind)
+                if target is not None:
+                    digest, where, record = target
+                    if not isinstance(digest, str):
+                        raise ValueError(f"no {where}")
                     got = [s.get("digest", {}).get("sha256") for s in statement["subject"]]
-                    if got != [record["recordSha256"]]:
-                        raise ValueError(f"subject digest {got}, not the line's recordSha256")
-                    if statement["predicate"].get("record") != record:
+                    if got != [digest]:
+                        raise ValueError(f"subject digest {got}, not the line's {where}")
+                    if record is not None and statement["predicate"].get("record") != record:
                         raise ValueError("the predicate's record is not the line's record")
             except Exception as e:  # whatever their code or ours raised, name where
                 fail(f"line {n}, {name}: {type(e).__name__}: {e}")

@@ -4,6 +4,7 @@
 //! checkpoint whole (`tail::repair` cuts the torn end off), and a write
 //! that fails with an error is undone by cutting the file back.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
@@ -18,7 +19,9 @@ use super::{
 };
 use crate::attest::AttestError;
 use crate::attest::check::{answer_as_received, check_run, parse_run_request};
+use crate::attest::dsse::Envelope;
 use crate::attest::keys::SigningKey;
+use crate::attest::session_check::Chain;
 use crate::attest::statement::{self, BUNDLE_CHECKPOINT, RUN_RECORD};
 
 /// Whether each append is on disk before it returns.
@@ -84,6 +87,10 @@ pub struct Appender<'k> {
     /// An append failed and the file could not be put back: nothing more
     /// is written through this appender.
     broken: bool,
+    /// The sessions opened through this appender and not yet closed, by
+    /// fingerprint: a session's chain is kept by the appender that wrote
+    /// its open, so its calls are checked in order as they come.
+    pub(super) sessions: HashMap<String, Chain>,
 }
 
 impl<'k> Appender<'k> {
@@ -104,6 +111,7 @@ impl<'k> Appender<'k> {
             tail,
             durability,
             broken: false,
+            sessions: HashMap::new(),
         })
     }
 
@@ -115,6 +123,40 @@ impl<'k> Appender<'k> {
     }
 
     fn append(&mut self, run: &Checked<'_>) -> Result<(), AttestError> {
+        let record = run.response.get("record").cloned().unwrap_or(Value::Null);
+        self.append_line(
+            KIND_RUN,
+            "Run",
+            Some(run.request),
+            run.response,
+            |key, line, previous_line_sha256| {
+                statement::sign(
+                    key,
+                    RECORD_SUBJECT,
+                    &run.record_sha256,
+                    RUN_RECORD,
+                    &RunPredicate {
+                        record,
+                        line,
+                        previous_line_sha256,
+                    },
+                )
+            },
+        )
+    }
+
+    /// Appends one entry line (of `kind`, for `procedure`, holding the
+    /// request, if the procedure's is worth keeping, and the answer) with
+    /// the statement `sign` makes for its place, then a checkpoint after
+    /// it. The caller has checked what the statement says.
+    pub(super) fn append_line(
+        &mut self,
+        kind: &str,
+        procedure: &str,
+        request: Option<&Value>,
+        response: &Value,
+        sign: impl FnOnce(&SigningKey, u64, String) -> Result<Envelope, AttestError>,
+    ) -> Result<(), AttestError> {
         if self.broken {
             return Err(AttestError::Format(
                 "an earlier append could not be undone; reopen the bundle".into(),
@@ -123,25 +165,18 @@ impl<'k> Appender<'k> {
         let key = self.key;
         let tail = &self.tail;
         let number = tail.lines + 1;
-        let signed = statement::sign(
-            key,
-            RECORD_SUBJECT,
-            &run.record_sha256,
-            RUN_RECORD,
-            &RunPredicate {
-                record: run.response.get("record").cloned().unwrap_or(Value::Null),
-                line: number,
-                previous_line_sha256: tail.previous.clone(),
-            },
-        )?;
-        let entry = canonical(&Value::Object(object(&[
-            ("kind", Value::from(KIND_RUN)),
+        let signed = sign(key, number, tail.previous.clone())?;
+        let mut fields = vec![
+            ("kind", Value::from(kind)),
             ("line", Value::from(number)),
-            ("procedure", Value::from("Run")),
-            ("request", run.request.clone()),
-            ("response", run.response.clone()),
+            ("procedure", Value::from(procedure)),
+            ("response", response.clone()),
             (SIGNED, to_value(&signed)),
-        ])));
+        ];
+        if let Some(request) = request {
+            fields.push(("request", request.clone()));
+        }
+        let entry = canonical(&Value::Object(object(&fields)));
         // The line must read back as written: an answer nested as deep as
         // the parser allows is one level too deep inside a line.
         if serde_json::from_slice::<Value>(&entry).is_err() {
@@ -174,7 +209,7 @@ impl<'k> Appender<'k> {
         }
     }
 
-    /// Puts every run appended so far on disk.
+    /// Puts every entry appended so far on disk.
     pub fn sync(&self) -> Result<(), AttestError> {
         self.file
             .sync_data()

@@ -21,25 +21,34 @@
 //! `verify` reads one whole.
 
 mod append;
+mod append_session;
 mod file;
 mod tail;
 mod verify;
+mod verify_session;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::AttestError;
+use super::dsse::Envelope;
 
 pub use append::{Appender, Checked, Durability, append_run};
 pub use tail::{Repaired, repair};
-pub use verify::{HeldRun, verified_runs, verify, verify_bytes};
+pub use verify::{Held, HeldCall, verified_entries, verify, verify_bytes};
 
 /// A run statement's subject: the run record, by its own digest.
 const RECORD_SUBJECT: &str = "run-record";
 /// A checkpoint's subject: the line it closes the bundle after.
 const LINE_SUBJECT: &str = "bundle-line";
+/// A session's open and close statements' subject: the session, by its
+/// fingerprint (the SHA-256 of its ID, which a bundle never holds).
+const SESSION_SUBJECT: &str = "session";
 const KIND_RUN: &str = "run";
+const KIND_SESSION_OPEN: &str = "session-open";
+const KIND_SESSION_CALL: &str = "session-call";
+const KIND_SESSION_CLOSE: &str = "session-close";
 const KIND_CHECKPOINT: &str = "checkpoint";
 /// The key under which each line carries its signed statement.
 const SIGNED: &str = "signed";
@@ -55,12 +64,33 @@ struct RunPredicate {
     previous_line_sha256: String,
 }
 
+/// What a session's open statement says besides its fingerprint: the
+/// answer as kept (without the session ID), and the line's place.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OpenPredicate {
+    opened: Value,
+    line: u64,
+    previous_line_sha256: String,
+}
+
+/// What a session's close statement says besides its fingerprint: the
+/// close answer (the calls the daemon counted, the last record's digest).
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ClosePredicate {
+    closed: Value,
+    line: u64,
+    previous_line_sha256: String,
+}
+
 /// What a checkpoint's statement says besides the last run line's digest.
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct CheckpointPredicate {
     line: u64,
-    /// How many runs the bundle holds before the checkpoint.
+    /// How many entries (runs, session opens, calls and closes) the
+    /// bundle holds before the checkpoint.
     entries: u64,
 }
 
@@ -73,23 +103,27 @@ pub enum Sharing {
     Shared,
 }
 
-/// What a verifier was told to expect of the runs in a bundle.
+/// What a verifier was told to expect of the runs in a bundle (runs and
+/// session calls alike: each is code that ran).
 pub enum Expect {
     Nothing,
-    /// Exactly this many runs.
+    /// Exactly this many runs and session calls.
     Count(usize),
     /// These request digests, each as many times as listed.
     Requests(Vec<String>),
 }
 
 /// What a bundle that verified holds.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Verified {
     pub runs: usize,
-    /// Runs whose answer carries the daemon's receipt (each checked, if
-    /// the daemon's key was given).
+    /// Sessions, each opened, chained call by call, and closed.
+    pub sessions: usize,
+    pub session_calls: usize,
+    /// Runs and calls whose answer carries the daemon's receipt (each
+    /// checked, if the daemon's key was given).
     pub receipts: usize,
-    /// Request digests of the runs, in order.
+    /// Request digests of the runs and session calls, in order.
     pub requests: Vec<String>,
 }
 
@@ -136,6 +170,38 @@ fn prefixed(e: AttestError, number: u64) -> AttestError {
     }
 }
 
+/// A signed place against the line's real one.
+fn placed(
+    signed_line: u64,
+    signed_previous: &str,
+    number: u64,
+    previous: &str,
+) -> Result<(), AttestError> {
+    if signed_line != number {
+        return Err(AttestError::Format(format!(
+            "signed as line {signed_line}: lines were removed, moved or added"
+        )));
+    }
+    if signed_previous != previous {
+        return Err(AttestError::Format(
+            "the line before it is not the one it was signed after (it was changed, removed or added)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The line's signed statement.
+fn signed(fields: &Map<String, Value>) -> Result<Envelope, AttestError> {
+    fields
+        .get(SIGNED)
+        .cloned()
+        .ok_or_else(|| AttestError::Format("no signed statement".into()))
+        .and_then(|v| {
+            serde_json::from_value(v)
+                .map_err(|e| AttestError::Format(format!("the signed statement: {e}")))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,3 +212,6 @@ mod tests {
         assert_eq!(canonical(&v), br#"{"a":{"c":3,"d":2},"b":1}"#);
     }
 }
+
+#[cfg(test)]
+mod session_tests;

@@ -1,6 +1,7 @@
 //! Verifying a bundle: every line's link, every run's signed record
-//! checked against its request and answer, the checkpoint at the end, and
-//! what the caller expected of the runs.
+//! checked against its request and answer, every session's chain (in
+//! `verify_session`), the checkpoint at the end, and what the caller
+//! expected of the runs.
 
 use std::fs::OpenOptions;
 use std::io::Read;
@@ -10,12 +11,13 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::append::Checked;
+use super::verify_session::Sessions;
 use super::{
-    CheckpointPredicate, Expect, KIND_CHECKPOINT, KIND_RUN, LINE_SUBJECT, RECORD_SUBJECT,
-    RunPredicate, SIGNED, Verified, canonical, io_error, prefixed, sha256_hex,
+    CheckpointPredicate, Expect, KIND_CHECKPOINT, KIND_RUN, KIND_SESSION_CALL, KIND_SESSION_CLOSE,
+    KIND_SESSION_OPEN, LINE_SUBJECT, RECORD_SUBJECT, RunPredicate, SIGNED, Verified, canonical,
+    io_error, placed, prefixed, sha256_hex, signed,
 };
 use crate::attest::AttestError;
-use crate::attest::dsse::Envelope;
 use crate::attest::keys::VerifyingKey;
 use crate::attest::receipts;
 use crate::attest::statement::{self, BUNDLE_CHECKPOINT, RUN_RECORD};
@@ -34,36 +36,61 @@ pub fn verify(
     Ok(verified)
 }
 
-/// A run as a bundle that verified holds it: what to send again, and the
-/// result digest it was answered with.
-pub struct HeldRun {
+/// What a bundle that verified holds, to send again: a run, or a session
+/// with its calls, each with the result digest it was answered with.
+pub enum Held {
+    Run(HeldCall),
+    Session { open: Value, calls: Vec<HeldCall> },
+}
+
+pub struct HeldCall {
+    /// The request as kept (a session call's without its session ID).
     pub request: Value,
     pub result_sha256: String,
 }
 
-/// The runs of the bundle at `path`, in order, once every line of it has
-/// verified with `key`. The file is read once: what is replayed is exactly
-/// what was verified.
-pub fn verified_runs(path: &Path, key: &VerifyingKey) -> Result<Vec<HeldRun>, AttestError> {
+/// The runs and sessions of the bundle at `path`, in the order they
+/// started, once every line of it has verified with `key`. The file is
+/// read once: what is replayed is exactly what was verified.
+pub fn verified_entries(path: &Path, key: &VerifyingKey) -> Result<Vec<Held>, AttestError> {
     let bytes = read_bundle(path)?;
     verify_bytes(&bytes, key, None)?;
-    let mut runs = Vec::new();
+    let mut held = Vec::new();
+    let mut sessions = std::collections::HashMap::new();
     for raw in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
         let line: Value = serde_json::from_slice(raw)
             .map_err(|e| AttestError::Format(format!("a verified line is not JSON: {e}")))?;
-        if line.get("kind").and_then(Value::as_str) != Some(KIND_RUN) {
-            continue;
+        let digest = |at: &str| {
+            line.pointer(at)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        match line.get("kind").and_then(Value::as_str) {
+            Some(KIND_RUN) => held.push(Held::Run(HeldCall {
+                request: line["request"].clone(),
+                result_sha256: digest("/response/record/resultSha256"),
+            })),
+            Some(KIND_SESSION_OPEN) => {
+                sessions.insert(digest("/response/session"), held.len());
+                held.push(Held::Session {
+                    open: line["request"].clone(),
+                    calls: Vec::new(),
+                });
+            }
+            Some(KIND_SESSION_CALL) => {
+                let at = sessions.get(&digest("/response/run/record/session"));
+                if let Some(Held::Session { calls, .. }) = at.and_then(|i| held.get_mut(*i)) {
+                    calls.push(HeldCall {
+                        request: line["request"].clone(),
+                        result_sha256: digest("/response/run/record/resultSha256"),
+                    });
+                }
+            }
+            _ => {}
         }
-        let result_sha256 = line["response"]["record"]["resultSha256"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        runs.push(HeldRun {
-            request: line["request"].clone(),
-            result_sha256,
-        });
     }
-    Ok(runs)
+    Ok(held)
 }
 
 /// The largest bundle read: far past any batch of runs (a run line holds at
@@ -118,12 +145,10 @@ pub fn verify_bytes(
         ));
     };
     let mut previous = String::new();
-    let mut after_run = false;
-    let mut verified = Verified {
-        runs: 0,
-        receipts: 0,
-        requests: Vec::new(),
-    };
+    let mut after_entry = false;
+    let mut entries = 0;
+    let mut verified = Verified::default();
+    let mut sessions = Sessions::default();
     let lines: Vec<&[u8]> = body.split(|b| *b == b'\n').collect();
     for (i, raw) in lines.iter().enumerate() {
         let number = i as u64 + 1;
@@ -155,32 +180,52 @@ pub fn verify_bytes(
             Some(KIND_RUN) => {
                 let request = check_run_line(&fields, key, number, &previous)
                     .map_err(|e| prefixed(e, number))?;
-                let receipt = check_receipt(&fields, daemon).map_err(|e| prefixed(e, number))?;
+                let receipt = check_receipt(fields.get("response"), daemon)
+                    .map_err(|e| prefixed(e, number))?;
                 verified.receipts += usize::from(receipt);
                 verified.runs += 1;
                 verified.requests.push(request);
             }
-            // A checkpoint follows each append's run; every one is checked,
-            // though only the last closes the bundle.
-            Some(KIND_CHECKPOINT) if after_run => {
-                check_checkpoint(&fields, key, number, &previous, verified.runs)
+            Some(KIND_SESSION_OPEN) => sessions
+                .open_line(&fields, key, number, &previous)
+                .map_err(|e| prefixed(e, number))?,
+            Some(KIND_SESSION_CALL) => {
+                let request = sessions
+                    .call_line(&fields, key, number, &previous)
+                    .map_err(|e| prefixed(e, number))?;
+                let run = fields.get("response").and_then(|r| r.get("run"));
+                let receipt = check_receipt(run, daemon).map_err(|e| prefixed(e, number))?;
+                verified.receipts += usize::from(receipt);
+                verified.session_calls += 1;
+                verified.requests.push(request);
+            }
+            Some(KIND_SESSION_CLOSE) => sessions
+                .close_line(&fields, key, number, &previous)
+                .map_err(|e| prefixed(e, number))?,
+            // A checkpoint follows each append's entry; every one is
+            // checked, though only the last closes the bundle.
+            Some(KIND_CHECKPOINT) if after_entry => {
+                check_checkpoint(&fields, key, number, &previous, entries)
                     .map_err(|e| prefixed(e, number))?;
             }
             Some(KIND_CHECKPOINT) => {
                 return Err(AttestError::Format(at(
-                    "a checkpoint that follows no run".into()
+                    "a checkpoint that follows no entry".into(),
                 )));
             }
             _ => return Err(AttestError::Format(at("an unknown kind of line".into()))),
         }
         previous = sha256_hex(raw);
-        after_run = kind == Some(KIND_RUN);
+        after_entry = kind != Some(KIND_CHECKPOINT);
+        entries += usize::from(after_entry);
         if last && fields.get("kind").and_then(Value::as_str) != Some(KIND_CHECKPOINT) {
             return Err(AttestError::Incomplete(
                 "the bundle has no checkpoint at its end: it was cut short or never closed".into(),
             ));
         }
     }
+    sessions.finish()?;
+    verified.sessions = sessions.closed;
     Ok(verified)
 }
 
@@ -188,7 +233,10 @@ pub fn verify_bytes(
 /// nothing unsigned can ride along on a line.
 fn line_keys(kind: &str) -> Option<&'static [&'static str]> {
     match kind {
-        KIND_RUN => Some(&["kind", "line", "procedure", "request", "response", SIGNED]),
+        KIND_RUN | KIND_SESSION_OPEN | KIND_SESSION_CALL => {
+            Some(&["kind", "line", "procedure", "request", "response", SIGNED])
+        }
+        KIND_SESSION_CLOSE => Some(&["kind", "line", "procedure", "response", SIGNED]),
         KIND_CHECKPOINT => Some(&["entries", "kind", "line", SIGNED]),
         _ => None,
     }
@@ -199,10 +247,10 @@ fn line_keys(kind: &str) -> Option<&'static [&'static str]> {
 fn check_expected(v: &Verified, expect: &Expect) -> Result<(), AttestError> {
     match expect {
         Expect::Nothing => Ok(()),
-        Expect::Count(n) if *n == v.runs => Ok(()),
+        Expect::Count(n) if *n == v.runs + v.session_calls => Ok(()),
         Expect::Count(n) => Err(AttestError::Incomplete(format!(
-            "expected {n} runs, the bundle holds {}",
-            v.runs
+            "expected {n} runs and session calls, the bundle holds {} runs and {} session calls",
+            v.runs, v.session_calls
         ))),
         Expect::Requests(wanted) if wanted.is_empty() => Err(AttestError::Incomplete(
             "the list of expected runs is empty: it would accept any bundle".into(),
@@ -269,39 +317,37 @@ fn check_run_line(
 }
 
 /// The checkpoint: signed by `key`, closing the bundle right after the line
-/// before it, with as many runs as the bundle holds.
+/// before it, with as many entries as the bundle holds.
 fn check_checkpoint(
     fields: &Map<String, Value>,
     key: &VerifyingKey,
     number: u64,
     previous: &str,
-    runs: usize,
+    entries: usize,
 ) -> Result<(), AttestError> {
     let (last_line, stated): (String, CheckpointPredicate) =
         statement::open(&signed(fields)?, key, LINE_SUBJECT, BUNDLE_CHECKPOINT)?;
     placed(stated.line, &last_line, number, previous)?;
     let written = fields.get("entries").and_then(Value::as_u64);
-    if stated.entries != runs as u64 || written != Some(stated.entries) {
+    if stated.entries != entries as u64 || written != Some(stated.entries) {
         return Err(AttestError::Incomplete(
-            "the checkpoint's count is not the number of runs before it".into(),
+            "the checkpoint's count is not the number of entries before it".into(),
         ));
     }
     Ok(())
 }
 
-/// A run's receipt, checked with the daemon's key when one is given (then
-/// a run without one is refused). Says whether the run carries one.
+/// The receipt in a run's answer (a Run's, or a session call's `run`),
+/// checked with the daemon's key when one is given (then an answer without
+/// one is refused). Says whether the answer carries one.
 fn check_receipt(
-    fields: &Map<String, Value>,
+    answer: Option<&Value>,
     daemon: Option<&VerifyingKey>,
 ) -> Result<bool, AttestError> {
-    let response = fields.get("response");
-    let receipt = response.and_then(|r| r.get("receipt"));
+    let receipt = answer.and_then(|r| r.get("receipt"));
     match (receipt, daemon) {
         (Some(receipt), Some(key)) => {
-            let record = response
-                .and_then(|r| r.get("record"))
-                .unwrap_or(&Value::Null);
+            let record = answer.and_then(|r| r.get("record")).unwrap_or(&Value::Null);
             receipts::check(receipt, key, record)?;
             Ok(true)
         }
@@ -310,36 +356,4 @@ fn check_receipt(
         )),
         (receipt, None) => Ok(receipt.is_some()),
     }
-}
-
-/// A signed place against the line's real one.
-fn placed(
-    signed_line: u64,
-    signed_previous: &str,
-    number: u64,
-    previous: &str,
-) -> Result<(), AttestError> {
-    if signed_line != number {
-        return Err(AttestError::Format(format!(
-            "signed as line {signed_line}: lines were removed, moved or added"
-        )));
-    }
-    if signed_previous != previous {
-        return Err(AttestError::Format(
-            "the line before it is not the one it was signed after (it was changed, removed or added)".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// The line's signed statement.
-fn signed(fields: &Map<String, Value>) -> Result<Envelope, AttestError> {
-    fields
-        .get(SIGNED)
-        .cloned()
-        .ok_or_else(|| AttestError::Format("no signed statement".into()))
-        .and_then(|v| {
-            serde_json::from_value(v)
-                .map_err(|e| AttestError::Format(format!("the signed statement: {e}")))
-        })
 }

@@ -3,6 +3,7 @@
 //!   plimsoll attest keygen --out PREFIX
 //!   plimsoll attest run --bundle FILE [--key FILE] [--shared-bundle] [--url URL] REQUEST.json
 //!   plimsoll attest repair [--key FILE] BUNDLE
+//!   plimsoll attest session --bundle FILE [--key FILE] [--shared-bundle] [--url URL] SCRIPT.json
 //!   plimsoll attest replay --pub FILE [--url URL] BUNDLE
 //!   plimsoll attest verify --pub FILE [--daemon-pub FILE] [--expect FILE | --expect-count N] BUNDLE
 //!
@@ -17,13 +18,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use plimsoll::attest::bundle::{self, Checked, Expect, Sharing};
+use plimsoll::attest::bundle::{self, Expect, Sharing};
 use plimsoll::attest::keys::{self, VerifyingKey};
 
+use crate::attest_replay::{self, ReplayArgs};
+use crate::attest_session::{self, SessionArgs};
 use crate::client::Api;
 use crate::local_files::read_request;
 use crate::run::{EXIT_USAGE, call, fail};
-use crate::signer::{Signer, signing_key};
+use crate::signer::{Signer, SignerArgs, signing_key};
 
 /// The answer came but is not in the bundle: its record did not check, or
 /// the bundle could not be written.
@@ -48,28 +51,21 @@ pub enum Action {
     /// whatever follows this key's last checkpoint, if no more than one
     /// append writes. Prints what it removed.
     Repair(RepairArgs),
-    /// Verifies a bundle, then sends each of its runs again and compares
-    /// result digests; nothing is sent if the bundle does not verify.
+    /// Verifies a bundle, then sends each of its runs again, and each of
+    /// its sessions into a fresh session, and compares result digests;
+    /// nothing is sent if the bundle does not verify.
     Replay(ReplayArgs),
+    /// Opens a session, sends the script's calls in it, closes it, and
+    /// appends each signed answer to the bundle as it comes.
+    Session(SessionArgs),
 }
 
 #[derive(Args)]
 pub struct RunArgs {
     /// A Run request in the API's JSON form.
     request: PathBuf,
-    /// The bundle to append to (created owner-only if absent).
-    #[arg(long)]
-    bundle: PathBuf,
-    /// The signing key (default: the PEM text in PLIMSOLL_ATTEST_KEY).
-    #[arg(long)]
-    key: Option<PathBuf>,
-    /// Accept a bundle others may read.
-    #[arg(long)]
-    shared_bundle: bool,
-    /// The daemon (default PLIMSOLL_URL, else http://127.0.0.1:8746); the
-    /// caller's token is read from PLIMSOLL_TOKEN.
-    #[arg(long)]
-    url: Option<String>,
+    #[command(flatten)]
+    signer: SignerArgs,
 }
 
 #[derive(Args)]
@@ -85,7 +81,7 @@ pub struct VerifyArgs {
     /// A file of request digests, one per line: each must be in the bundle.
     #[arg(long, conflicts_with = "expect_count")]
     expect: Option<PathBuf>,
-    /// The number of runs the bundle must hold.
+    /// The number of runs and session calls the bundle must hold.
     #[arg(long)]
     expect_count: Option<usize>,
 }
@@ -96,7 +92,8 @@ pub fn run(action: Action) -> ExitCode {
         Action::Run(args) => sign_run(args),
         Action::Verify(args) => verify(args),
         Action::Repair(args) => repair(args),
-        Action::Replay(args) => replay(args),
+        Action::Replay(args) => attest_replay::replay(args),
+        Action::Session(args) => attest_session::sign_session(args),
     }
 }
 
@@ -111,67 +108,6 @@ pub struct RepairArgs {
     shared_bundle: bool,
 }
 
-#[derive(Args)]
-pub struct ReplayArgs {
-    bundle: PathBuf,
-    /// The signer's public key (PREFIX.pub): the bundle must verify first.
-    #[arg(long = "pub")]
-    public: PathBuf,
-    /// The daemon (default PLIMSOLL_URL, else http://127.0.0.1:8746).
-    #[arg(long)]
-    url: Option<String>,
-}
-
-/// A replayed run whose result differs (or that could not be compared).
-const EXIT_DIFFERS: u8 = 4;
-
-fn replay(args: ReplayArgs) -> ExitCode {
-    let key = match VerifyingKey::load(&args.public) {
-        Ok(k) => k,
-        Err(e) => return fail(EXIT_USAGE, &e.to_string()),
-    };
-    let api = match Api::new(args.url) {
-        Ok(a) => a,
-        Err(e) => return fail(EXIT_USAGE, &e),
-    };
-    let runs = match bundle::verified_runs(&args.bundle, &key) {
-        Ok(r) => r,
-        Err(e) => {
-            return fail(
-                EXIT_NOT_VERIFIED,
-                &format!("not verified, nothing sent: {e}"),
-            );
-        }
-    };
-    let (mut same, mut other) = (0, 0);
-    for (n, run) in runs.iter().enumerate() {
-        let n = n + 1;
-        let budget = Duration::from_millis(run.request["timeoutMs"].as_u64().unwrap_or(120_000));
-        let verdict = match call(&api, "Run", &run.request, budget) {
-            Err(_) => "not answered".to_string(),
-            // The new answer is held to the same checks as a signed one: a
-            // result digest is compared only once its record checks.
-            Ok(answer) => match Checked::new(&run.request, &answer) {
-                Err(e) => format!("its record does not check ({e})"),
-                Ok(_) if answer["record"]["resultSha256"] == run.result_sha256.as_str() => {
-                    same += 1;
-                    println!("run {n}: same result");
-                    continue;
-                }
-                Ok(_) => "a different result".to_string(),
-            },
-        };
-        other += 1;
-        println!("run {n}: {verdict}");
-    }
-    println!("{} runs replayed: {same} the same, {other} not", runs.len());
-    if other == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_DIFFERS)
-    }
-}
-
 fn repair(args: RepairArgs) -> ExitCode {
     let key = match signing_key(args.key.as_deref()) {
         Ok(k) => k,
@@ -184,12 +120,15 @@ fn repair(args: RepairArgs) -> ExitCode {
     };
     match bundle::repair(&args.bundle, &key, sharing) {
         Ok(r) if r.removed == 0 => {
-            println!("the bundle is whole: {} runs, nothing removed", r.entries);
+            println!(
+                "the bundle is whole: {} entries, nothing removed",
+                r.entries
+            );
             ExitCode::SUCCESS
         }
         Ok(r) => {
             println!(
-                "removed the last {} bytes (an append cut short); {} runs remain",
+                "removed the last {} bytes (an append cut short); {} entries remain",
                 r.removed, r.entries
             );
             ExitCode::SUCCESS
@@ -210,15 +149,17 @@ fn keygen(prefix: &Path) -> ExitCode {
 
 fn sign_run(args: RunArgs) -> ExitCode {
     // Everything that can be refused here is, before anything is sent.
-    let signer = match Signer::new(args.bundle, args.key.as_deref(), args.shared_bundle) {
+    let RunArgs { request, signer } = args;
+    let url = signer.url;
+    let signer = match Signer::new(signer.bundle, signer.key.as_deref(), signer.shared_bundle) {
         Ok(s) => s,
         Err(e) => return fail(EXIT_USAGE, &e),
     };
-    let request = match read_request(&args.request) {
+    let request = match read_request(&request) {
         Ok(r) => r,
         Err(e) => return fail(EXIT_USAGE, &e),
     };
-    let api = match Api::new(args.url) {
+    let api = match Api::new(url) {
         Ok(a) => a,
         Err(e) => return fail(EXIT_USAGE, &e),
     };
@@ -255,8 +196,10 @@ fn verify(args: VerifyArgs) -> ExitCode {
     match bundle::verify(&args.bundle, &key, daemon.as_ref(), &expect) {
         Ok(v) => {
             println!(
-                "{} runs verified, signed by key ID {}",
+                "{} runs and {} sessions ({} calls) verified, signed by key ID {}",
                 v.runs,
+                v.sessions,
+                v.session_calls,
                 key.key_id()
             );
             match &daemon {

@@ -13,6 +13,8 @@
 //! the callers file on this machine.
 
 mod attest_cli;
+mod attest_replay;
+mod attest_session;
 mod callers;
 mod client;
 mod local_files;

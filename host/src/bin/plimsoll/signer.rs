@@ -4,12 +4,32 @@
 
 use std::path::{Path, PathBuf};
 
+use clap::Args;
+
 use plimsoll::attest::bundle::{self, Appender, Durability, Sharing};
 use plimsoll::attest::keys::SigningKey;
 use serde_json::Value;
 
 /// Where a signing key may come from instead of a file: its PEM text.
 const KEY_VAR: &str = "PLIMSOLL_ATTEST_KEY";
+
+/// Where `plimsoll attest run` and `attest session` sign to, and with what.
+#[derive(Args)]
+pub struct SignerArgs {
+    /// The bundle to append to (created owner-only if absent).
+    #[arg(long)]
+    pub bundle: PathBuf,
+    /// The signing key (default: the PEM text in PLIMSOLL_ATTEST_KEY).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// Accept a bundle others may read.
+    #[arg(long)]
+    pub shared_bundle: bool,
+    /// The daemon (default PLIMSOLL_URL, else http://127.0.0.1:8746); the
+    /// caller's token is read from PLIMSOLL_TOKEN.
+    #[arg(long)]
+    pub url: Option<String>,
+}
 
 /// A bundle and the key that signs runs into it, checked before any run is
 /// sent (`plimsoll attest run`, and `plimsoll run --bundle`).

@@ -1,0 +1,205 @@
+//! `plimsoll attest replay`: a verified bundle's runs sent again, and its
+//! sessions replayed into fresh sessions, with each new result digest
+//! compared to the one the bundle holds.
+//!
+//! Nothing is sent unless the whole bundle verifies, and what is sent is
+//! read from the very bytes that verified. Each new answer is held to the
+//! signer's checks before its result counts: a record that does not check
+//! is a failure, not a comparison. Replay shows whether the code gives the
+//! same result again; output that varies by nature (time, randomness)
+//! differs, and is reported as such.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use plimsoll::attest::bundle::{self, Checked, Held, HeldCall};
+use plimsoll::attest::keys::VerifyingKey;
+use plimsoll::attest::session_check::{
+    call_as_received, check_open, close_as_received, id_matches, open_as_received,
+    parse_open_request, parse_session_call, without_id,
+};
+use serde_json::Value;
+
+use crate::attest_session::{budget_of, close_request, with_id};
+use crate::client::Api;
+use crate::run::{EXIT_USAGE, call, fail};
+
+/// A bundle that does not verify: nothing sent.
+const EXIT_NOT_VERIFIED: u8 = 1;
+/// A replayed result that differs, or a call that could not be compared.
+const EXIT_DIFFERS: u8 = 4;
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    bundle: PathBuf,
+    /// The signer's public key (PREFIX.pub): the bundle must verify first.
+    #[arg(long = "pub")]
+    public: PathBuf,
+    /// The daemon (default PLIMSOLL_URL, else http://127.0.0.1:8746).
+    #[arg(long)]
+    url: Option<String>,
+}
+
+/// Tallies what replay found, printing one line per run or call.
+#[derive(Default)]
+struct Tally {
+    same: usize,
+    other: usize,
+}
+
+impl Tally {
+    fn same(&mut self, what: &str) {
+        self.same += 1;
+        println!("{what}: same result");
+    }
+
+    fn other(&mut self, what: &str, verdict: &str) {
+        self.other += 1;
+        println!("{what}: {verdict}");
+    }
+}
+
+pub fn replay(args: ReplayArgs) -> ExitCode {
+    let key = match VerifyingKey::load(&args.public) {
+        Ok(k) => k,
+        Err(e) => return fail(EXIT_USAGE, &e.to_string()),
+    };
+    let api = match Api::new(args.url) {
+        Ok(a) => a,
+        Err(e) => return fail(EXIT_USAGE, &e),
+    };
+    let held = match bundle::verified_entries(&args.bundle, &key) {
+        Ok(h) => h,
+        Err(e) => {
+            return fail(
+                EXIT_NOT_VERIFIED,
+                &format!("not verified, nothing sent: {e}"),
+            );
+        }
+    };
+    let mut tally = Tally::default();
+    let (mut runs, mut sessions) = (0, 0);
+    for entry in &held {
+        match entry {
+            Held::Run(run) => {
+                runs += 1;
+                replay_run(&api, &format!("run {runs}"), run, &mut tally);
+            }
+            Held::Session { open, calls } => {
+                sessions += 1;
+                replay_session(&api, sessions, open, calls, &mut tally);
+            }
+        }
+    }
+    println!(
+        "{runs} runs and {sessions} sessions replayed: {} results the same, {} not",
+        tally.same, tally.other
+    );
+    if tally.other == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_DIFFERS)
+    }
+}
+
+fn replay_run(api: &Api, what: &str, run: &HeldCall, tally: &mut Tally) {
+    let Ok(answer) = call(api, "Run", &run.request, budget_of(&run.request)) else {
+        return tally.other(what, "not answered");
+    };
+    match Checked::new(&run.request, &answer) {
+        Err(e) => tally.other(what, &format!("its record does not check ({e})")),
+        Ok(_) if answer["record"]["resultSha256"] == run.result_sha256.as_str() => tally.same(what),
+        Ok(_) => tally.other(what, "a different result"),
+    }
+}
+
+/// A session replayed into a fresh one: opened with the request the bundle
+/// holds (less its owner, whose live session the replay must not replace,
+/// and its trace ID), each call sent in order and checked against the new
+/// chain, then closed. Calls after one that fails are not sent.
+fn replay_session(api: &Api, n: usize, open: &Value, calls: &[HeldCall], tally: &mut Tally) {
+    let mut request = open.clone();
+    if let Some(o) = request.as_object_mut() {
+        o.remove("owner");
+        o.remove("traceId");
+        o.remove("trace_id");
+    }
+    let not_replayed = |tally: &mut Tally, from: usize, why: &str| {
+        for c in from..calls.len() {
+            tally.other(&format!("session {n} call {}", c + 1), why);
+        }
+    };
+    let Ok(opened) = call(api, "OpenSession", &request, budget_of(&Value::Null)) else {
+        tally.other(&format!("session {n}"), "not opened");
+        return not_replayed(tally, 0, "not replayed (the session did not open)");
+    };
+    let id = opened["sessionId"].as_str().unwrap_or_default().to_string();
+    let checked = parse_open_request(&serde_json::to_vec(&request).unwrap_or_default())
+        .and_then(|req| Ok((req, open_as_received(&without_id(&opened))?)))
+        .and_then(|(req, resp)| check_open(&req, &resp));
+    let refused = match &checked {
+        Ok(chain) if id_matches(&id, &chain.fingerprint) => None,
+        Ok(_) => Some("not replayed (the open's ID is not its fingerprint's)".to_string()),
+        Err(e) => Some(format!("not replayed (the open does not check: {e})")),
+    };
+    let (Ok(mut chain), None) = (checked, refused.as_ref()) else {
+        if !id.is_empty() {
+            let _ = call(
+                api,
+                "CloseSession",
+                &close_request(&id),
+                budget_of(&Value::Null),
+            );
+        }
+        let why = refused.unwrap_or_default();
+        tally.other(&format!("session {n}"), &why);
+        return not_replayed(tally, 0, &why);
+    };
+    for (c, held) in calls.iter().enumerate() {
+        let what = format!("session {n} call {}", c + 1);
+        let Ok(answer) = call(
+            api,
+            "SessionRun",
+            &with_id(&held.request, &id),
+            budget_of(&held.request),
+        ) else {
+            tally.other(&what, "not answered");
+            not_replayed(tally, c + 1, "not replayed (an earlier call failed)");
+            break;
+        };
+        let checked = parse_session_call(&serde_json::to_vec(&held.request).unwrap_or_default())
+            .and_then(|req| Ok((req, call_as_received(&answer)?)))
+            .and_then(|(req, resp)| chain.check_call(&req, &resp).map(|()| resp));
+        match checked {
+            Err(e) => {
+                tally.other(&what, &format!("its record does not check ({e})"));
+                not_replayed(tally, c + 1, "not replayed (an earlier call failed)");
+                break;
+            }
+            Ok(resp) => {
+                if resp.run.record.result_sha256 == held.result_sha256 {
+                    tally.same(&what);
+                } else {
+                    tally.other(&what, "a different result");
+                }
+                chain.advance(&resp);
+            }
+        }
+    }
+    // The fresh session's close must account for every call it answered,
+    // as a signed one's must.
+    let closed = call(
+        api,
+        "CloseSession",
+        &close_request(&id),
+        budget_of(&Value::Null),
+    );
+    let checked = closed
+        .map_err(|_| "not answered".to_string())
+        .and_then(|answer| close_as_received(&answer).map_err(|e| e.to_string()))
+        .and_then(|answer| chain.check_close(&answer).map_err(|e| e.to_string()));
+    if let Err(why) = checked {
+        tally.other(&format!("session {n} close"), &why);
+    }
+}
