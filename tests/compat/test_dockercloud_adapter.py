@@ -27,7 +27,7 @@ from plimsoll_client import Client
 from plimsoll_client.errors import PlimsollError
 
 import workloads
-from session_leftovers import assert_no_process_outlives_a_call
+from session_leftovers import assert_a_slow_exit_does_not_end_the_session, assert_no_process_outlives_a_call
 from test_published_client import ROOT, Daemon, plimsolld_bin
 
 sys.path.insert(0, str(ROOT / "tests" / "fakes" / "e2b"))
@@ -370,6 +370,11 @@ def test_a_session_keeps_one_sandbox_and_its_files_and_deletes_it_at_close(daemo
         assert fake.live() == [uid]
     assert fake.state()["created"] == before + 1
     assert s.close().end == "closed"
+
+
+def test_a_call_that_leaves_a_slow_exiting_process_keeps_its_session(daemon, fake):
+    with Client(daemon.url).open_session() as s:
+        assert_a_slow_exit_does_not_end_the_session(s)
 
 
 def test_no_process_a_session_call_starts_outlives_it(daemon, fake):

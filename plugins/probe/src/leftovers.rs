@@ -34,7 +34,33 @@ echo "done=yes"
 /// and exiting, which no single listing catches, keeps the rounds going),
 /// at most 20; prints `left=<n>`, 0 only for such a round. Zombies are
 /// skipped (they hold nothing but a PID) unless a thread of theirs runs.
-const ROUNDS: &str = r#"round=0
+///
+/// So is a process already on its way out (`doomed`): every thread of it
+/// has begun to exit (PF_EXITING, 0x4, in its flags) or has SIGKILL
+/// pending (bit 8 of its own or the shared pending mask). No such thread
+/// returns to code of its own, so the process can neither fork nor act
+/// again; it stays in `/proc` only while the kernel frees what it held,
+/// which for a process holding gigabytes outlasts all 20 rounds, and
+/// counting it as left over ended sessions for nothing. Each thread is
+/// asked, not only the first: a first thread that exited on its own while
+/// others run is exiting, and the others are not.
+const ROUNDS: &str = r#"doomed() {
+  for t in "$1"/task/*; do
+    read -r ds < "$t/stat" || continue
+    ds=${ds##*) }
+    set -- $ds
+    [ $(($7 & 4)) -ne 0 ] && continue
+    dk=1
+    { while read -r k v; do
+        case "$k" in
+          SigPnd:|ShdPnd:) [ $((0x$v & 256)) -ne 0 ] && dk=0 ;;
+        esac
+      done < "$t/status"; } || continue
+    [ "$dk" -eq 0 ] || return 1
+  done
+  return 0
+}
+round=0
 while :; do
   set -- /proc/[0-9]*
   before=$*
@@ -48,6 +74,7 @@ while :; do
     case "$s" in
       Z*) set -- "$d"/task/*; [ "$#" -gt 1 ] || continue ;;
     esac
+    doomed "$d" 2>/dev/null && continue
     kill -9 "$q" 2>/dev/null && n=$((n + 1))
   done
   set -- /proc/[0-9]*
