@@ -432,8 +432,9 @@ fn a_symlinked_bundle_is_not_followed() {
 
 #[test]
 fn a_failed_append_leaves_the_bundle_as_it_was() {
-    // The file-size limit makes the append's write fail part way (EFBIG,
-    // with SIGXFSZ ignored so the process lives to put the bundle back).
+    // The file-size limit makes the append's write fail part way. The
+    // shell leaves SIGXFSZ at its default, which kills the writer; the CLI
+    // ignores it itself, so it sees EFBIG and lives to put the bundle back.
     let d = plimsoll_tests::wasm_daemon();
     let scratch = Scratch::new("attest-efbig");
     let (key, public) = keygen(&scratch.0, "signer");
@@ -449,7 +450,7 @@ fn a_failed_append_leaves_the_bundle_as_it_was() {
     .expect("write");
     let limit_kib = before.len() / 1024 + 1;
     let script = format!(
-        "trap '' XFSZ; ulimit -f {limit_kib}; exec \"$0\" attest run --key \"$1\" --bundle \"$2\" \"$3\""
+        "trap - XFSZ; ulimit -f {limit_kib}; exec \"$0\" attest run --key \"$1\" --bundle \"$2\" \"$3\""
     );
     let out = Command::new("bash")
         .env_clear()

@@ -286,8 +286,9 @@ fn a_daemon_with_a_key_vouches_for_each_session_call() {
     ok(&sign_session(&d.url(""), &key, &bundle, &script()));
     let v = verify(&bundle, &public, &["--daemon-pub", s(&daemon_pub)]);
     ok(&v);
+    // One receipt per call, and one for the close.
     assert!(
-        text(&v.stdout).contains("3 daemon receipts verified"),
+        text(&v.stdout).contains("4 daemon receipts verified"),
         "{}",
         text(&v.stdout)
     );
@@ -295,6 +296,48 @@ fn a_daemon_with_a_key_vouches_for_each_session_call() {
     assert_refused(
         &verify(&bundle, &public, &["--daemon-pub", s(&public)]),
         "signature",
+    );
+    // The independent verifiers check the receipts too: ten statements and
+    // checkpoints, three call receipts and the close's.
+    let theirs = others_verify_with(&bundle, &public, &["--daemon-pub", s(&daemon_pub)]);
+    assert_eq!(theirs.status.code(), Some(0), "{}", text(&theirs.stderr));
+    assert!(
+        text(&theirs.stdout).contains("14 envelopes verified"),
+        "{}",
+        text(&theirs.stdout)
+    );
+
+    // The signing key's holder drops the last call and writes a close that
+    // counts only the rest. Every line then checks against the signer's
+    // key: only the daemon's word on the close shows calls went missing.
+    let whole = lines(&bundle);
+    let calls = of_kind(&whole, "session-call");
+    let last_kept: Value = serde_json::from_str(&whole[calls[1]]).expect("call 2");
+    let mut short: Vec<String> = whole.clone();
+    short.drain(calls[2]..calls[2] + 2);
+    let close_at = of_kind(&short, "session-close")[0];
+    let mut close: Value = serde_json::from_str(&short[close_at]).expect("close");
+    close["response"]["calls"] = "2".into();
+    close["response"]["lastRecordSha256"] =
+        last_kept["response"]["run"]["record"]["recordSha256"].clone();
+    short[close_at] = close.to_string();
+    let forged = scratch.path("short.jsonl");
+    write_lines(&forged, &rechain(&short, &key));
+    ok(&verify(&forged, &public, &[]));
+    assert_refused(
+        &verify(&forged, &public, &["--daemon-pub", s(&daemon_pub)]),
+        "close receipt is for another close",
+    );
+    // Nor does dropping the daemon's receipt from the forged close help.
+    close["response"]
+        .as_object_mut()
+        .expect("object")
+        .remove("receipt");
+    short[close_at] = close.to_string();
+    write_lines(&forged, &rechain(&short, &key));
+    assert_refused(
+        &verify(&forged, &public, &["--daemon-pub", s(&daemon_pub)]),
+        "no receipt",
     );
 }
 
@@ -337,4 +380,37 @@ fn a_replayed_docker_session_matches() {
         "{}",
         text(&out.stdout)
     );
+}
+
+/// A script the daemon would refuse is refused before anything is sent:
+/// the daemon named is a closed port, so an attempt would exit 126.
+#[test]
+fn a_script_the_daemon_would_refuse_opens_no_session() {
+    let scratch = Scratch::new("attest-session-script");
+    let (key, _) = keygen(&scratch.0, "signer");
+    let bundle = scratch.path("s.jsonl");
+    let call = |extra: Value| {
+        let mut c = json!({"protocol": 4, "javascript": {"code": "1"}});
+        c.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().cloned().unwrap_or_default());
+        c
+    };
+    for script in [
+        json!({"open": {"protocol": 4}, "calls": [call(json!({"timeoutMs": "abc"}))]}),
+        json!({"open": {"protocol": 4}, "calls": [call(json!({"sessionId": "x"}))]}),
+        json!({"open": {"protocol": 4}, "calls": [call(json!({"module": {}}))]}),
+        json!({"open": {"protocol": 3}, "calls": []}),
+        json!({"open": {"protocol": 4, "owner": 7}, "calls": []}),
+        json!({"open": {"protocol": 4}, "calls": [], "extra": 1}),
+    ] {
+        let out = sign_session("http://127.0.0.1:9", &key, &bundle, &script);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{script}: {}",
+            text(&out.stderr)
+        );
+    }
+    assert!(!bundle.exists(), "a bundle was written");
 }

@@ -75,10 +75,16 @@ pub fn assert_refused(out: &Output, says: &str) {
 
 /// The independent verifiers' verdict on a bundle.
 pub fn others_verify(bundle: &Path, public: &Path) -> Output {
+    others_verify_with(bundle, public, &[])
+}
+
+/// The same, with more arguments (`--daemon-pub FILE`).
+pub fn others_verify_with(bundle: &Path, public: &Path, extra: &[&str]) -> Output {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     Command::new(root.join(".venv-attest/bin/python"))
         .arg(root.join("tests/attest/verify_with_others.py"))
         .args([bundle, public])
+        .args(extra)
         .output()
         .expect("the independent verifiers run (make setup creates .venv-attest)")
 }
@@ -126,8 +132,9 @@ pub fn sign_session(d_url: &str, key: &Path, bundle: &Path, script: &Value) -> O
 }
 
 /// The bundle's lines renumbered and every statement and checkpoint
-/// re-signed with `key`: what a key holder who drops or moves lines can
-/// write. A verifier must still refuse what the lines' own content shows.
+/// re-signed with `key` (a session's open and close statements restating
+/// the line's answer): what a key holder who drops, moves or edits lines
+/// can write. A verifier must still refuse what the lines' own content shows.
 pub fn rechain(lines: &[String], key: &Path) -> Vec<String> {
     use base64::Engine as _;
     use plimsoll::attest::dsse::Envelope;
@@ -154,6 +161,13 @@ pub fn rechain(lines: &[String], key: &Path) -> Vec<String> {
         } else {
             entries += 1;
             statement["predicate"]["previousLineSha256"] = previous.clone().into();
+            // What the statement says is what the line now holds.
+            let kind = line["kind"].as_str().unwrap_or_default().to_string();
+            match kind.as_str() {
+                "session-open" => statement["predicate"]["opened"] = line["response"].clone(),
+                "session-close" => statement["predicate"]["closed"] = line["response"].clone(),
+                _ => {}
+            }
         }
         let payload = serde_json::to_vec(&statement).expect("statement bytes");
         line["signed"] =

@@ -51,6 +51,7 @@ EXPECTED = {
     "session-close": ("session", "urn:plimsoll:attest:session-close:v1"),
     "checkpoint": ("bundle-line", "urn:plimsoll:attest:bundle-checkpoint:v1"),
     "receipt": ("run-record", "urn:plimsoll:attest:run-receipt:v1"),
+    "close-receipt": ("session", "urn:plimsoll:attest:session-close-receipt:v1"),
 }
 KINDS = ("run", "session-open", "session-call", "session-close", "checkpoint")
 # Where a line that carries a run record keeps the object holding its
@@ -173,6 +174,10 @@ def main():
         receipt = dig(line, RUN_AT[kind] + ("receipt",)) if kind in RUN_AT else None
         if receipt is not None:
             envelopes.append((receipt, "receipt") + EXPECTED["receipt"])
+        # A session's close carries the daemon's receipt for its count.
+        close_receipt = dig(line, ("response", "receipt")) if kind == "session-close" else None
+        if close_receipt is not None:
+            envelopes.append((close_receipt, "receipt") + EXPECTED["close-receipt"])
         for envelope, name, subject, predicate_type in envelopes:
             if envelope is None:
                 fail(f"line {n}, {name}: missing")

@@ -377,7 +377,8 @@ def test_a_daemon_signing_its_records_keeps_the_client_working(tmp_path):
     fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
-    d = Daemon({"SANDBOX_PROVIDER": "wasm", "PLIMSOLL_RECORD_SIGNING_KEY": str(key_file)})
+    d = Daemon({"SANDBOX_PROVIDER": "wasm", "SANDBOX_MAX_SESSIONS": "1",
+                "PLIMSOLL_RECORD_SIGNING_KEY": str(key_file)})
     try:
         client = Client(d.url)
         assert client.describe().provider == "wasm"
@@ -385,5 +386,10 @@ def test_a_daemon_signing_its_records_keeps_the_client_working(tmp_path):
         result = client.run_javascript("console.log(6 * 7)", minimum_isolation="process")
         assert result.stdout == b"42\n"
         assert result.record is not None and result.record.version == 4
+        # A session's calls and its close carry receipts too; the client
+        # checks its chain and the close's count past them.
+        with client.open_session() as s:
+            assert s.run_javascript("console.log(1)", timeout=30).stdout == b"1\n"
+        assert s.close().calls == 1
     finally:
         d.stop()

@@ -15,9 +15,9 @@ use serde_json::Value;
 use super::AttestError;
 use super::dsse::Envelope;
 use super::keys::{SigningKey, VerifyingKey};
-use super::statement::{self, RUN_RECEIPT};
+use super::statement::{self, RUN_RECEIPT, SESSION_CLOSE_RECEIPT};
 use crate::env_vars::{ConfigError, Env, Var, invalid, var};
-use crate::wire::RunRecord;
+use crate::wire::{CloseSessionResponse, RunRecord};
 
 const KEY_VAR: &str = "PLIMSOLL_RECORD_SIGNING_KEY";
 
@@ -29,6 +29,16 @@ pub const VARIABLES: &[Var] = &[var(
 
 /// A receipt's subject: the record, by its own digest.
 const SUBJECT: &str = "run-record";
+
+/// A close receipt's subject: the session, by its fingerprint.
+const CLOSE_SUBJECT: &str = "session";
+
+/// What a close receipt states besides the fingerprint: the close answer,
+/// less the receipt itself.
+#[derive(Serialize, Deserialize)]
+struct ClosePredicate {
+    closed: Value,
+}
 
 /// What a receipt states besides the record's digest.
 #[derive(Serialize, Deserialize)]
@@ -74,6 +84,45 @@ impl Receipts {
         .ok()?;
         serde_json::to_value(envelope).ok()
     }
+}
+
+impl Receipts {
+    /// The receipt for a session's close: the calls the daemon counted and
+    /// the last record's digest, so a bundle cannot lose calls from the
+    /// end of a session and still show a close that accounts for them.
+    pub fn sign_close(&self, closed: &CloseSessionResponse) -> Option<Value> {
+        let mut stated = serde_json::to_value(closed).ok()?;
+        stated.as_object_mut()?.remove("receipt");
+        let envelope = statement::sign(
+            &self.key,
+            CLOSE_SUBJECT,
+            &closed.session,
+            SESSION_CLOSE_RECEIPT,
+            &ClosePredicate { closed: stated },
+        )
+        .ok()?;
+        serde_json::to_value(envelope).ok()
+    }
+}
+
+/// A close receipt checks: signed by `key`, over the close answer `closed`
+/// as it was carried (its `receipt` aside) and the session it names.
+pub fn check_close(receipt: &Value, key: &VerifyingKey, closed: &Value) -> Result<(), AttestError> {
+    let envelope: Envelope = serde_json::from_value(receipt.clone())
+        .map_err(|e| AttestError::Format(format!("the close receipt: {e}")))?;
+    let (fingerprint, stated): (String, ClosePredicate) =
+        statement::open(&envelope, key, CLOSE_SUBJECT, SESSION_CLOSE_RECEIPT)?;
+    let mut answered = closed.clone();
+    if let Some(o) = answered.as_object_mut() {
+        o.remove("receipt");
+    }
+    let named = closed.get("session").and_then(Value::as_str);
+    if Some(fingerprint.as_str()) != named || stated.closed != answered {
+        return Err(AttestError::Record(
+            "the daemon's close receipt is for another close".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A receipt checks: signed by `key`, over the record `record` (as the

@@ -179,6 +179,7 @@ fn a_session_as_the_daemon_seals_it_checks() {
         calls: I64(2),
         last_record_sha256: second.run.record.record_sha256.clone(),
         ended: SessionEnd::Closed,
+        receipt: None,
     };
     let close_json = serde_json::to_value(&close).expect("json");
     assert_eq!(close_json["calls"], "2");
@@ -267,6 +268,7 @@ fn a_close_counting_other_calls_or_another_last_record_is_refused() {
         calls: I64(calls),
         last_record_sha256: last.into(),
         ended: SessionEnd::Closed,
+        receipt: None,
     };
     let (first_sha256, second_sha256) = (
         &first.run.record.record_sha256,

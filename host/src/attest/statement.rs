@@ -24,6 +24,8 @@ pub const SESSION_CLOSE: &str = "urn:plimsoll:attest:session-close:v1";
 pub const BUNDLE_CHECKPOINT: &str = "urn:plimsoll:attest:bundle-checkpoint:v1";
 /// A daemon's receipt for a record it sealed (`receipts`).
 pub const RUN_RECEIPT: &str = "urn:plimsoll:attest:run-receipt:v1";
+/// A daemon's receipt for a session's close: the calls it counted.
+pub const SESSION_CLOSE_RECEIPT: &str = "urn:plimsoll:attest:session-close-receipt:v1";
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Statement<P> {

@@ -249,6 +249,11 @@ pub struct CloseSessionResponse {
     pub last_record_sha256: String,
     #[serde(default, skip_serializing_if = "SessionEnd::is_open")]
     pub ended: SessionEnd,
+    /// The daemon's signature on the fields above (see
+    /// `attest::receipts`), when it has a record signing key; as a Run
+    /// answer's `receipt`, a field clients that do not know it skip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<serde_json::Value>,
 }
 
 #[cfg(test)]
@@ -299,6 +304,7 @@ mod tests {
             calls: I64(3),
             last_record_sha256: "d".into(),
             ended: SessionEnd::Closed,
+            receipt: None,
         })
         .expect("serialises");
         assert_eq!(v["calls"], "3");

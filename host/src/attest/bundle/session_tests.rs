@@ -153,6 +153,7 @@ impl Session {
             calls: I64(calls as i64),
             last_record_sha256: self.last.clone(),
             ended: SessionEnd::Closed,
+            receipt: None,
         })
         .expect("json")
     }

@@ -180,7 +180,7 @@ pub fn verify_bytes(
             Some(KIND_RUN) => {
                 let request = check_run_line(&fields, key, number, &previous)
                     .map_err(|e| prefixed(e, number))?;
-                let receipt = check_receipt(fields.get("response"), daemon)
+                let receipt = check_receipt(fields.get("response"), daemon, Receipted::Record)
                     .map_err(|e| prefixed(e, number))?;
                 verified.receipts += usize::from(receipt);
                 verified.runs += 1;
@@ -194,14 +194,20 @@ pub fn verify_bytes(
                     .call_line(&fields, key, number, &previous)
                     .map_err(|e| prefixed(e, number))?;
                 let run = fields.get("response").and_then(|r| r.get("run"));
-                let receipt = check_receipt(run, daemon).map_err(|e| prefixed(e, number))?;
+                let receipt = check_receipt(run, daemon, Receipted::Record)
+                    .map_err(|e| prefixed(e, number))?;
                 verified.receipts += usize::from(receipt);
                 verified.session_calls += 1;
                 verified.requests.push(request);
             }
-            Some(KIND_SESSION_CLOSE) => sessions
-                .close_line(&fields, key, number, &previous)
-                .map_err(|e| prefixed(e, number))?,
+            Some(KIND_SESSION_CLOSE) => {
+                sessions
+                    .close_line(&fields, key, number, &previous)
+                    .map_err(|e| prefixed(e, number))?;
+                let receipt = check_receipt(fields.get("response"), daemon, Receipted::Close)
+                    .map_err(|e| prefixed(e, number))?;
+                verified.receipts += usize::from(receipt);
+            }
             // A checkpoint follows each append's entry; every one is
             // checked, though only the last closes the bundle.
             Some(KIND_CHECKPOINT) if after_entry => {
@@ -337,18 +343,26 @@ fn check_checkpoint(
     Ok(())
 }
 
-/// The receipt in a run's answer (a Run's, or a session call's `run`),
-/// checked with the daemon's key when one is given (then an answer without
-/// one is refused). Says whether the answer carries one.
+/// The receipt in an answer (a Run's, a session call's `run`, or a
+/// session's close), checked with the daemon's key when one is given (then
+/// an answer without one is refused). Says whether the answer carries one.
 fn check_receipt(
     answer: Option<&Value>,
     daemon: Option<&VerifyingKey>,
+    about: Receipted,
 ) -> Result<bool, AttestError> {
     let receipt = answer.and_then(|r| r.get("receipt"));
     match (receipt, daemon) {
         (Some(receipt), Some(key)) => {
-            let record = answer.and_then(|r| r.get("record")).unwrap_or(&Value::Null);
-            receipts::check(receipt, key, record)?;
+            match about {
+                Receipted::Record => {
+                    let record = answer.and_then(|r| r.get("record")).unwrap_or(&Value::Null);
+                    receipts::check(receipt, key, record)?;
+                }
+                Receipted::Close => {
+                    receipts::check_close(receipt, key, answer.unwrap_or(&Value::Null))?;
+                }
+            }
             Ok(true)
         }
         (None, Some(_)) => Err(AttestError::Record(
@@ -356,4 +370,11 @@ fn check_receipt(
         )),
         (receipt, None) => Ok(receipt.is_some()),
     }
+}
+
+/// What a receipt vouches for: a record, or a session's close.
+#[derive(Clone, Copy)]
+enum Receipted {
+    Record,
+    Close,
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use clap::Args;
 use plimsoll::attest::bundle::{Appender, Durability, Sharing};
-use plimsoll::attest::session_check::without_id;
+use plimsoll::attest::session_check::{parse_open_request, parse_session_call, without_id};
 use serde_json::{Value, json};
 
 use crate::client::Api;
@@ -57,16 +57,20 @@ pub fn read_script(path: &std::path::Path) -> Result<(Value, Vec<Value>), String
         None => Vec::new(),
         Some(_) => return Err(format!("{shown}: \"calls\" is not a list")),
     };
+    // Each request is read as the daemon will read it, so a malformed one
+    // is refused here, before a session is opened for it.
+    parse_open_request(&canonical(&open)).map_err(|e| format!("{shown}: open: {e}"))?;
     for (n, c) in calls.iter().enumerate() {
-        let Some(c) = c.as_object() else {
+        let Some(fields) = c.as_object() else {
             return Err(format!("{shown}: call {} is not an object", n + 1));
         };
-        if c.contains_key("sessionId") || c.contains_key("session_id") {
+        if fields.contains_key("sessionId") || fields.contains_key("session_id") {
             return Err(format!(
                 "{shown}: call {} names a session ID; the daemon gives one at open",
                 n + 1
             ));
         }
+        parse_session_call(&canonical(c)).map_err(|e| format!("{shown}: call {}: {e}", n + 1))?;
     }
     Ok((open, calls))
 }
@@ -78,6 +82,11 @@ pub fn with_id(call: &Value, id: &str) -> Value {
         o.insert("sessionId".into(), Value::from(id));
     }
     sent
+}
+
+/// A request as the bundle keeps it (and the daemon reads it): compact.
+fn canonical(v: &Value) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap_or_default()
 }
 
 pub fn close_request(id: &str) -> Value {

@@ -59,6 +59,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A write past the file-size limit then fails with EFBIG, which the
+    // bundle's append answers by cutting the file back; by default the
+    // signal would kill the process first and leave the append torn.
+    // SAFETY: setting a signal's disposition to ignore, before any thread
+    // of ours starts; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     match Cli::parse().command {
         Command::Run(args) => run::run(args),
         Command::Describe(args) => run::describe(args),

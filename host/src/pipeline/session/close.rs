@@ -34,12 +34,20 @@ impl Daemon {
             turn.delete_holder().await;
             daemon.sessions.remove(&entry.fingerprint);
             let end = entry.ended().map_or(SessionEnd::Closed, |e| e.reason);
-            CloseSessionResponse {
+            let mut closed = CloseSessionResponse {
                 session: entry.fingerprint.clone(),
                 calls: I64(i64::try_from(turn.chain.calls).unwrap_or(i64::MAX)),
                 last_record_sha256: turn.chain.last.clone(),
                 ended: end,
+                receipt: None,
+            };
+            // The daemon vouches for the count too: without this, whoever
+            // keeps a session's records could drop its last calls and
+            // write a close that counts only the rest.
+            if let Some(receipts) = &daemon.receipts {
+                closed.receipt = receipts.sign_close(&closed);
             }
+            closed
         });
         task.await.map_err(|failed| SessionError::internal(&failed))
     }
