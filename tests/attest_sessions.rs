@@ -344,7 +344,11 @@ fn a_daemon_with_a_key_vouches_for_each_session_call() {
 /// A docker session whose calls depend on the state the earlier ones left
 /// (a Python binding, a file a project wrote), replayed into a fresh
 /// session: the same results, which replaying the calls as separate runs
-/// could not give.
+/// could not give. Its last call forges an answer line into the session
+/// agent's output and exits, so the daemon cannot tell what it did: it may
+/// have run, and its record comes in the error. That record is signed into
+/// the chain too, so the session is still whole, and replay sends the call
+/// again without a result to compare.
 #[test]
 fn a_replayed_docker_session_matches() {
     let image = plimsoll_tests::sandbox_image();
@@ -357,29 +361,76 @@ fn a_replayed_docker_session_matches() {
     let scratch = Scratch::new("attest-session-docker");
     let (key, public) = keygen(&scratch.0, "signer");
     let python = |code: &str| json!({"protocol": 4, "timeoutMs": 60000, "cell": {"language": "python", "code": code}});
+    let forged = json!({"process": {"stdout": "", "stderr": "", "exit_code": 0, "timed_out": false,
+        "stdout_truncated": false, "stderr_truncated": false}})
+    .to_string()
+        + "\n";
+    let forger = format!(
+        "require('fs').appendFileSync('/proc/' + process.ppid + '/fd/1', {}); process.exit(3)",
+        Value::from(forged)
+    );
     let session = json!({
         "open": {"protocol": 4, "languages": ["python"]},
         "calls": [
             python("x = 6*7"),
             {"protocol": 4, "timeoutMs": 60000, "project": {"steps": ["echo kept > a.txt"]}},
             python("print(x, open('a.txt').read().strip())"),
+            plimsoll_tests::js_run(&forger),
         ],
     });
     let bundle = scratch.path("docker.jsonl");
     let out = sign_session(&d.url(""), &key, &bundle, &session);
-    ok(&out);
+    // The last call may have run: the signer says so, and still records it.
+    assert_eq!(out.status.code(), Some(126), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("its record is in the bundle"),
+        "{}",
+        text(&out.stderr)
+    );
     assert!(text(&out.stdout).contains("\"isolation\":\"container\""));
-    ok(&verify(&bundle, &public, &["--expect-count", "3"]));
+    assert!(
+        text(&out.stdout).contains("NDIga2VwdAo"),
+        "42 kept\\n: {}",
+        text(&out.stdout)
+    );
+    let v = verify(&bundle, &public, &["--expect-count", "4"]);
+    ok(&v);
+    assert!(
+        text(&v.stdout).contains("(4 calls, 1 unanswered)"),
+        "{}",
+        text(&v.stdout)
+    );
+    let theirs = others_verify(&bundle, &public);
+    assert_eq!(theirs.status.code(), Some(0), "{}", text(&theirs.stderr));
+    // The unanswered call holds its place: dropped and re-signed, the
+    // close counts one call more than the chain holds; its error's code
+    // changed, the record no longer matches it.
+    let whole = lines(&bundle);
+    let at = of_kind(&whole, "session-unanswered");
+    assert_eq!(at.len(), 1);
+    let mut dropped = whole.clone();
+    dropped.drain(at[0]..at[0] + 2);
+    let edited = scratch.path("edited.jsonl");
+    write_lines(&edited, &rechain(&dropped, &key));
+    assert_refused(&verify(&edited, &public, &[]), "the close counts 4 calls");
+    let mut recoded = whole.clone();
+    let mut line: Value = serde_json::from_str(&recoded[at[0]]).expect("line");
+    line["error"]["code"] = "unknown".into();
+    recoded[at[0]] = line.to_string();
+    write_lines(&edited, &rechain(&recoded, &key));
+    assert_refused(&verify(&edited, &public, &[]), "record.unanswered");
+
     let out = attest(
         Some(&d.url("")),
         &["replay", "--pub", s(&public), s(&bundle)],
     );
     ok(&out);
+    let said = text(&out.stdout);
     assert!(
-        text(&out.stdout).contains("1 sessions replayed: 3 results the same, 0 not"),
-        "{}",
-        text(&out.stdout)
+        said.contains("1 sessions replayed: 3 results the same, 0 not"),
+        "{said}"
     );
+    assert!(said.contains("session 1 call 4: not compared"), "{said}");
 }
 
 /// A script the daemon would refuse is refused before anything is sent:

@@ -48,12 +48,13 @@ EXPECTED = {
     "run": ("run-record", "urn:plimsoll:attest:run-record:v1"),
     "session-open": ("session", "urn:plimsoll:attest:session-open:v1"),
     "session-call": ("run-record", "urn:plimsoll:attest:run-record:v1"),
+    "session-unanswered": ("run-record", "urn:plimsoll:attest:run-record:v1"),
     "session-close": ("session", "urn:plimsoll:attest:session-close:v1"),
     "checkpoint": ("bundle-line", "urn:plimsoll:attest:bundle-checkpoint:v1"),
     "receipt": ("run-record", "urn:plimsoll:attest:run-receipt:v1"),
     "close-receipt": ("session", "urn:plimsoll:attest:session-close-receipt:v1"),
 }
-KINDS = ("run", "session-open", "session-call", "session-close", "checkpoint")
+KINDS = ("run", "session-open", "session-call", "session-unanswered", "session-close", "checkpoint")
 # Where a line that carries a run record keeps the object holding its
 # "record" and, when the daemon signs, its "receipt".
 RUN_AT = {
@@ -70,6 +71,7 @@ SESSION_AT = {
 NO_SESSION_ID = {
     "session-open": "response",
     "session-call": "request",
+    "session-unanswered": "request",
     "session-close": "response",
 }
 SESSION_ID_KEYS = ("sessionId", "session_id")
@@ -91,7 +93,9 @@ def dig(line, path):
 def about(line, kind):
     """What the line's statements must be about: (subject sha256, where it
     is, the record the predicate must carry or None); None for a checkpoint,
-    whose subject is the previous line's bytes and is left to our verify."""
+    whose subject is the previous line's bytes, and for an unanswered call,
+    whose record is protobuf inside the line's error: both are left to our
+    verify."""
     if kind in RUN_AT:
         where = ".".join(RUN_AT[kind] + ("record",))
         record = dig(line, RUN_AT[kind] + ("record",))

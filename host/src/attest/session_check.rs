@@ -23,11 +23,12 @@ use super::AttestError;
 use super::check::{Place, bad, check_answered, shown, tier_named};
 use super::statement::is_sha256_hex;
 use crate::admission;
+use crate::record;
 use crate::sessions;
 use crate::tier::Tier;
 use crate::wire::{
-    self, CloseSessionResponse, OpenSessionRequest, OpenSessionResponse, RunRecord, RunRequest,
-    SessionEnd, SessionRunRequest, SessionRunResponse, SoftwareRule,
+    self, CloseSessionResponse, OpenSessionRequest, OpenSessionResponse, RECORD_VERSION, RunRecord,
+    RunRequest, SessionEnd, SessionRunRequest, SessionRunResponse, SoftwareRule,
 };
 
 /// The keys a session ID may come under, in a request or an answer.
@@ -133,6 +134,90 @@ pub fn call_as_received(response: &Value) -> Result<SessionRunResponse, AttestEr
 
 pub fn close_as_received(response: &Value) -> Result<CloseSessionResponse, AttestError> {
     as_received(response, "CloseSession", |_| {})
+}
+
+/// The Connect codes an unanswered call's record may state (the published
+/// client's list).
+const CONNECT_CODES: [&str; 16] = [
+    "canceled",
+    "unknown",
+    "invalid_argument",
+    "deadline_exceeded",
+    "not_found",
+    "already_exists",
+    "permission_denied",
+    "resource_exhausted",
+    "failed_precondition",
+    "aborted",
+    "out_of_range",
+    "unimplemented",
+    "internal",
+    "unavailable",
+    "data_loss",
+    "unauthenticated",
+];
+
+/// A session call's error that carries the record of a call that may have
+/// run (the daemon's `UnansweredCall` detail), read as received: exactly
+/// `code`, `message` and `details`; one `UnansweredCall`, at most one
+/// `SessionEnded`, and no not-dispatched mark (a call marked as never run
+/// has no record to chain). Returns the record and whether the error says
+/// the session ended.
+pub fn unanswered_of(error: &Value) -> Result<(RunRecord, bool), AttestError> {
+    let form = |why: &str| AttestError::Format(format!("the unanswered call's error: {why}"));
+    let Some(fields) = error.as_object() else {
+        return Err(form("not a JSON object"));
+    };
+    if !fields
+        .keys()
+        .map(String::as_str)
+        .eq(["code", "details", "message"])
+    {
+        return Err(form("it holds other fields than code, message and details"));
+    }
+    let code = fields["code"].as_str().ok_or_else(|| form("no code"))?;
+    if !fields["message"].is_string() {
+        return Err(form("no message"));
+    }
+    let details = fields["details"]
+        .as_array()
+        .ok_or_else(|| form("no details"))?;
+    let (mut record, mut ended) = (None, false);
+    for d in details {
+        let Some(o) = d.as_object() else {
+            return Err(form("a detail is not an object"));
+        };
+        if !o.keys().map(String::as_str).eq(["type", "value"]) {
+            return Err(form("a detail holds other fields than type and value"));
+        }
+        let bytes = o["value"]
+            .as_str()
+            .and_then(|v| {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD_NO_PAD
+                    .decode(v)
+                    .ok()
+            })
+            .ok_or_else(|| form("a detail's value is not unpadded base64"))?;
+        match o["type"].as_str() {
+            Some("plimsoll.v1.UnansweredCall") if record.is_none() => {
+                record = Some(wire::decode_unanswered(&bytes).map_err(|e| form(&e))?);
+            }
+            Some("plimsoll.v1.SessionEnded") if !ended => {
+                wire::decode_session_ended(&bytes).map_err(|e| form(&e))?;
+                ended = true;
+            }
+            _ => return Err(form("a detail other than one record and one end")),
+        }
+    }
+    let record = record.ok_or_else(|| form("no UnansweredCall record"))?;
+    if record.unanswered != code || !CONNECT_CODES.contains(&code) {
+        return Err(bad(format!(
+            "record.unanswered {:?} is not the error's Connect code {code:?}",
+            record.unanswered
+        )));
+    }
+    Ok((record, ended))
 }
 
 /// A session's chain so far, as a checker follows it: what the open stated,
@@ -267,14 +352,88 @@ impl Chain {
         Ok(())
     }
 
+    /// Checks the record of a call that may have run but has no answer
+    /// (the published client's checks for one, then its place): version,
+    /// no result, the request's digest and rule, its own digest, and the
+    /// open's evidence, rule and floor, with nothing to compare it to but
+    /// the open answer and the chain.
+    pub fn check_unanswered(&self, req: &RunRequest, rec: &RunRecord) -> Result<(), AttestError> {
+        if self.ended {
+            return Err(bad(
+                "a call after an answer that ended the session: the daemon runs none".into(),
+            ));
+        }
+        if rec.version != RECORD_VERSION || !rec.result_sha256.is_empty() {
+            return Err(bad(format!(
+                "an unanswered call's record is version {RECORD_VERSION} and states no result (version {}, resultSha256 {})",
+                rec.version,
+                shown(&rec.result_sha256)
+            )));
+        }
+        let request_sha256 = record::request_digest(req);
+        if rec.request_sha256 != request_sha256 {
+            return Err(bad(format!(
+                "record.requestSha256 {} is not the digest of the request sent ({request_sha256})",
+                shown(&rec.request_sha256)
+            )));
+        }
+        let rule_id = record::software_rule_id(req.software_rule.as_ref());
+        let allowed = req
+            .software_rule
+            .as_ref()
+            .is_none_or(|r| r.identities.contains(&rec.software_identity));
+        if rec.software_rule_id != rule_id || !allowed {
+            return Err(bad(
+                "record.softwareRuleId is not the request's rule, or its software is not in it"
+                    .into(),
+            ));
+        }
+        let own = record::record_digest(rec);
+        if rec.record_sha256 != own {
+            return Err(bad(format!(
+                "record.recordSha256 {} is not the record's own digest ({own})",
+                shown(&rec.record_sha256)
+            )));
+        }
+        self.continues(rec)?;
+        self.same_evidence(rec)?;
+        if !admission::rule_within(req.software_rule.as_ref(), self.rule.as_ref()) {
+            return Err(bad(
+                "request.softwareRule allows software the session's rule does not".into(),
+            ));
+        }
+        let floor = Tier::parse_floor(&req.minimum_isolation)
+            .map_err(|_| bad("request.minimumIsolation is not a tier name".into()))?;
+        let tier = tier_named(&rec.isolation).unwrap_or(Tier::None);
+        for f in [floor, self.floor].into_iter().flatten() {
+            if !tier.meets(f) {
+                return Err(bad(format!(
+                    "record.isolation {:?} is below the floor {f}",
+                    rec.isolation
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether an answer or error said the session ended: no call follows.
+    pub fn has_ended(&self) -> bool {
+        self.ended
+    }
+
     /// Moves the chain past a call whose answer checked.
     pub fn advance(&mut self, resp: &SessionRunResponse) {
-        let rec = &resp.run.record;
+        self.advance_past(&resp.run.record, resp.ended != SessionEnd::Open);
+    }
+
+    /// Moves the chain past a record that checked, answered or not;
+    /// `ended` when its answer or error said the session ended.
+    pub fn advance_past(&mut self, rec: &RunRecord, ended: bool) {
         self.calls = rec.sequence.0 as u64;
         self.last = rec.record_sha256.clone();
         self.evidence
             .get_or_insert_with(|| (rec.environment.clone(), rec.policy.clone()));
-        self.ended = resp.ended != SessionEnd::Open;
+        self.ended = ended;
     }
 
     /// The close states this session, and the calls and last record the

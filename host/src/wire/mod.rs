@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use json::*;
 pub use json::{B64, I64};
-pub use proto::{session_ended_detail, unanswered_detail};
+pub use proto::{decode_session_ended, decode_unanswered, session_ended_detail, unanswered_detail};
 pub use session::{
     CloseSessionRequest, CloseSessionResponse, OpenSessionRequest, OpenSessionResponse, SessionEnd,
     SessionRunRequest, SessionRunResponse,

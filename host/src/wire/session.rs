@@ -157,6 +157,11 @@ impl SessionEnd {
         SessionEnd::NotFound,
     ];
 
+    /// The end a proto enum number names, if any.
+    pub fn from_number(n: u64) -> Option<SessionEnd> {
+        SessionEnd::ALL.into_iter().find(|e| *e as u64 == n)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             SessionEnd::Open => "SESSION_END_UNSPECIFIED",

@@ -128,7 +128,7 @@ impl<'k> Appender<'k> {
             KIND_RUN,
             "Run",
             Some(run.request),
-            run.response,
+            ("response", run.response),
             |key, line, previous_line_sha256| {
                 statement::sign(
                     key,
@@ -146,7 +146,8 @@ impl<'k> Appender<'k> {
     }
 
     /// Appends one entry line (of `kind`, for `procedure`, holding the
-    /// request, if the procedure's is worth keeping, and the answer) with
+    /// request, if the procedure's is worth keeping, and the answer, or the
+    /// error, under its key) with
     /// the statement `sign` makes for its place, then a checkpoint after
     /// it. The caller has checked what the statement says.
     pub(super) fn append_line(
@@ -154,7 +155,7 @@ impl<'k> Appender<'k> {
         kind: &str,
         procedure: &str,
         request: Option<&Value>,
-        response: &Value,
+        (answer_key, answer): (&str, &Value),
         sign: impl FnOnce(&SigningKey, u64, String) -> Result<Envelope, AttestError>,
     ) -> Result<(), AttestError> {
         if self.broken {
@@ -170,7 +171,7 @@ impl<'k> Appender<'k> {
             ("kind", Value::from(kind)),
             ("line", Value::from(number)),
             ("procedure", Value::from(procedure)),
-            ("response", response.clone()),
+            (answer_key, answer.clone()),
             (SIGNED, to_value(&signed)),
         ];
         if let Some(request) = request {

@@ -10,13 +10,14 @@ use serde_json::Value;
 
 use super::append::Appender;
 use super::{
-    ClosePredicate, KIND_SESSION_CALL, KIND_SESSION_CLOSE, KIND_SESSION_OPEN, OpenPredicate,
-    RECORD_SUBJECT, RunPredicate, SESSION_SUBJECT, canonical,
+    ClosePredicate, KIND_SESSION_CALL, KIND_SESSION_CLOSE, KIND_SESSION_OPEN,
+    KIND_SESSION_UNANSWERED, OpenPredicate, RECORD_SUBJECT, RunPredicate, SESSION_SUBJECT,
+    canonical,
 };
 use crate::attest::AttestError;
 use crate::attest::session_check::{
     call_as_received, check_open, close_as_received, id_matches, open_as_received,
-    parse_open_request, parse_session_call, without_id,
+    parse_open_request, parse_session_call, unanswered_of, without_id,
 };
 use crate::attest::statement::{self, RUN_RECORD, SESSION_CLOSE, SESSION_OPEN};
 
@@ -48,7 +49,7 @@ impl Appender<'_> {
             KIND_SESSION_OPEN,
             "OpenSession",
             Some(request),
-            &kept,
+            ("response", &kept),
             |key, line, previous_line_sha256| {
                 statement::sign(
                     key,
@@ -95,7 +96,7 @@ impl Appender<'_> {
             KIND_SESSION_CALL,
             "SessionRun",
             Some(request),
-            answer,
+            ("response", answer),
             |key, line, previous_line_sha256| {
                 statement::sign(
                     key,
@@ -116,6 +117,51 @@ impl Appender<'_> {
         Ok(())
     }
 
+    /// Appends a call of the session that may have run but has no answer:
+    /// `request` as sent without its session ID, and `error` as received,
+    /// whose `UnansweredCall` detail holds the call's record. The record
+    /// must check and continue the chain, as an answered call's must.
+    pub fn append_unanswered(
+        &mut self,
+        fingerprint: &str,
+        request: &Value,
+        error: &Value,
+    ) -> Result<(), AttestError> {
+        let Some(chain) = self.sessions.get(fingerprint) else {
+            return Err(AttestError::Record(
+                "a call of a session not open in this bundle".into(),
+            ));
+        };
+        let parsed = parse_session_call(&canonical(request))?;
+        let (record, ended) = unanswered_of(error)?;
+        chain.check_unanswered(&parsed, &record)?;
+        let stated = serde_json::to_value(&record)
+            .map_err(|e| AttestError::Format(format!("the record: {e}")))?;
+        self.append_line(
+            KIND_SESSION_UNANSWERED,
+            "SessionRun",
+            Some(request),
+            ("error", error),
+            |key, line, previous_line_sha256| {
+                statement::sign(
+                    key,
+                    RECORD_SUBJECT,
+                    &record.record_sha256,
+                    RUN_RECORD,
+                    &RunPredicate {
+                        record: stated,
+                        line,
+                        previous_line_sha256,
+                    },
+                )
+            },
+        )?;
+        if let Some(chain) = self.sessions.get_mut(fingerprint) {
+            chain.advance_past(&record, ended);
+        }
+        Ok(())
+    }
+
     /// Appends the session's close: the answer must state the calls and
     /// last record the chain holds. A session whose close does not check
     /// stays open in the bundle, which then verifies as incomplete.
@@ -130,7 +176,7 @@ impl Appender<'_> {
             KIND_SESSION_CLOSE,
             "CloseSession",
             None,
-            answer,
+            ("response", answer),
             |key, line, previous_line_sha256| {
                 statement::sign(
                     key,

@@ -48,6 +48,9 @@ const SESSION_SUBJECT: &str = "session";
 const KIND_RUN: &str = "run";
 const KIND_SESSION_OPEN: &str = "session-open";
 const KIND_SESSION_CALL: &str = "session-call";
+/// A session call that may have run but has no answer: the error that
+/// carries its record, in the answer's place.
+const KIND_SESSION_UNANSWERED: &str = "session-unanswered";
 const KIND_SESSION_CLOSE: &str = "session-close";
 const KIND_CHECKPOINT: &str = "checkpoint";
 /// The key under which each line carries its signed statement.
@@ -120,6 +123,8 @@ pub struct Verified {
     /// Sessions, each opened, chained call by call, and closed.
     pub sessions: usize,
     pub session_calls: usize,
+    /// Of the session calls, those that may have run but had no answer.
+    pub unanswered: usize,
     /// Runs and calls whose answer carries the daemon's receipt (each
     /// checked, if the daemon's key was given).
     pub receipts: usize,

@@ -14,8 +14,8 @@ use super::append::Checked;
 use super::verify_session::Sessions;
 use super::{
     CheckpointPredicate, Expect, KIND_CHECKPOINT, KIND_RUN, KIND_SESSION_CALL, KIND_SESSION_CLOSE,
-    KIND_SESSION_OPEN, LINE_SUBJECT, RECORD_SUBJECT, RunPredicate, SIGNED, Verified, canonical,
-    io_error, placed, prefixed, sha256_hex, signed,
+    KIND_SESSION_OPEN, KIND_SESSION_UNANSWERED, LINE_SUBJECT, RECORD_SUBJECT, RunPredicate, SIGNED,
+    Verified, canonical, io_error, placed, prefixed, sha256_hex, signed,
 };
 use crate::attest::AttestError;
 use crate::attest::keys::VerifyingKey;
@@ -46,6 +46,7 @@ pub enum Held {
 pub struct HeldCall {
     /// The request as kept (a session call's without its session ID).
     pub request: Value,
+    /// Empty for a session call that had no answer.
     pub result_sha256: String,
 }
 
@@ -84,6 +85,18 @@ pub fn verified_entries(path: &Path, key: &VerifyingKey) -> Result<Vec<Held>, At
                     calls.push(HeldCall {
                         request: line["request"].clone(),
                         result_sha256: digest("/response/run/record/resultSha256"),
+                    });
+                }
+            }
+            // No result to compare with, but sent again all the same: it
+            // may have changed what the calls after it see.
+            Some(KIND_SESSION_UNANSWERED) => {
+                let fingerprint = super::verify_session::fingerprint_of_unanswered(&line);
+                let at = sessions.get(&fingerprint);
+                if let Some(Held::Session { calls, .. }) = at.and_then(|i| held.get_mut(*i)) {
+                    calls.push(HeldCall {
+                        request: line["request"].clone(),
+                        result_sha256: String::new(),
                     });
                 }
             }
@@ -200,6 +213,16 @@ pub fn verify_bytes(
                 verified.session_calls += 1;
                 verified.requests.push(request);
             }
+            Some(KIND_SESSION_UNANSWERED) => {
+                let request = sessions
+                    .unanswered_line(&fields, key, number, &previous)
+                    .map_err(|e| prefixed(e, number))?;
+                // The daemon signs no receipt for a record it could not
+                // answer with (docs/attest.md).
+                verified.session_calls += 1;
+                verified.unanswered += 1;
+                verified.requests.push(request);
+            }
             Some(KIND_SESSION_CLOSE) => {
                 sessions
                     .close_line(&fields, key, number, &previous)
@@ -243,6 +266,7 @@ fn line_keys(kind: &str) -> Option<&'static [&'static str]> {
             Some(&["kind", "line", "procedure", "request", "response", SIGNED])
         }
         KIND_SESSION_CLOSE => Some(&["kind", "line", "procedure", "response", SIGNED]),
+        KIND_SESSION_UNANSWERED => Some(&["error", "kind", "line", "procedure", "request", SIGNED]),
         KIND_CHECKPOINT => Some(&["entries", "kind", "line", SIGNED]),
         _ => None,
     }

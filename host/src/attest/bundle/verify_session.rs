@@ -16,9 +16,10 @@ use crate::attest::AttestError;
 use crate::attest::keys::VerifyingKey;
 use crate::attest::session_check::{
     Chain, call_as_received, check_open, close_as_received, open_as_received, parse_open_request,
-    parse_session_call,
+    parse_session_call, unanswered_of,
 };
 use crate::attest::statement::{self, RUN_RECORD, SESSION_CLOSE, SESSION_OPEN};
+use crate::wire::RunRequest;
 
 /// The sessions a bundle has opened so far, as a verifier follows them.
 #[derive(Default)]
@@ -47,6 +48,30 @@ fn procedure(fields: &Map<String, Value>, wanted: &str) -> Result<(), AttestErro
             "the line's procedure is not {wanted}"
         )))
     }
+}
+
+/// What every session call's line holds, checked as far as it can be
+/// before the chain: its procedure, its statement in its place, and its
+/// request as the daemon parses it. Returns the request, what came back
+/// (under `answer_key`), and the statement's subject and predicate.
+fn call_parts<'a>(
+    fields: &'a Map<String, Value>,
+    answer_key: &str,
+    key: &VerifyingKey,
+    number: u64,
+    previous: &str,
+) -> Result<(RunRequest, &'a Value, String, RunPredicate), AttestError> {
+    procedure(fields, "SessionRun")?;
+    let (request, answer) = (part(fields, "request")?, part(fields, answer_key)?);
+    let (subject, stated): (String, RunPredicate) =
+        statement::open(&signed(fields)?, key, RECORD_SUBJECT, RUN_RECORD)?;
+    placed(stated.line, &stated.previous_line_sha256, number, previous)?;
+    Ok((
+        parse_session_call(&to_bytes(request))?,
+        answer,
+        subject,
+        stated,
+    ))
 }
 
 fn to_bytes(v: &Value) -> Vec<u8> {
@@ -95,22 +120,11 @@ impl Sessions {
         number: u64,
         previous: &str,
     ) -> Result<String, AttestError> {
-        procedure(fields, "SessionRun")?;
-        let (request, response) = (part(fields, "request")?, part(fields, "response")?);
-        let (subject, stated): (String, RunPredicate) =
-            statement::open(&signed(fields)?, key, RECORD_SUBJECT, RUN_RECORD)?;
-        placed(stated.line, &stated.previous_line_sha256, number, previous)?;
-        let parsed = parse_session_call(&to_bytes(request))?;
+        let (parsed, response, subject, stated) =
+            call_parts(fields, "response", key, number, previous)?;
         let called = call_as_received(response)?;
         let record = &called.run.record;
-        let Some((chain, _)) = self.open.get_mut(&record.session) else {
-            let why = if self.seen.contains(&record.session) {
-                "a call after its session's close"
-            } else {
-                "a call of a session with no open before it"
-            };
-            return Err(AttestError::Record(why.into()));
-        };
+        let chain = self.chain_of(&record.session)?;
         chain.check_call(&parsed, &called)?;
         if subject != record.record_sha256
             || Some(&stated.record) != response.get("run").and_then(|r| r.get("record"))
@@ -121,6 +135,44 @@ impl Sessions {
         }
         chain.advance(&called);
         Ok(record.request_sha256.clone())
+    }
+
+    /// A session call with no answer: signed in its place about the record
+    /// its error carries, which checks against the request and continues
+    /// its session's chain. Returns the request's digest.
+    pub(super) fn unanswered_line(
+        &mut self,
+        fields: &Map<String, Value>,
+        key: &VerifyingKey,
+        number: u64,
+        previous: &str,
+    ) -> Result<String, AttestError> {
+        let (parsed, error, subject, stated) = call_parts(fields, "error", key, number, previous)?;
+        let (record, ended) = unanswered_of(error)?;
+        let chain = self.chain_of(&record.session)?;
+        chain.check_unanswered(&parsed, &record)?;
+        if subject != record.record_sha256
+            || serde_json::to_value(&record).ok().as_ref() != Some(&stated.record)
+        {
+            return Err(AttestError::Record(
+                "the signed record is not the one the error carries".into(),
+            ));
+        }
+        chain.advance_past(&record, ended);
+        Ok(record.request_sha256)
+    }
+
+    /// The open chain of the session `fingerprint` names.
+    fn chain_of(&mut self, fingerprint: &str) -> Result<&mut Chain, AttestError> {
+        match self.open.get_mut(fingerprint) {
+            Some((chain, _)) => Ok(chain),
+            None if self.seen.contains(fingerprint) => Err(AttestError::Record(
+                "a call after its session's close".into(),
+            )),
+            None => Err(AttestError::Record(
+                "a call of a session with no open before it".into(),
+            )),
+        }
     }
 
     /// A session's close: signed in its place about this session and this
@@ -163,4 +215,13 @@ impl Sessions {
             ))),
         }
     }
+}
+
+/// The session an unanswered call's line belongs to, read from the signed
+/// record in its statement (for a bundle that already verified).
+pub(super) fn fingerprint_of_unanswered(line: &Value) -> String {
+    line.get("error")
+        .and_then(|e| unanswered_of(e).ok())
+        .map(|(record, _)| record.session)
+        .unwrap_or_default()
 }

@@ -195,8 +195,13 @@ fn verify(args: VerifyArgs) -> ExitCode {
     };
     match bundle::verify(&args.bundle, &key, daemon.as_ref(), &expect) {
         Ok(v) => {
+            let unanswered = if v.unanswered > 0 {
+                format!(", {} unanswered", v.unanswered)
+            } else {
+                String::new()
+            };
             println!(
-                "{} runs and {} sessions ({} calls) verified, signed by key ID {}",
+                "{} runs and {} sessions ({} calls{unanswered}) verified, signed by key ID {}",
                 v.runs,
                 v.sessions,
                 v.session_calls,

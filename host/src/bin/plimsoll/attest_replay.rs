@@ -17,11 +17,11 @@ use plimsoll::attest::bundle::{self, Checked, Held, HeldCall};
 use plimsoll::attest::keys::VerifyingKey;
 use plimsoll::attest::session_check::{
     call_as_received, check_open, close_as_received, id_matches, open_as_received,
-    parse_open_request, parse_session_call, without_id,
+    parse_open_request, parse_session_call, unanswered_of, without_id,
 };
 use serde_json::Value;
 
-use crate::attest_session::{budget_of, close_request, with_id};
+use crate::attest_session::{Called, budget_of, close_request, session_call, with_id};
 use crate::client::Api;
 use crate::run::{EXIT_USAGE, call, fail};
 
@@ -46,12 +46,19 @@ pub struct ReplayArgs {
 struct Tally {
     same: usize,
     other: usize,
+    /// Sent again, but with nothing to compare with.
+    uncompared: usize,
 }
 
 impl Tally {
     fn same(&mut self, what: &str) {
         self.same += 1;
         println!("{what}: same result");
+    }
+
+    fn uncompared(&mut self, what: &str, verdict: &str) {
+        self.uncompared += 1;
+        println!("{what}: {verdict}");
     }
 
     fn other(&mut self, what: &str, verdict: &str) {
@@ -96,6 +103,12 @@ pub fn replay(args: ReplayArgs) -> ExitCode {
         "{runs} runs and {sessions} sessions replayed: {} results the same, {} not",
         tally.same, tally.other
     );
+    if tally.uncompared > 0 {
+        println!(
+            "{} calls sent again had no answer when signed: not compared",
+            tally.uncompared
+        );
+    }
     if tally.other == 0 {
         ExitCode::SUCCESS
     } else {
@@ -158,33 +171,61 @@ fn replay_session(api: &Api, n: usize, open: &Value, calls: &[HeldCall], tally: 
     };
     for (c, held) in calls.iter().enumerate() {
         let what = format!("session {n} call {}", c + 1);
-        let Ok(answer) = call(
-            api,
-            "SessionRun",
-            &with_id(&held.request, &id),
-            budget_of(&held.request),
-        ) else {
-            tally.other(&what, "not answered");
-            not_replayed(tally, c + 1, "not replayed (an earlier call failed)");
-            break;
+        let request = parse_session_call(&serde_json::to_vec(&held.request).unwrap_or_default());
+        let called = session_call(api, &with_id(&held.request, &id), budget_of(&held.request));
+        // Each new answer, or unanswered record, checked against the fresh
+        // chain before anything is compared; then the chain moves on.
+        let checked = match (request, called) {
+            (_, Err(_)) => Err("not answered".to_string()),
+            (Err(e), _) => Err(format!("its request does not parse ({e})")),
+            (Ok(req), Ok(Called::Answer(answer))) => call_as_received(&answer)
+                .and_then(|resp| chain.check_call(&req, &resp).map(|()| resp))
+                .map(|resp| {
+                    chain.advance(&resp);
+                    Some(resp.run.record.result_sha256)
+                })
+                .map_err(|e| format!("its record does not check ({e})")),
+            (Ok(req), Ok(Called::Unanswered(error))) => unanswered_of(&error)
+                .and_then(|(rec, ended)| {
+                    chain.check_unanswered(&req, &rec)?;
+                    chain.advance_past(&rec, ended);
+                    Ok(None)
+                })
+                .map_err(|e| format!("no answer, and its record does not check ({e})")),
         };
-        let checked = parse_session_call(&serde_json::to_vec(&held.request).unwrap_or_default())
-            .and_then(|req| Ok((req, call_as_received(&answer)?)))
-            .and_then(|(req, resp)| chain.check_call(&req, &resp).map(|()| resp));
-        match checked {
-            Err(e) => {
-                tally.other(&what, &format!("its record does not check ({e})"));
-                not_replayed(tally, c + 1, "not replayed (an earlier call failed)");
-                break;
+        let no_answer = matches!(checked, Ok(None));
+        let stop = match (checked, held.result_sha256.as_str()) {
+            (Err(why), _) => {
+                tally.other(&what, &why);
+                true
             }
-            Ok(resp) => {
-                if resp.run.record.result_sha256 == held.result_sha256 {
-                    tally.same(&what);
-                } else {
-                    tally.other(&what, "a different result");
-                }
-                chain.advance(&resp);
+            // Nothing to compare with: the signed call had no answer.
+            (Ok(_), "") => {
+                tally.uncompared(&what, "not compared (it had no answer when signed)");
+                false
             }
+            (Ok(None), _) => {
+                tally.other(&what, "no answer (it may have run)");
+                true
+            }
+            (Ok(Some(now)), was) if now == was => {
+                tally.same(&what);
+                false
+            }
+            (Ok(Some(_)), _) => {
+                tally.other(&what, "a different result");
+                false
+            }
+        };
+        // As the client does, nothing more is sent after a call that may
+        // have run without an answer, or one that failed.
+        if stop || no_answer || chain.has_ended() {
+            not_replayed(
+                tally,
+                c + 1,
+                "not replayed (an earlier call failed or ended the session)",
+            );
+            break;
         }
     }
     // The fresh session's close must account for every call it answered,

@@ -17,9 +17,9 @@ use plimsoll::attest::bundle::{Appender, Durability, Sharing};
 use plimsoll::attest::session_check::{parse_open_request, parse_session_call, without_id};
 use serde_json::{Value, json};
 
-use crate::client::Api;
+use crate::client::{Api, Failure};
 use crate::local_files::read_request;
-use crate::run::{EXIT_USAGE, call, fail};
+use crate::run::{EXIT_UNKNOWN, EXIT_USAGE, call, drive, fail};
 use crate::signer::{SignerArgs, signing_key};
 
 /// The answer came but is not in the bundle.
@@ -93,6 +93,27 @@ pub fn close_request(id: &str) -> Value {
     json!({"protocol": plimsoll::wire::PROTOCOL, "sessionId": id})
 }
 
+/// What a session call came back with: an answer, or the error of a call
+/// that may have run, carrying its record.
+pub enum Called {
+    Answer(Value),
+    Unanswered(Value),
+}
+
+/// Sends one session call; a refusal or any other failure is printed and
+/// becomes the exit code, as for `plimsoll run`.
+pub fn session_call(api: &Api, body: &Value, budget: Duration) -> Result<Called, ExitCode> {
+    let (_output, quiet) = tokio::sync::mpsc::unbounded_channel();
+    let called = async {
+        match api.call("SessionRun", body, budget).await {
+            Ok(answer) => Ok(Called::Answer(answer)),
+            Err(Failure::Unanswered { error }) => Ok(Called::Unanswered(error)),
+            Err(other) => Err(other),
+        }
+    };
+    drive(called, quiet).map(|(called, _)| called)
+}
+
 pub fn budget_of(call: &Value) -> Duration {
     Duration::from_millis(call["timeoutMs"].as_u64().unwrap_or(120_000))
 }
@@ -147,8 +168,27 @@ pub fn sign_session(SessionArgs { script, signer }: SessionArgs) -> ExitCode {
     // The first failure decides the exit; the close is tried on every path.
     let mut outcome = ExitCode::SUCCESS;
     for (n, kept) in calls.iter().enumerate() {
-        let answer = match call(&api, "SessionRun", &with_id(kept, &id), budget_of(kept)) {
-            Ok(a) => a,
+        let answer = match session_call(&api, &with_id(kept, &id), budget_of(kept)) {
+            Ok(Called::Answer(a)) => a,
+            // The call may have run: its record goes in the chain, and, as
+            // the published client does, nothing more is sent.
+            Ok(Called::Unanswered(error)) => {
+                println!("{error}");
+                outcome = match bundle.append_unanswered(&fingerprint, kept, &error) {
+                    Ok(()) => fail(
+                        EXIT_UNKNOWN,
+                        &format!(
+                            "call {} failed, it may have run; its record is in the bundle",
+                            n + 1
+                        ),
+                    ),
+                    Err(e) => fail(
+                        EXIT_NOT_RECORDED,
+                        &format!("call {} failed and its record is not recorded: {e}", n + 1),
+                    ),
+                };
+                break;
+            }
             Err(code) => {
                 outcome = code;
                 break;

@@ -28,6 +28,10 @@ pub enum Failure {
     /// The daemon has no such procedure (404, marked unsupported): nothing
     /// ran, and an older procedure may serve instead.
     NoSuchProcedure(String),
+    /// A session call that may have run and has no answer: the daemon's
+    /// error as received, whose `UnansweredCall` detail holds the call's
+    /// record.
+    Unanswered { error: Value },
     /// Anything else: an unmarked error answer, or no answer at all.
     Unknown(String),
 }
@@ -218,8 +222,18 @@ fn failure(status: Option<StatusCode>, error: &Value) -> Failure {
             Failure::NoSuchProcedure(message)
         }
         Some(reason) => Failure::NotDispatched { reason, message },
+        None if carries(error, "plimsoll.v1.UnansweredCall") => Failure::Unanswered {
+            error: error.clone(),
+        },
         None => Failure::Unknown(format!("{code}: {message}")),
     }
+}
+
+/// Whether the error carries a detail of this type.
+fn carries(error: &Value, type_: &str) -> bool {
+    error["details"]
+        .as_array()
+        .is_some_and(|d| d.iter().any(|d| d["type"].as_str() == Some(type_)))
 }
 
 /// The reason a refusal names, if the daemon marked it not-dispatched.

@@ -209,10 +209,10 @@ fn stream(api: &Api, body: &Value, budget: Duration) -> Result<(Value, bool), Ex
 /// stderr). On a terminal, anything slower than a second shows that it is
 /// waiting (a docker project, a cold sandbox) until output or the answer
 /// arrives; the line is cleared before anything is printed.
-fn drive(
-    answer: impl std::future::Future<Output = Result<Value, Failure>>,
+pub(crate) fn drive<T>(
+    answer: impl std::future::Future<Output = Result<T, Failure>>,
     mut output: tokio::sync::mpsc::UnboundedReceiver<(bool, Vec<u8>)>,
-) -> Result<(Value, bool), ExitCode> {
+) -> Result<(T, bool), ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -274,6 +274,13 @@ fn drive(
         Failure::NoSuchProcedure(message) => fail(
             EXIT_NOT_DISPATCHED,
             &format!("refused, nothing ran (unsupported): {message}"),
+        ),
+        Failure::Unanswered { error } => fail(
+            EXIT_UNKNOWN,
+            &format!(
+                "failed, it may have run: {}",
+                error["message"].as_str().unwrap_or_default()
+            ),
         ),
         Failure::Unknown(why) => fail(EXIT_UNKNOWN, &format!("failed, it may have run: {why}")),
     })
