@@ -307,6 +307,22 @@ fn a_daemon_with_a_key_vouches_for_each_session_call() {
         text(&theirs.stdout)
     );
 
+    // A receipt is held to its form even where no daemon key checks it:
+    // nothing but the daemon's statement about this record rides in it.
+    let mut smuggled = lines(&bundle);
+    let first = of_kind(&smuggled, "session-call")[0];
+    let mut call: Value = serde_json::from_str(&smuggled[first]).expect("call");
+    call["response"]["run"]["receipt"]["sessionId"] = "0123456789abcdef".into();
+    smuggled[first] = call.to_string();
+    let edited = scratch.path("smuggled.jsonl");
+    write_lines(&edited, &rechain(&smuggled, &key));
+    assert_refused(&verify(&edited, &public, &[]), "fields a receipt has not");
+    call["response"]["run"]["receipt"] =
+        json!({"payload": "", "payloadType": "x", "signatures": []});
+    smuggled[first] = call.to_string();
+    write_lines(&edited, &rechain(&smuggled, &key));
+    assert_refused(&verify(&edited, &public, &[]), "not the daemon's statement");
+
     // The signing key's holder drops the last call and writes a close that
     // counts only the rest. Every line then checks against the signer's
     // key: only the daemon's word on the close shows calls went missing.
@@ -323,18 +339,21 @@ fn a_daemon_with_a_key_vouches_for_each_session_call() {
     short[close_at] = close.to_string();
     let forged = scratch.path("short.jsonl");
     write_lines(&forged, &rechain(&short, &key));
-    ok(&verify(&forged, &public, &[]));
+    // The daemon's receipt, kept, is about another close: its form shows
+    // that even without the daemon's key.
     assert_refused(
-        &verify(&forged, &public, &["--daemon-pub", s(&daemon_pub)]),
-        "close receipt is for another close",
+        &verify(&forged, &public, &[]),
+        "not the daemon's statement about this answer",
     );
-    // Nor does dropping the daemon's receipt from the forged close help.
+    // Without it, only the signer's word is left: accepted without the
+    // daemon's key (docs/attest.md says so), refused with it.
     close["response"]
         .as_object_mut()
         .expect("object")
         .remove("receipt");
     short[close_at] = close.to_string();
     write_lines(&forged, &rechain(&short, &key));
+    ok(&verify(&forged, &public, &[]));
     assert_refused(
         &verify(&forged, &public, &["--daemon-pub", s(&daemon_pub)]),
         "no receipt",
@@ -464,4 +483,77 @@ fn a_script_the_daemon_would_refuse_opens_no_session() {
         );
     }
     assert!(!bundle.exists(), "a bundle was written");
+}
+
+/// A signer stopped by SIGINT closes its session first, so the bundle
+/// stays whole; one killed outright leaves the session open, and then the
+/// bundle says it can no longer verify and no signer extends it.
+#[test]
+fn a_stopped_signer_closes_its_session_and_a_killed_one_leaves_a_bundle_no_one_extends() {
+    let d = Daemon::start(&[("SANDBOX_PROVIDER", "wasm"), ("SANDBOX_MAX_SESSIONS", "3")]);
+    let scratch = Scratch::new("attest-session-stopped");
+    let (key, public) = keygen(&scratch.0, "signer");
+    // The first call keeps the signer busy while the signal comes.
+    let script = json!({
+        "open": {"protocol": 4, "languages": ["javascript"]},
+        "calls": [
+            cell("const t0 = Date.now(); while (Date.now() - t0 < 1500) {}"),
+            cell("1"),
+            cell("2"),
+        ],
+    });
+    let start = |bundle: &Path| {
+        let file = scratch.path(&format!("script-{}.json", rand_tag()));
+        std::fs::write(&file, script.to_string()).expect("script");
+        std::process::Command::new(cli())
+            .env_clear()
+            .env("PLIMSOLL_URL", d.url(""))
+            .args([
+                "attest",
+                "session",
+                "--key",
+                s(&key),
+                "--bundle",
+                s(bundle),
+                s(&file),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("attest session")
+    };
+    let signal = |child: &std::process::Child, sig: &str| {
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        let sent = std::process::Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+    };
+
+    let stopped = scratch.path("stopped.jsonl");
+    let child = start(&stopped);
+    signal(&child, "-INT");
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    let v = verify(&stopped, &public, &[]);
+    ok(&v);
+    assert!(
+        text(&v.stdout).contains("1 sessions (1 calls)"),
+        "{}",
+        text(&v.stdout)
+    );
+
+    let killed = scratch.path("killed.jsonl");
+    let child = start(&killed);
+    signal(&child, "-KILL");
+    let _ = child.wait_with_output();
+    assert_refused(&verify(&killed, &public, &[]), "no close");
+    let more = sign_js(&d.url(""), &key, &killed, "console.log(3)");
+    assert_eq!(more.status.code(), Some(2), "{}", text(&more.stderr));
+    assert!(
+        text(&more.stderr).contains("never closed"),
+        "{}",
+        text(&more.stderr)
+    );
 }

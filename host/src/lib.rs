@@ -19,6 +19,7 @@ pub mod admission;
 pub mod api;
 pub mod attest;
 pub mod backends;
+pub mod bounded_read;
 pub mod callers;
 pub mod compile_cache;
 pub mod config;

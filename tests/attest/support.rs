@@ -143,7 +143,7 @@ pub fn rechain(lines: &[String], key: &Path) -> Vec<String> {
     use sha2::{Digest, Sha256};
     let key = SigningKey::load(key).expect("signing key");
     let b64 = base64::engine::general_purpose::STANDARD;
-    let (mut previous, mut entries) = (String::new(), 0u64);
+    let (mut previous, mut entries, mut open) = (String::new(), 0u64, 0u64);
     let mut out = Vec::new();
     for (i, text) in lines.iter().enumerate() {
         let number = i as u64 + 1;
@@ -157,6 +157,11 @@ pub fn rechain(lines: &[String], key: &Path) -> Vec<String> {
         if line["kind"] == "checkpoint" {
             line["entries"] = entries.into();
             statement["predicate"]["entries"] = entries.into();
+            let predicate = statement["predicate"].as_object_mut().expect("predicate");
+            predicate.remove("openSessions");
+            if open > 0 {
+                predicate.insert("openSessions".into(), open.into());
+            }
             statement["subject"][0]["digest"]["sha256"] = previous.clone().into();
         } else {
             entries += 1;
@@ -164,8 +169,14 @@ pub fn rechain(lines: &[String], key: &Path) -> Vec<String> {
             // What the statement says is what the line now holds.
             let kind = line["kind"].as_str().unwrap_or_default().to_string();
             match kind.as_str() {
-                "session-open" => statement["predicate"]["opened"] = line["response"].clone(),
-                "session-close" => statement["predicate"]["closed"] = line["response"].clone(),
+                "session-open" => {
+                    statement["predicate"]["opened"] = line["response"].clone();
+                    open += 1;
+                }
+                "session-close" => {
+                    statement["predicate"]["closed"] = line["response"].clone();
+                    open = open.saturating_sub(1);
+                }
                 _ => {}
             }
         }

@@ -28,7 +28,7 @@
 //! it, over the wire types the answer is read into: there is one encoder,
 //! so the check cannot drift from what the daemon does.
 
-use super::AttestError;
+use super::{AttestError, receipts};
 use serde_json::Value;
 
 use crate::admission;
@@ -70,6 +70,9 @@ pub fn answer_as_received(response: &Value) -> Result<RunResponse, AttestError> 
         return Err(AttestError::Format(
             "the answer carries fields or forms a Run answer does not have".into(),
         ));
+    }
+    if let Some(receipt) = &answer.receipt {
+        receipts::check_form(receipt, &answer.record)?;
     }
     Ok(answer)
 }

@@ -12,7 +12,7 @@
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions, Permissions};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -24,6 +24,7 @@ use rustls_pki_types::{PrivatePkcs8KeyDer, SubjectPublicKeyInfoDer};
 use sha2::{Digest, Sha256};
 
 use super::AttestError;
+use crate::bounded_read::{Unread, read_regular};
 
 /// The DER of an Ed25519 SubjectPublicKeyInfo up to the key itself (RFC 8410
 /// sections 4 and 10.1): SEQUENCE (42 bytes) { SEQUENCE (5) { OID 1.3.101.112
@@ -254,36 +255,20 @@ fn with_suffix(prefix: &Path, suffix: &str) -> PathBuf {
 /// Reads a key file whole, with its permission bits. The type and mode are
 /// taken from the opened file itself, so they describe what was read.
 fn read_key_file(path: &Path, what: &str) -> Result<(Vec<u8>, u32), AttestError> {
-    let io = |source: std::io::Error| AttestError::Io {
-        what: format!("reading {what} {}", path.display()),
-        source,
-    };
-    // O_NONBLOCK: a FIFO left where the key should be is opened at once (and
-    // then refused below) instead of waiting for a writer. It changes
-    // nothing for a regular file.
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(AttestError::Key(format!(
-            "{what} {} is not a regular file",
-            path.display()
-        )));
+    let shown = path.display();
+    match read_regular(path, KEY_FILE_LIMIT) {
+        Ok((bytes, meta)) => Ok((bytes, meta.permissions().mode())),
+        Err(Unread::Io(source)) => Err(AttestError::Io {
+            what: format!("reading {what} {shown}"),
+            source,
+        }),
+        Err(Unread::NotAFile) => Err(AttestError::Key(format!(
+            "{what} {shown} is not a regular file"
+        ))),
+        Err(Unread::TooLarge) => Err(AttestError::Key(format!(
+            "{what} {shown} is larger than any key file ({KEY_FILE_LIMIT} bytes)"
+        ))),
     }
-    let mut bytes = Vec::new();
-    file.take(KEY_FILE_LIMIT + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
-    if bytes.len() as u64 > KEY_FILE_LIMIT {
-        return Err(AttestError::Key(format!(
-            "{what} {} is larger than any key file ({KEY_FILE_LIMIT} bytes)",
-            path.display()
-        )));
-    }
-    Ok((bytes, meta.permissions().mode()))
 }
 
 /// Creates `path` (failing if anything is there), sets its mode exactly

@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::AttestError;
 use super::dsse::Envelope;
 use super::keys::{SigningKey, VerifyingKey};
-use super::statement::{self, RUN_RECEIPT, SESSION_CLOSE_RECEIPT};
+use super::statement::{self, PAYLOAD_TYPE, RUN_RECEIPT, SESSION_CLOSE_RECEIPT, is_sha256_hex};
 use crate::env_vars::{ConfigError, Env, Var, invalid, var};
 use crate::wire::{CloseSessionResponse, RunRecord};
 
@@ -120,6 +120,77 @@ pub fn check_close(receipt: &Value, key: &VerifyingKey, closed: &Value) -> Resul
     if Some(fingerprint.as_str()) != named || stated.closed != answered {
         return Err(AttestError::Record(
             "the daemon's close receipt is for another close".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A receipt carried where no daemon key is at hand to check it: it must be
+/// the envelope this daemon signs for this record in every byte but the
+/// signature's (one signature, by a key named by a digest, of an Ed25519
+/// signature's length), so nothing else rides along under its name into
+/// what a signer keeps. `check` then checks the signature, given the key.
+pub fn check_form(receipt: &Value, record: &RunRecord) -> Result<(), AttestError> {
+    let predicate = ReceiptPredicate {
+        record: serde_json::to_value(record)
+            .map_err(|e| AttestError::Format(format!("the record: {e}")))?,
+    };
+    form(
+        receipt,
+        SUBJECT,
+        &record.record_sha256,
+        RUN_RECEIPT,
+        &predicate,
+    )
+}
+
+/// `check_form` for a session close's receipt.
+pub fn check_close_form(receipt: &Value, closed: &CloseSessionResponse) -> Result<(), AttestError> {
+    let mut stated =
+        serde_json::to_value(closed).map_err(|e| AttestError::Format(format!("the close: {e}")))?;
+    if let Some(o) = stated.as_object_mut() {
+        o.remove("receipt");
+    }
+    let predicate = ClosePredicate { closed: stated };
+    form(
+        receipt,
+        CLOSE_SUBJECT,
+        &closed.session,
+        SESSION_CLOSE_RECEIPT,
+        &predicate,
+    )
+}
+
+fn form<P: Serialize>(
+    receipt: &Value,
+    subject: &str,
+    digest: &str,
+    predicate_type: &str,
+    predicate: &P,
+) -> Result<(), AttestError> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let envelope: Envelope = serde_json::from_value(receipt.clone())
+        .map_err(|e| AttestError::Format(format!("the receipt: {e}")))?;
+    if serde_json::to_value(&envelope).ok().as_ref() != Some(receipt) {
+        return Err(AttestError::Format(
+            "the receipt holds fields a receipt has not".into(),
+        ));
+    }
+    let expected = statement::payload(subject, digest, predicate_type, predicate)?;
+    if envelope.payload_type != PAYLOAD_TYPE || envelope.payload != b64.encode(expected) {
+        return Err(AttestError::Record(
+            "the receipt is not the daemon's statement about this answer".into(),
+        ));
+    }
+    let [signature] = envelope.signatures.as_slice() else {
+        return Err(AttestError::Format("a receipt holds one signature".into()));
+    };
+    let length = b64.decode(&signature.sig).map(|s| s.len());
+    if !is_sha256_hex(&signature.keyid) || length != Ok(64) {
+        return Err(AttestError::Format(
+            "the receipt's signature is not one Ed25519 signature by a key named by its digest"
+                .into(),
         ));
     }
     Ok(())

@@ -19,9 +19,9 @@
 
 use serde_json::Value;
 
-use super::AttestError;
 use super::check::{Place, bad, check_answered, shown, tier_named};
 use super::statement::is_sha256_hex;
+use super::{AttestError, receipts};
 use crate::admission;
 use crate::record;
 use crate::sessions;
@@ -121,19 +121,29 @@ pub fn without_id(response: &Value) -> Value {
     kept
 }
 
-/// A session call's answer as received (its run's `callTrace` set aside).
+/// A session call's answer as received (its run's `callTrace` set aside),
+/// and the form of any receipt it carries.
 pub fn call_as_received(response: &Value) -> Result<SessionRunResponse, AttestError> {
-    as_received(response, "SessionRun", |v| {
+    let answer: SessionRunResponse = as_received(response, "SessionRun", |v| {
         for result in ["javascript", "project", "cell"] {
             if let Some(Value::Object(r)) = v.pointer_mut(&format!("/run/{result}")) {
                 r.remove("callTrace");
             }
         }
-    })
+    })?;
+    if let Some(receipt) = &answer.run.receipt {
+        receipts::check_form(receipt, &answer.run.record)?;
+    }
+    Ok(answer)
 }
 
+/// A session's close as received, and the form of any receipt it carries.
 pub fn close_as_received(response: &Value) -> Result<CloseSessionResponse, AttestError> {
-    as_received(response, "CloseSession", |_| {})
+    let closed: CloseSessionResponse = as_received(response, "CloseSession", |_| {})?;
+    if let Some(receipt) = &closed.receipt {
+        receipts::check_close_form(receipt, &closed)?;
+    }
+    Ok(closed)
 }
 
 /// The Connect codes an unanswered call's record may state (the published

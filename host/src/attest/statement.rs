@@ -62,6 +62,18 @@ pub fn sign<P: Serialize>(
             "the subject's digest {sha256_hex:?} is not 64 lowercase hex characters"
         )));
     }
+    let payload = payload(subject_name, sha256_hex, predicate_type, predicate)?;
+    Ok(Envelope::sign(key, PAYLOAD_TYPE, &payload))
+}
+
+/// The statement's bytes as `sign` signs them: one encoding, so a checker
+/// can rebuild the payload it expects and compare.
+pub fn payload<P: Serialize>(
+    subject_name: &str,
+    sha256_hex: &str,
+    predicate_type: &str,
+    predicate: &P,
+) -> Result<Vec<u8>, AttestError> {
     let statement = Statement {
         statement_type: STATEMENT_TYPE.to_string(),
         subject: vec![Subject {
@@ -71,9 +83,8 @@ pub fn sign<P: Serialize>(
         predicate_type: predicate_type.to_string(),
         predicate,
     };
-    let payload = serde_json::to_vec(&statement)
-        .map_err(|e| AttestError::Format(format!("the statement does not serialize: {e}")))?;
-    Ok(Envelope::sign(key, PAYLOAD_TYPE, &payload))
+    serde_json::to_vec(&statement)
+        .map_err(|e| AttestError::Format(format!("the statement does not serialize: {e}")))
 }
 
 /// Verifies the envelope with `key`, then requires payloadType ==
@@ -139,7 +150,7 @@ pub fn open<P: DeserializeOwned>(
 
 /// 64 characters of 0-9 and a-f: the one spelling of a SHA-256 digest we
 /// write, so two spellings of one digest can never both pass.
-pub(super) fn is_sha256_hex(text: &str) -> bool {
+pub(crate) fn is_sha256_hex(text: &str) -> bool {
     text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 

@@ -105,6 +105,12 @@ impl<'k> Appender<'k> {
         let mut file = open_for_append(path, sharing)?;
         file.lock().map_err(|e| io_error("locking the bundle", e))?;
         let tail = read_tail(&mut file, key)?;
+        if tail.open_sessions > 0 {
+            return Err(AttestError::Incomplete(format!(
+                "the bundle holds {} session(s) a signer opened and never closed (it was stopped); it can no longer verify, so it is not extended: start a new bundle",
+                tail.open_sessions
+            )));
+        }
         Ok(Appender {
             file,
             key,
@@ -186,7 +192,16 @@ impl<'k> Appender<'k> {
             ));
         }
         let entries = tail.entries + 1;
-        let checkpoint = checkpoint_line(key, number + 1, entries, &sha256_hex(&entry))?;
+        let open_sessions = self.sessions.len() as u64;
+        let checkpoint = checkpoint_line(
+            key,
+            CheckpointPredicate {
+                line: number + 1,
+                entries,
+                open_sessions,
+            },
+            &sha256_hex(&entry),
+        )?;
         let previous = sha256_hex(&checkpoint);
         let mut added = entry;
         added.push(b'\n');
@@ -199,6 +214,7 @@ impl<'k> Appender<'k> {
                     lines: number + 1,
                     entries,
                     previous,
+                    open_sessions,
                     len: self.tail.len + added.len() as u64,
                 };
                 Ok(())
@@ -226,12 +242,11 @@ impl Drop for Appender<'_> {
     }
 }
 
-/// The checkpoint at line `line`, after `entries` runs, closing the line
-/// whose digest is `last_line_sha256`.
+/// The checkpoint stating `stated` (its line, the entries and open sessions
+/// before it), closing the line whose digest is `last_line_sha256`.
 fn checkpoint_line(
     key: &SigningKey,
-    line: u64,
-    entries: u64,
+    stated: CheckpointPredicate,
     last_line_sha256: &str,
 ) -> Result<Vec<u8>, AttestError> {
     let signed = statement::sign(
@@ -239,12 +254,12 @@ fn checkpoint_line(
         LINE_SUBJECT,
         last_line_sha256,
         BUNDLE_CHECKPOINT,
-        &CheckpointPredicate { line, entries },
+        &stated,
     )?;
     Ok(canonical(&Value::Object(object(&[
         ("kind", Value::from(KIND_CHECKPOINT)),
-        ("line", Value::from(line)),
-        ("entries", Value::from(entries)),
+        ("line", Value::from(stated.line)),
+        ("entries", Value::from(stated.entries)),
         (SIGNED, to_value(&signed)),
     ]))))
 }

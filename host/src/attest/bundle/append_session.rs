@@ -45,7 +45,10 @@ impl Appender<'_> {
                 "this session is already open here".into(),
             ));
         }
-        self.append_line(
+        // Open before the line is written, so its checkpoint counts it;
+        // taken back if the write fails.
+        self.sessions.insert(fingerprint.clone(), chain);
+        let written = self.append_line(
             KIND_SESSION_OPEN,
             "OpenSession",
             Some(request),
@@ -63,9 +66,14 @@ impl Appender<'_> {
                     },
                 )
             },
-        )?;
-        self.sessions.insert(fingerprint.clone(), chain);
-        Ok(fingerprint)
+        );
+        match written {
+            Ok(()) => Ok(fingerprint),
+            Err(e) => {
+                self.sessions.remove(&fingerprint);
+                Err(e)
+            }
+        }
     }
 
     /// Appends a call of the session `fingerprint` names: `request` as sent
@@ -172,7 +180,12 @@ impl Appender<'_> {
             ));
         };
         chain.check_close(&close_as_received(answer)?)?;
-        self.append_line(
+        // Closed before the line is written, so its checkpoint no longer
+        // counts it; put back if the write fails.
+        let Some(chain) = self.sessions.remove(fingerprint) else {
+            return Err(AttestError::Record("the session is not open here".into()));
+        };
+        let written = self.append_line(
             KIND_SESSION_CLOSE,
             "CloseSession",
             None,
@@ -190,8 +203,10 @@ impl Appender<'_> {
                     },
                 )
             },
-        )?;
-        self.sessions.remove(fingerprint);
-        Ok(())
+        );
+        if written.is_err() {
+            self.sessions.insert(fingerprint.to_string(), chain);
+        }
+        written
     }
 }

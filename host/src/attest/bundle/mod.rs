@@ -95,6 +95,16 @@ struct CheckpointPredicate {
     /// How many entries (runs, session opens, calls and closes) the
     /// bundle holds before the checkpoint.
     entries: u64,
+    /// Sessions opened and not yet closed at this point. Left out at zero,
+    /// as it is in every bundle without sessions; after a signer that was
+    /// stopped between a session's open and close it is not zero, and the
+    /// next signer refuses to extend a bundle that can no longer verify.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    open_sessions: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Whether others may read the bundle file.

@@ -26,6 +26,8 @@ pub(super) struct Tail {
     pub(super) entries: u64,
     /// Digest of the last line, the checkpoint (empty for a new bundle).
     pub(super) previous: String,
+    /// Sessions the last checkpoint says were left open.
+    pub(super) open_sessions: u64,
     /// The file's length: where the next line starts.
     pub(super) len: u64,
 }
@@ -43,6 +45,7 @@ pub(super) fn read_tail(file: &mut File, key: &SigningKey) -> Result<Tail, Attes
             lines: 0,
             entries: 0,
             previous: String::new(),
+            open_sessions: 0,
             len: 0,
         });
     }
@@ -51,6 +54,7 @@ pub(super) fn read_tail(file: &mut File, key: &SigningKey) -> Result<Tail, Attes
             lines: stated.line,
             entries: stated.entries,
             previous,
+            open_sessions: stated.open_sessions,
             len,
         }),
         None => Err(AttestError::Incomplete(

@@ -3,9 +3,6 @@
 //! `verify_session`), the checkpoint at the end, and what the caller
 //! expected of the runs.
 
-use std::fs::OpenOptions;
-use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use serde_json::{Map, Value};
@@ -21,6 +18,7 @@ use crate::attest::AttestError;
 use crate::attest::keys::VerifyingKey;
 use crate::attest::receipts;
 use crate::attest::statement::{self, BUNDLE_CHECKPOINT, RUN_RECORD};
+use crate::bounded_read::{Unread, read_regular};
 
 /// Checks every line of the bundle at `path` with `key` (and every run's
 /// receipt with `daemon`, if given), then what the caller expected of it.
@@ -110,35 +108,22 @@ pub fn verified_entries(path: &Path, key: &VerifyingKey) -> Result<Vec<Held>, At
 /// most an 8 MiB request and its answer), and short of exhausting memory.
 const MAX_BUNDLE_BYTES: u64 = 4 << 30;
 
-/// The bundle's bytes, from a regular file only (opened without blocking,
-/// so a FIFO or a device named as a bundle is refused, not waited on or
-/// read forever), and no more than `MAX_BUNDLE_BYTES`.
+/// The bundle's bytes, from a regular file only (a FIFO or a device named
+/// as a bundle is refused, not waited on or read forever), and no more
+/// than `MAX_BUNDLE_BYTES`.
 fn read_bundle(path: &Path) -> Result<Vec<u8>, AttestError> {
     let shown = path.display();
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| io_error(&format!("opening {shown}"), e))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| io_error(&format!("reading {shown}"), e))?;
-    if !meta.is_file() {
-        return Err(AttestError::Format(format!(
+    match read_regular(path, MAX_BUNDLE_BYTES) {
+        Ok((bytes, _)) => Ok(bytes),
+        Err(Unread::Io(e)) => Err(io_error(&format!("reading {shown}"), e)),
+        Err(Unread::NotAFile) => Err(AttestError::Format(format!(
             "{shown} is not a regular file"
-        )));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_BUNDLE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| io_error(&format!("reading {shown}"), e))?;
-    if bytes.len() as u64 > MAX_BUNDLE_BYTES {
-        return Err(AttestError::Format(format!(
+        ))),
+        Err(Unread::TooLarge) => Err(AttestError::Format(format!(
             "{shown} is larger than any bundle this reads ({} GiB)",
             MAX_BUNDLE_BYTES >> 30
-        )));
+        ))),
     }
-    Ok(bytes)
 }
 
 /// The lines' checks, on the bundle's bytes. With `daemon`, every run must
@@ -234,7 +219,7 @@ pub fn verify_bytes(
             // A checkpoint follows each append's entry; every one is
             // checked, though only the last closes the bundle.
             Some(KIND_CHECKPOINT) if after_entry => {
-                check_checkpoint(&fields, key, number, &previous, entries)
+                check_checkpoint(&fields, key, number, &previous, entries, sessions.open())
                     .map_err(|e| prefixed(e, number))?;
             }
             Some(KIND_CHECKPOINT) => {
@@ -354,6 +339,7 @@ fn check_checkpoint(
     number: u64,
     previous: &str,
     entries: usize,
+    open_sessions: usize,
 ) -> Result<(), AttestError> {
     let (last_line, stated): (String, CheckpointPredicate) =
         statement::open(&signed(fields)?, key, LINE_SUBJECT, BUNDLE_CHECKPOINT)?;
@@ -362,6 +348,11 @@ fn check_checkpoint(
     if stated.entries != entries as u64 || written != Some(stated.entries) {
         return Err(AttestError::Incomplete(
             "the checkpoint's count is not the number of entries before it".into(),
+        ));
+    }
+    if stated.open_sessions != open_sessions as u64 {
+        return Err(AttestError::Record(
+            "the checkpoint's count of open sessions is not the bundle's".into(),
         ));
     }
     Ok(())

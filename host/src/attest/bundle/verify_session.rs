@@ -205,6 +205,11 @@ impl Sessions {
         Ok(())
     }
 
+    /// How many sessions are open at this point of the bundle.
+    pub(super) fn open(&self) -> usize {
+        self.open.len()
+    }
+
     /// Every session opened was closed: one that was not may have lost
     /// calls from its end, which nothing else in the bundle would show.
     pub(super) fn finish(&self) -> Result<(), AttestError> {

@@ -10,6 +10,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::Args;
@@ -24,6 +25,29 @@ use crate::signer::{SignerArgs, signing_key};
 
 /// The answer came but is not in the bundle.
 const EXIT_NOT_RECORDED: u8 = 3;
+/// Stopped by SIGINT or SIGTERM: the session was closed early.
+const EXIT_INTERRUPTED: u8 = 130;
+
+/// Set by SIGINT or SIGTERM: no more calls are sent, and the session is
+/// closed, so the bundle still ends with its close. (A signer killed
+/// outright leaves the session open; the bundle then says so and is not
+/// extended.)
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn interrupted(_: libc::c_int) {
+    // Only an atomic store: all a signal handler may safely do here.
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn close_on_interrupt() {
+    let handler = interrupted as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is
+    // async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
 /// How long an open or a close may take.
 const SESSION_CALL_BUDGET: Duration = Duration::from_secs(120);
 
@@ -142,6 +166,7 @@ pub fn sign_session(SessionArgs { script, signer }: SessionArgs) -> ExitCode {
         Err(e) => return fail(EXIT_USAGE, &format!("{}: {e}", signer.bundle.display())),
     };
 
+    close_on_interrupt();
     let opened = match call(&api, "OpenSession", &open, SESSION_CALL_BUDGET) {
         Ok(a) => a,
         Err(code) => return code,
@@ -168,6 +193,16 @@ pub fn sign_session(SessionArgs { script, signer }: SessionArgs) -> ExitCode {
     // The first failure decides the exit; the close is tried on every path.
     let mut outcome = ExitCode::SUCCESS;
     for (n, kept) in calls.iter().enumerate() {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            outcome = fail(
+                EXIT_INTERRUPTED,
+                &format!(
+                    "interrupted: {} calls not sent; closing the session",
+                    calls.len() - n
+                ),
+            );
+            break;
+        }
         let answer = match session_call(&api, &with_id(kept, &id), budget_of(kept)) {
             Ok(Called::Answer(a)) => a,
             // The call may have run: its record goes in the chain, and, as

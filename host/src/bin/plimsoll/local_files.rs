@@ -20,6 +20,7 @@ use plimsoll::admission::{
     valid_relative_path,
 };
 use plimsoll::api::MAX_REQUEST_BYTES;
+use plimsoll::bounded_read::{self, Unread};
 use plimsoll::dirs::Dir;
 use serde_json::{Value, json};
 
@@ -39,33 +40,22 @@ pub(crate) fn read_request(path: &Path) -> Result<Value, String> {
     serde_json::from_slice(&bytes).map_err(|e| format!("{}: not JSON: {e}", path.display()))
 }
 
-/// The bytes of the regular file at `path`, if at most `limit`. It is
-/// opened without blocking (a FIFO would otherwise hold the open until a
-/// writer came, and a terminal must not become this process's controlling
-/// one), checked on the descriptor itself, and read no further than one
-/// byte past the bound, so `/dev/zero` or a huge file costs nothing.
+/// The bytes of the regular file at `path`, if at most `limit`
+/// (`plimsoll::bounded_read`: a pipe, device or directory is not read, and
+/// nothing past the bound).
 fn read_bounded(path: &Path, limit: usize, what: &str) -> Result<Vec<u8>, String> {
-    use std::os::unix::fs::OpenOptionsExt;
     let shown = path.display();
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| format!("{shown}: {e}"))?;
-    let meta = file.metadata().map_err(|e| format!("{shown}: {e}"))?;
-    if !meta.is_file() {
-        return Err(format!(
+    match bounded_read::read_regular(path, limit as u64) {
+        Ok((bytes, _)) => Ok(bytes),
+        Err(Unread::Io(e)) => Err(format!("{shown}: {e}")),
+        Err(Unread::NotAFile) => Err(format!(
             "{shown}: not a regular file (a pipe, device or directory is not read)"
-        ));
+        )),
+        Err(Unread::TooLarge) => Err(format!(
+            "{shown}: larger than the {} KiB the daemon accepts for {what}",
+            limit >> 10
+        )),
     }
-    read_at_most(file, limit)
-        .map_err(|e| format!("{shown}: {e}"))?
-        .ok_or_else(|| {
-            format!(
-                "{shown}: larger than the {} KiB the daemon accepts for {what}",
-                limit >> 10
-            )
-        })
 }
 
 /// Reads everything `from` holds if that is at most `limit` bytes; `None`
