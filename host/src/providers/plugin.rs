@@ -83,6 +83,7 @@ pub(super) async fn load_plugin(
             Some(Arc::new(ContainerEngine::new(Arc::new(engine))))
         }
     };
+    let frozen_after_preflight = container_engine.clone();
     let linked = checked.link(
         Granted {
             http,
@@ -90,7 +91,13 @@ pub(super) async fn load_plugin(
         },
         memory_mb,
     )?;
-    Ok(linked.describe(max_tier).await?.preflight().await?)
+    let provider = linked.describe(max_tier).await?.preflight().await?;
+    // What warm containers hold is the plugin's to choose only until now,
+    // before it has seen a request; fixed from here for its life.
+    if let Some(engine) = frozen_after_preflight {
+        engine.freeze();
+    }
+    Ok(provider)
 }
 
 impl Provider for PluginProvider {

@@ -14,6 +14,7 @@ pub mod policy;
 pub mod session;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use wasmtime::StoreContextMut;
@@ -44,6 +45,9 @@ const SPEC_ITEMS: usize = 512;
 pub struct ContainerEngine {
     pub backend: Arc<dyn ContainerBackend>,
     policy: ContainerPolicy,
+    /// Set once the plugin's preflight has returned, before it sees any
+    /// request: from then on what warm containers hold is fixed.
+    frozen: AtomicBool,
 }
 
 impl ContainerEngine {
@@ -55,9 +59,27 @@ impl ContainerEngine {
             user: facts.user(),
             run_dirs: Vec::new(),
         };
-        ContainerEngine { backend, policy }
+        ContainerEngine {
+            backend,
+            policy,
+            frozen: AtomicBool::new(false),
+        }
+    }
+
+    /// Fixes what warm containers hold for the plugin's life: called when
+    /// its preflight returns, structurally before any request reaches it.
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+
+    fn is_frozen(&self) -> bool {
+        self.frozen.load(Ordering::SeqCst)
     }
 }
+
+/// Why a prewarm after preflight is refused.
+const FROZEN: &str =
+    "warm containers are chosen at preflight, before any request, and fixed for the plugin's life";
 
 /// One call's use of the capability: the engine, and the broker directory
 /// this call's containers mount (made on first use, removed when the call's
@@ -308,10 +330,26 @@ pub(super) fn prewarm_with<T: ContainerEngineView>(
 ) -> Result<u32, engine_if::EngineError> {
     let copied = copy_spec(store, spec);
     let (call, state) = store.data_mut().container_engine();
+    still_open(call, state.as_deref())?;
     copied
         .map_err(|rule| refuse(call, rule))
         .and_then(|spec| approve(call, state.as_deref(), &spec))
         .map(|(engine, approved)| warm(&engine.backend, approved))
+}
+
+/// A prewarm is the plugin's to ask only until its preflight returns. One
+/// asked later, with requests in hand, could carry a request's bytes into
+/// a container that then waits outside admission: it is refused, and the
+/// call can no longer say nothing ran, for it acted outside the rule.
+fn still_open(
+    call: &mut CallContext,
+    state: Option<&ContainerEngineState>,
+) -> Result<(), engine_if::EngineError> {
+    if state.is_some_and(|s| s.engine.is_frozen()) {
+        let _kept = call.mark.before_execution();
+        return Err(refuse(call, FROZEN));
+    }
+    Ok(())
 }
 
 /// For a granted run, the broker directory its containers mount, made on

@@ -296,6 +296,25 @@ async fn prewarm_is_checked_like_a_run() {
 }
 
 #[test]
+fn after_preflight_a_prewarm_is_refused_and_costs_the_mark() {
+    let fake = Fake::new(Act::Exit(0));
+    let st = state(&fake);
+    let mut c = call(10);
+    still_open(&mut c, Some(&st)).expect("open before the freeze");
+    assert!(!c.mark.may_have_started());
+    st.engine.freeze();
+    match still_open(&mut c, Some(&st)) {
+        Err(engine_if::EngineError::Forbidden(why)) => assert!(why.contains("preflight"), "{why}"),
+        other => panic!("not refused: {other:?}"),
+    }
+    assert!(
+        c.mark.may_have_started(),
+        "the call could still say nothing ran"
+    );
+    assert!(fake.prewarmed.lock().expect("lock").is_empty());
+}
+
+#[test]
 fn the_environment_is_what_the_backend_verified() {
     let fake = Fake::new(Act::Exit(0));
     let backend: Arc<dyn ContainerBackend> = fake.clone();
