@@ -42,11 +42,20 @@ use crate::wire::{self, RECORD_VERSION, RunRecord, RunRequest, RunResponse};
 /// `api::parse_run`, is these same wire steps answered as a refusal, so a
 /// request this refuses is one the daemon would have refused unrun.
 pub fn parse_run_request(body: &[u8]) -> Result<RunRequest, AttestError> {
-    let stated = wire::shape_of_run(body)
-        .map_err(|e| AttestError::Format(format!("malformed RunRequest: {e}")))?;
-    wire::protocol_gate(stated).map_err(|m| AttestError::Format(format!("RunRequest: {m}")))?;
-    serde_json::from_slice::<RunRequest>(body)
-        .map_err(|e| AttestError::Format(format!("malformed RunRequest: {e}")))
+    parse_request(wire::Request::Run, "RunRequest", body)
+}
+
+/// Any request body, parsed as the daemon parses one of its kind.
+pub(super) fn parse_request<T: serde::de::DeserializeOwned>(
+    request: wire::Request,
+    name: &str,
+    body: &[u8],
+) -> Result<T, AttestError> {
+    let stated = wire::shape_of(request, body)
+        .map_err(|e| AttestError::Format(format!("malformed {name}: {e}")))?;
+    wire::protocol_gate(stated).map_err(|m| AttestError::Format(format!("{name}: {m}")))?;
+    serde_json::from_slice::<T>(body)
+        .map_err(|e| AttestError::Format(format!("malformed {name}: {e}")))
 }
 
 /// Reads a Run answer as the JSON it arrived as, refusing anything in it
@@ -56,23 +65,39 @@ pub fn parse_run_request(body: &[u8]) -> Result<RunRequest, AttestError> {
 /// keep) would otherwise be signed beside what was checked. Only
 /// `callTrace`, which no digest covers by design, is set aside.
 pub fn answer_as_received(response: &Value) -> Result<RunResponse, AttestError> {
-    let answer: RunResponse = serde_json::from_value(response.clone())
-        .map_err(|e| AttestError::Format(format!("the answer is not a Run answer: {e}")))?;
-    let mut received = response.clone();
-    for result in ["javascript", "project"] {
-        if let Some(Value::Object(r)) = received.get_mut(result) {
-            r.remove("callTrace");
+    let answer: RunResponse = as_received(response, "Run", |received| {
+        for result in ["javascript", "project"] {
+            if let Some(Value::Object(r)) = received.get_mut(result) {
+                r.remove("callTrace");
+            }
         }
+    })?;
+    if let Some(receipt) = &answer.receipt {
+        receipts::check_form(receipt, &answer.record)?;
     }
+    Ok(answer)
+}
+
+/// Any answer read into its type, refusing anything the type does not
+/// carry; `set_aside` removes what no digest covers before the comparison.
+pub(super) fn as_received<T>(
+    response: &Value,
+    name: &str,
+    set_aside: fn(&mut Value),
+) -> Result<T, AttestError>
+where
+    T: serde::de::DeserializeOwned + serde::Serialize,
+{
+    let answer: T = serde_json::from_value(response.clone())
+        .map_err(|e| AttestError::Format(format!("the answer is not a {name} answer: {e}")))?;
+    let mut received = response.clone();
+    set_aside(&mut received);
     let read = serde_json::to_value(&answer)
         .map_err(|e| AttestError::Format(format!("the answer: {e}")))?;
     if read != received {
-        return Err(AttestError::Format(
-            "the answer carries fields or forms a Run answer does not have".into(),
-        ));
-    }
-    if let Some(receipt) = &answer.receipt {
-        receipts::check_form(receipt, &answer.record)?;
+        return Err(AttestError::Format(format!(
+            "the answer carries fields or forms a {name} answer does not have"
+        )));
     }
     Ok(answer)
 }

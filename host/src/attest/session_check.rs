@@ -19,7 +19,7 @@
 
 use serde_json::Value;
 
-use super::check::{Place, bad, check_answered, shown, tier_named};
+use super::check::{Place, as_received, bad, check_answered, parse_request, shown, tier_named};
 use super::statement::is_sha256_hex;
 use super::{AttestError, receipts};
 use crate::admission;
@@ -34,18 +34,29 @@ use crate::wire::{
 /// The keys a session ID may come under, in a request or an answer.
 const ID_KEYS: [&str; 2] = ["sessionId", "session_id"];
 
-/// Parses an OpenSession request body as the daemon does (shape pass,
-/// protocol gate, strict typed parse).
-pub fn parse_open_request(body: &[u8]) -> Result<OpenSessionRequest, AttestError> {
-    parse(wire::Request::OpenSession, "OpenSessionRequest", body)
+/// Parses an OpenSession request as the daemon does (shape pass,
+/// protocol gate, strict typed parse), from the JSON kept or to be sent.
+pub fn parse_open_request(request: &Value) -> Result<OpenSessionRequest, AttestError> {
+    parse_request(
+        wire::Request::OpenSession,
+        "OpenSessionRequest",
+        &bytes_of(request),
+    )
 }
 
 /// Parses a session call as kept, without its session ID (one present is
 /// refused: nothing kept may hold it), and returns it as the Run it is
 /// digested as.
-pub fn parse_session_call(body: &[u8]) -> Result<RunRequest, AttestError> {
-    let call: SessionRunRequest = parse(wire::Request::SessionRun, "SessionRunRequest", body)?;
-    if !call.session_id.is_empty() || has_id_key(body) {
+pub fn parse_session_call(request: &Value) -> Result<RunRequest, AttestError> {
+    let call: SessionRunRequest = parse_request(
+        wire::Request::SessionRun,
+        "SessionRunRequest",
+        &bytes_of(request),
+    )?;
+    let named = request
+        .as_object()
+        .is_some_and(|o| ID_KEYS.iter().any(|k| o.contains_key(*k)));
+    if !call.session_id.is_empty() || named {
         return Err(AttestError::Format(
             "the session call holds its session ID; a kept call must not".into(),
         ));
@@ -53,47 +64,10 @@ pub fn parse_session_call(body: &[u8]) -> Result<RunRequest, AttestError> {
     Ok(call.into_run().1)
 }
 
-fn parse<T: serde::de::DeserializeOwned>(
-    request: wire::Request,
-    name: &str,
-    body: &[u8],
-) -> Result<T, AttestError> {
-    let stated = wire::shape_of(request, body)
-        .map_err(|e| AttestError::Format(format!("malformed {name}: {e}")))?;
-    wire::protocol_gate(stated).map_err(|m| AttestError::Format(format!("{name}: {m}")))?;
-    serde_json::from_slice::<T>(body)
-        .map_err(|e| AttestError::Format(format!("malformed {name}: {e}")))
-}
-
-fn has_id_key(body: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| {
-            v.as_object()
-                .map(|o| ID_KEYS.iter().any(|k| o.contains_key(*k)))
-        })
-        .unwrap_or(false)
-}
-
-/// An answer read into its type, refusing anything the type does not carry
-/// (the reasons are `check::answer_as_received`'s). `set_aside` removes
-/// what no digest covers before the comparison.
-fn as_received<T>(response: &Value, name: &str, set_aside: fn(&mut Value)) -> Result<T, AttestError>
-where
-    T: serde::de::DeserializeOwned + serde::Serialize,
-{
-    let answer: T = serde_json::from_value(response.clone())
-        .map_err(|e| AttestError::Format(format!("the answer is not a {name} answer: {e}")))?;
-    let mut received = response.clone();
-    set_aside(&mut received);
-    let read = serde_json::to_value(&answer)
-        .map_err(|e| AttestError::Format(format!("the answer: {e}")))?;
-    if read != received {
-        return Err(AttestError::Format(format!(
-            "the answer carries fields or forms a {name} answer does not have"
-        )));
-    }
-    Ok(answer)
+/// A request's bytes in the one encoding a bundle keeps (compact, keys
+/// sorted), which the daemon's parse reads as it reads the request sent.
+fn bytes_of(request: &Value) -> Vec<u8> {
+    serde_json::to_vec(request).unwrap_or_default()
 }
 
 /// An OpenSession answer as kept: without its session ID (one present is

@@ -27,7 +27,7 @@ fn rule() -> Value {
 }
 
 fn open_request(body: Value) -> OpenSessionRequest {
-    parse_open_request(&serde_json::to_vec(&body).expect("json")).expect("parses")
+    parse_open_request(&body).expect("parses")
 }
 
 /// An open with a floor and a rule, as most tests use.
@@ -56,7 +56,7 @@ fn opened() -> Chain {
 }
 
 fn call(body: Value) -> RunRequest {
-    parse_session_call(&serde_json::to_vec(&body).expect("json")).expect("parses")
+    parse_session_call(&body).expect("parses")
 }
 
 /// A JavaScript call under the session's rule.
@@ -463,9 +463,8 @@ fn a_session_id_in_a_kept_call_or_open_answer_is_refused() {
         // The key alone, even empty, is refused.
         json!({"protocol": 4, "sessionId": "", "javascript": {"code": "1"}}),
     ] {
-        let bytes = serde_json::to_vec(&body).expect("json");
         assert!(
-            matches!(parse_session_call(&bytes), Err(AttestError::Format(_))),
+            matches!(parse_session_call(&body), Err(AttestError::Format(_))),
             "{body}"
         );
     }

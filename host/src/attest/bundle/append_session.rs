@@ -12,7 +12,6 @@ use super::append::Appender;
 use super::{
     ClosePredicate, KIND_SESSION_CALL, KIND_SESSION_CLOSE, KIND_SESSION_OPEN,
     KIND_SESSION_UNANSWERED, OpenPredicate, RECORD_SUBJECT, RunPredicate, SESSION_SUBJECT,
-    canonical,
 };
 use crate::attest::AttestError;
 use crate::attest::session_check::{
@@ -33,7 +32,7 @@ impl Appender<'_> {
             .unwrap_or_default();
         let kept = without_id(answer);
         let opened = open_as_received(&kept)?;
-        let chain = check_open(&parse_open_request(&canonical(request))?, &opened)?;
+        let chain = check_open(&parse_open_request(request)?, &opened)?;
         if !id_matches(id, &opened.session) {
             return Err(AttestError::Record(
                 "the open answer's session ID is not the one its fingerprint names".into(),
@@ -91,7 +90,7 @@ impl Appender<'_> {
                 "a call of a session not open in this bundle".into(),
             ));
         };
-        let parsed = parse_session_call(&canonical(request))?;
+        let parsed = parse_session_call(request)?;
         let called = call_as_received(answer)?;
         chain.check_call(&parsed, &called)?;
         let record = answer
@@ -140,7 +139,7 @@ impl Appender<'_> {
                 "a call of a session not open in this bundle".into(),
             ));
         };
-        let parsed = parse_session_call(&canonical(request))?;
+        let parsed = parse_session_call(request)?;
         let (record, ended) = unanswered_of(error)?;
         chain.check_unanswered(&parsed, &record)?;
         let stated = serde_json::to_value(&record)

@@ -66,16 +66,7 @@ fn call_parts<'a>(
     let (subject, stated): (String, RunPredicate) =
         statement::open(&signed(fields)?, key, RECORD_SUBJECT, RUN_RECORD)?;
     placed(stated.line, &stated.previous_line_sha256, number, previous)?;
-    Ok((
-        parse_session_call(&to_bytes(request))?,
-        answer,
-        subject,
-        stated,
-    ))
-}
-
-fn to_bytes(v: &Value) -> Vec<u8> {
-    serde_json::to_vec(v).unwrap_or_default()
+    Ok((parse_session_call(request)?, answer, subject, stated))
 }
 
 impl Sessions {
@@ -95,7 +86,7 @@ impl Sessions {
             statement::open(&signed(fields)?, key, SESSION_SUBJECT, SESSION_OPEN)?;
         placed(stated.line, &stated.previous_line_sha256, number, previous)?;
         let opened = open_as_received(response)?;
-        let chain = check_open(&parse_open_request(&to_bytes(request))?, &opened)?;
+        let chain = check_open(&parse_open_request(request)?, &opened)?;
         if subject != chain.fingerprint || &stated.opened != response {
             return Err(AttestError::Record(
                 "the signed open is not the line's answer".into(),

@@ -148,7 +148,7 @@ fn replay_session(api: &Api, n: usize, open: &Value, calls: &[HeldCall], tally: 
         return not_replayed(tally, 0, "not replayed (the session did not open)");
     };
     let id = opened["sessionId"].as_str().unwrap_or_default().to_string();
-    let checked = parse_open_request(&serde_json::to_vec(&request).unwrap_or_default())
+    let checked = parse_open_request(&request)
         .and_then(|req| Ok((req, open_as_received(&without_id(&opened))?)))
         .and_then(|(req, resp)| check_open(&req, &resp));
     let refused = match &checked {
@@ -171,7 +171,7 @@ fn replay_session(api: &Api, n: usize, open: &Value, calls: &[HeldCall], tally: 
     };
     for (c, held) in calls.iter().enumerate() {
         let what = format!("session {n} call {}", c + 1);
-        let request = parse_session_call(&serde_json::to_vec(&held.request).unwrap_or_default());
+        let request = parse_session_call(&held.request);
         let called = session_call(api, &with_id(&held.request, &id), budget_of(&held.request));
         // Each new answer, or unanswered record, checked against the fresh
         // chain before anything is compared; then the chain moves on.

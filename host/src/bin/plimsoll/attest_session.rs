@@ -83,7 +83,7 @@ pub fn read_script(path: &std::path::Path) -> Result<(Value, Vec<Value>), String
     };
     // Each request is read as the daemon will read it, so a malformed one
     // is refused here, before a session is opened for it.
-    parse_open_request(&canonical(&open)).map_err(|e| format!("{shown}: open: {e}"))?;
+    parse_open_request(&open).map_err(|e| format!("{shown}: open: {e}"))?;
     for (n, c) in calls.iter().enumerate() {
         let Some(fields) = c.as_object() else {
             return Err(format!("{shown}: call {} is not an object", n + 1));
@@ -94,7 +94,7 @@ pub fn read_script(path: &std::path::Path) -> Result<(Value, Vec<Value>), String
                 n + 1
             ));
         }
-        parse_session_call(&canonical(c)).map_err(|e| format!("{shown}: call {}: {e}", n + 1))?;
+        parse_session_call(c).map_err(|e| format!("{shown}: call {}: {e}", n + 1))?;
     }
     Ok((open, calls))
 }
@@ -106,11 +106,6 @@ pub fn with_id(call: &Value, id: &str) -> Value {
         o.insert("sessionId".into(), Value::from(id));
     }
     sent
-}
-
-/// A request as the bundle keeps it (and the daemon reads it): compact.
-fn canonical(v: &Value) -> Vec<u8> {
-    serde_json::to_vec(v).unwrap_or_default()
 }
 
 pub fn close_request(id: &str) -> Value {
