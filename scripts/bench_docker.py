@@ -17,8 +17,9 @@ Per runtime, one after another:
   (the least any gated run can cost: the engine plus node's boot);
 - plimsolld back to back: one `Run` after another over HTTP, end to end;
   runs/s over the batch is the rate one client sustains;
-- plimsolld at a steady two runs per second: a `Run` started every 500 ms
-  whatever the last one took, so the pool's refill is what is measured.
+- plimsolld at a steady two, then five runs per second: a `Run` started on
+  its schedule whatever the last one took, so the pool's refill is what is
+  measured.
 
 Engine calls go to the Docker API on its Unix socket, as the daemon's do;
 only loopback and that socket are used.
@@ -37,6 +38,8 @@ import time
 import urllib.request
 
 SNIPPET = "console.log(6 * 7)"
+# The steady schedules measured, in runs per second.
+RATES = [2, 5]
 N = int(os.environ.get("BENCH_N", "40"))
 BIN = os.environ.get("PLIMSOLLD_BIN", "target/release/plimsolld")
 DOCKER_SOCK = "/var/run/docker.sock"
@@ -220,19 +223,21 @@ def plimsolld(runtime):
         t = time.perf_counter()
         back = [one_run(url, body) for _ in range(N)]
         rate = N / (time.perf_counter() - t)
-        time.sleep(3)  # the pool refills
-        # A steady two runs a second: each started on its schedule, so a
-        # slow one does not slow the rate.
-        start = time.perf_counter() + 0.1
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            futures = []
-            for i in range(N):
-                delay = start + i * 0.5 - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                futures.append(pool.submit(one_run, url, body))
-            steady = [f.result() for f in futures]
-        return [x for x, _ in back], rate, [x for x, _ in steady], back[-1][1]
+        steady = {}
+        for per_sec in RATES:
+            time.sleep(3)  # the pool refills
+            # A steady rate: each run started on its schedule, so a slow
+            # one does not slow the rate.
+            start = time.perf_counter() + 0.1
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                futures = []
+                for i in range(N):
+                    delay = start + i / per_sec - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                    futures.append(pool.submit(one_run, url, body))
+                steady[per_sec] = [f.result()[0] for f in futures]
+        return [x for x, _ in back], rate, steady, back[-1][1]
     finally:
         proc.terminate()
         try:
@@ -257,21 +262,28 @@ def measure():
     print(f"image {IMAGE}, snippet {SNIPPET!r}, {N} plimsolld runs per measurement")
     print()
     print("| runtime | tier | plain docker run p50 / p90 | engine floor: cat p50 | engine floor: gate + node p50 "
-          "| plimsolld back to back p50 / p90, runs/s | plimsolld at 2 runs/s p50 / p90 (p90/p50) "
-          "| p50 ratio to docker run |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| plimsolld back to back p50 / p90, runs/s "
+          + "".join(f"| plimsolld at {r} runs/s p50 / p90 (p90/p50) " for r in RATES)
+          + "| p50 ratio to docker run |")
+    print("|---|---|---|---|---|---|" + "---|" * len(RATES) + "---|")
     for name in runtimes:
         runtime = "" if name == "runc" else name
         base = baseline(runtime, max(10, N // 4))
         cat, node = floor(runtime, max(10, N // 4))
         back, rate, steady, tier = plimsolld(runtime)
-        b50, o50, s50 = statistics.median(base), statistics.median(back), statistics.median(steady)
+        b50, o50 = statistics.median(base), statistics.median(back)
+        cells = ""
+        ratios = ""
+        for r in RATES:
+            s50 = statistics.median(steady[r])
+            cells += f"| {ms(s50)} / {ms(pct(steady[r], 90))} ms ({pct(steady[r], 90) / s50:.2f}) "
+            ratios += f", {s50 / b50:.2f} at {r}/s"
         print(
             f"| {name} | {tier} | {ms(b50)} / {ms(pct(base, 90))} ms "
             f"| {ms(statistics.median(cat))} ms | {ms(statistics.median(node))} ms "
             f"| {ms(o50)} / {ms(pct(back, 90))} ms, {rate:.1f} "
-            f"| {ms(s50)} / {ms(pct(steady, 90))} ms ({pct(steady, 90) / s50:.2f}) "
-            f"| {o50 / b50:.2f} back to back, {s50 / b50:.2f} at 2/s |"
+            + cells
+            + f"| {o50 / b50:.2f} back to back{ratios} |"
         )
         sys.stdout.flush()
 

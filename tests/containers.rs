@@ -73,6 +73,25 @@ pub fn sandbox_image() -> String {
     .clone()
 }
 
+/// The IDs of a daemon's containers: all that exist, or those running.
+pub fn container_ids_of(pid: u32, all: bool) -> Vec<String> {
+    let which = if all { "-aq" } else { "-q" };
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            which,
+            "--no-trunc",
+            "--filter",
+            &format!("label=io.plimsoll.owner={pid}"),
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 /// Containers a given daemon (by process ID) created that still exist.
 pub fn containers_of(pid: u32) -> usize {
     count_containers_of(pid, "-aq")

@@ -98,10 +98,14 @@ async fn runc_is_the_container_tier_and_runs_snippets_and_projects() {
     let env = info.body["javascriptEnvironment"]["identity"]
         .as_str()
         .expect("identity");
+    // The image, then the plugin's pre-boot declaration (tests/preboot.rs
+    // recomputes its digest).
+    let (image, preboot) = env.split_once("+preboot:sha256:").expect("a declaration");
     assert_eq!(
-        env,
+        image,
         format!("docker-image:{}", plimsoll_tests::sandbox_image())
     );
+    assert_eq!(preboot.len(), 64, "{preboot}");
     assert_eq!(info.body["resources"]["pids"], 256);
     // runc's version, as the engine reports it, is stated.
     let runtime = info.body["runtime"].as_str().expect("runtime stated");

@@ -202,20 +202,7 @@ fn hostile_with_pool(origin: &str, pool: &str) -> Daemon {
 
 /// IDs of the containers a daemon has now.
 fn container_ids(pid: u32) -> Vec<String> {
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--no-trunc",
-            "--filter",
-            &format!("label=io.plimsoll.owner={pid}"),
-        ])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
+    plimsoll_tests::container_ids_of(pid, true)
 }
 
 /// A plugin that asks for warm containers of a spin loop once it has a

@@ -85,6 +85,9 @@ impl Metrics {
         registry.register(Box::new(shed.clone()))?;
         registry.register(Box::new(host_calls.clone()))?;
         registry.register(Box::new(host_call_latency.clone()))?;
+        for c in crate::backends::docker::metrics::collectors() {
+            registry.register(c)?;
+        }
         // Shed reasons exist from the start, at 0, so a dashboard can tell
         // "none" from "not exported".
         for r in [

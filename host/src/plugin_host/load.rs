@@ -426,6 +426,18 @@ impl Described {
             Ok(Err(e)) => return Err(fail(classify(&e, &store))),
             Err(_) => return Err(fail("timed out".into())),
         };
+        // What warm containers hold, and what they may run before a request,
+        // is the plugin's to choose only until now, before it has seen a
+        // request: fixed from here for its life, and named in its evidence.
+        if let Some(engine) = &runner.granted.container_engine {
+            engine.freeze();
+            if let Some(digest) = engine.preboot_digest() {
+                facts.environment = format!("{}+preboot:sha256:{digest}", facts.environment);
+                for (kind, program) in engine.declared_summary() {
+                    tracing::info!(target: "plimsoll::plugin", plugin = %runner.name, kind, program = %program, digest = %digest, "pre-boot command declared");
+                }
+            }
+        }
         // At most 64 check lines of 200 bytes are kept.
         let checks: Vec<String> = report
             .checks

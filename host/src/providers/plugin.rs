@@ -83,7 +83,6 @@ pub(super) async fn load_plugin(
             Some(Arc::new(ContainerEngine::new(Arc::new(engine))))
         }
     };
-    let frozen_after_preflight = container_engine.clone();
     let linked = checked.link(
         Granted {
             http,
@@ -91,13 +90,8 @@ pub(super) async fn load_plugin(
         },
         memory_mb,
     )?;
-    let provider = linked.describe(max_tier).await?.preflight().await?;
-    // What warm containers hold is the plugin's to choose only until now,
-    // before it has seen a request; fixed from here for its life.
-    if let Some(engine) = frozen_after_preflight {
-        engine.freeze();
-    }
-    Ok(provider)
+    // Preflight freezes what warm containers hold (`Described::preflight`).
+    Ok(linked.describe(max_tier).await?.preflight().await?)
 }
 
 impl Provider for PluginProvider {

@@ -26,7 +26,7 @@ mod bindings {
 
 use bindings::exports::plimsoll::provider::adapter::Guest;
 use bindings::plimsoll::provider::container_engine::{
-    self as engine, ContainerSpec, EngineEnvironment, EngineError,
+    self as engine, ContainerSpec, EngineEnvironment, EngineError, PrebootKind,
 };
 use bindings::plimsoll::provider::log::{self, Level};
 use bindings::plimsoll::provider::project_report;
@@ -76,10 +76,24 @@ fn base_spec(env: &EngineEnvironment, command: Vec<String>) -> ContainerSpec {
     }
 }
 
+/// What a pre-booted node loads before the snippet: the host's end frames.
+const END_FRAME: &str = include_str!("end_frame.mjs");
+
 /// A snippet: node reads the program from stdin, which the host writes only
-/// once the container is contained; the same spec is kept warm.
+/// once a run takes the container. The same spec is declared as this
+/// plugin's pre-boot command for snippets, so warm containers have node
+/// booted and waiting on stdin; the hook is inert without the host's
+/// nonce, as in a cold container.
 fn snippet_spec(env: &EngineEnvironment) -> ContainerSpec {
-    base_spec(env, vec!["node".into(), "-".into()])
+    use base64::Engine as _;
+    let hook = format!(
+        "data:text/javascript;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(END_FRAME)
+    );
+    base_spec(
+        env,
+        vec!["node".into(), "--import".into(), hook, "-".into()],
+    )
 }
 
 fn runner_spec(env: &EngineEnvironment) -> ContainerSpec {
@@ -159,9 +173,11 @@ impl Guest for Docker {
             languages.push(Language::Python);
         }
 
-        match engine::prewarm(&snippet_spec(&env)) {
-            Ok(n) => checks.push(format!("{n} warm containers kept for snippets")),
-            Err(e) => return Err(format!("prewarm: {}", engine_text(&e))),
+        match engine::preboot(PrebootKind::Snippet, &snippet_spec(&env)) {
+            Ok(n) => checks.push(format!(
+                "{n} warm containers kept for snippets, node booted"
+            )),
+            Err(e) => return Err(format!("preboot: {}", engine_text(&e))),
         }
         match engine::prewarm_sessions(&session::spec(&env)) {
             Ok(n) => checks.push(format!("{n} warm containers kept for sessions")),

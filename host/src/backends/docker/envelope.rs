@@ -8,7 +8,10 @@
 //! the plugin's environment in place and become the plugin's command. The
 //! host writes that line only when a run takes the container (`lifecycle`),
 //! so nothing a plugin chose executes in a container that is started and
-//! waiting, warm or cold. The plugin's environment is not the container's:
+//! waiting, warm or cold. The one exception is a pre-boot command the
+//! plugin declared before its first request, frozen for its life: its warm
+//! containers launch it at once, in this same envelope, and it takes its
+//! request on stdin when a run takes the container. The plugin's environment is not the container's:
 //! it is applied by the gate at the last moment, so no variable a plugin
 //! names (a shell's startup file, say) can act on the gate itself.
 
@@ -25,16 +28,40 @@ use crate::plugin_host::capabilities::container_engine::backend::Approved;
 /// Per-process open files inside a container.
 const NOFILE: i64 = 4096;
 
-/// The gate: waits for the host's line, exports the plugin's `KEY=value`
-/// pairs (the arguments before `--`), then becomes the plugin's command
-/// (the arguments after it). `read` takes its line a byte at a time from a
-/// pipe, so everything after the line reaches the command untouched.
-pub(super) const GATE: &str = r#"read -r _ || exit 125
-while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do export "$1" || exit 125; shift; done
+/// Exports the plugin's `KEY=value` pairs (the arguments before `--`),
+/// then becomes the plugin's command (the arguments after it).
+macro_rules! export_and_exec {
+    () => {
+        r#"while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do export "$1" || exit 125; shift; done
 shift
-exec "$@""#;
+exec "$@""#
+    };
+}
+
+/// The gate: waits for the host's line, then exports and execs. `read`
+/// takes its line a byte at a time from a pipe, so everything after the
+/// line reaches the command untouched.
+pub(super) const GATE: &str = concat!("read -r _ || exit 125\n", export_and_exec!());
 /// The gate's name in the process list (`$0`).
 const GATE_NAME: &str = "plimsoll-gate";
+/// A pre-booted container's launch: the gate without its wait. Only for
+/// the command a plugin declared before its first request (the capability's
+/// `preboot`), which runs as soon as the container starts and takes its
+/// request on stdin when a run takes the container.
+pub(super) const LAUNCH: &str = export_and_exec!();
+/// The launch's name in the process list.
+const LAUNCH_NAME: &str = "plimsoll-launch";
+/// The variable that carries a pre-booted run's end-frame nonce (`frames`).
+pub(super) const END_VAR: &str = "PLIMSOLL_END";
+
+/// How a container's command starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Start<'a> {
+    /// Behind the gate: nothing of the plugin's runs until a run opens it.
+    Gated,
+    /// At once: a pre-boot declaration, with the nonce of its end frames.
+    Booted { end: &'a str },
+}
 /// What the host writes to open the gate.
 pub(super) const GATE_LINE: &[u8] = b"\n";
 
@@ -60,10 +87,18 @@ impl DockerEngine {
     pub(super) fn create_body(
         &self,
         spec: &Approved,
+        start: Start<'_>,
         life: Life,
         grant_dir: Option<&Path>,
     ) -> ContainerCreateBody {
-        create_body(&self.settings, self.image_id(), spec, life, grant_dir)
+        create_body(
+            &self.settings,
+            self.image_id(),
+            spec,
+            start,
+            life,
+            grant_dir,
+        )
     }
 }
 
@@ -75,21 +110,28 @@ pub(super) fn create_body(
     s: &Settings,
     image_id: &str,
     spec: &Approved,
+    start: Start<'_>,
     life: Life,
     grant_dir: Option<&Path>,
 ) -> ContainerCreateBody {
     {
         let memory = i64::from(s.memory_mb) << 20;
+        let (script, name, host_env) = match start {
+            Start::Gated => (GATE, GATE_NAME, None),
+            // The host's variable comes last, so the plugin's cannot set it.
+            Start::Booted { end } => (LAUNCH, LAUNCH_NAME, Some(format!("{END_VAR}={end}"))),
+        };
         let entrypoint = vec![
             "/bin/sh".to_string(),
             "-c".to_string(),
-            GATE.to_string(),
-            GATE_NAME.to_string(),
+            script.to_string(),
+            name.to_string(),
         ];
         let cmd: Vec<String> = spec
             .env
             .iter()
             .cloned()
+            .chain(host_env)
             .chain(std::iter::once("--".to_string()))
             .chain(spec.command.iter().cloned())
             .collect();
@@ -218,11 +260,16 @@ mod tests {
         }
     }
 
+    /// A run's container of `spec()` under runc, without a grant.
+    fn run_body(start: Start<'_>) -> ContainerCreateBody {
+        create_body(&settings(""), IMAGE, &spec(), start, Life::run(42), None)
+    }
+
     /// Long on purpose: one assertion per field of the envelope, in the
     /// order create_body sets them, so a field dropped there fails here by name.
     #[test]
     fn every_container_gets_the_whole_envelope() {
-        let body = create_body(&settings(""), IMAGE, &spec(), Life::run(42), None);
+        let body = run_body(Start::Gated);
         assert_eq!(body.image.as_deref(), Some(IMAGE));
         assert_eq!(body.user.as_deref(), Some("61000:61000"));
         assert_eq!(body.network_disabled, Some(true));
@@ -281,6 +328,7 @@ mod tests {
             &settings(""),
             IMAGE,
             &spec(),
+            Start::Gated,
             Life {
                 expires: 42,
                 session: true,
@@ -294,7 +342,15 @@ mod tests {
         );
         assert_eq!(
             session.host_config,
-            create_body(&settings(""), IMAGE, &spec(), Life::run(42), None).host_config,
+            create_body(
+                &settings(""),
+                IMAGE,
+                &spec(),
+                Start::Gated,
+                Life::run(42),
+                None
+            )
+            .host_config,
             "the same envelope"
         );
 
@@ -353,10 +409,49 @@ mod tests {
     }
 
     #[test]
+    fn a_preboot_differs_from_the_gate_only_in_its_wait_and_end_nonce() {
+        let gated = run_body(Start::Gated);
+        let booted = run_body(Start::Booted { end: "abc" });
+        assert_eq!(booted.host_config, gated.host_config, "the same envelope");
+        assert_eq!(booted.labels, gated.labels);
+        assert_eq!(booted.env, Some(vec![]));
+        assert_eq!(
+            (&booted.user, booted.network_disabled),
+            (&gated.user, gated.network_disabled)
+        );
+        let script = |b: &ContainerCreateBody| b.entrypoint.clone().expect("entrypoint")[2].clone();
+        assert!(script(&gated).starts_with("read -r _ || exit 125\n"));
+        assert_eq!(
+            format!("read -r _ || exit 125\n{}", script(&booted)),
+            script(&gated),
+            "the launch is the gate without its wait"
+        );
+        assert!(!script(&booted).contains("read"));
+        assert_eq!(
+            booted.cmd,
+            Some(vec![
+                "HOME=/work".into(),
+                "PLIMSOLL_END=abc".into(),
+                "--".into(),
+                "node".into(),
+                "-".into()
+            ]),
+            "the host's nonce after the plugin's variables"
+        );
+    }
+
+    #[test]
     fn under_runsc_gvisor_filters_and_the_host_cgroup_limits() {
-        let h = create_body(&settings("runsc"), IMAGE, &spec(), Life::run(42), None)
-            .host_config
-            .expect("host config");
+        let h = create_body(
+            &settings("runsc"),
+            IMAGE,
+            &spec(),
+            Start::Gated,
+            Life::run(42),
+            None,
+        )
+        .host_config
+        .expect("host config");
         assert_eq!(h.runtime.as_deref(), Some("runsc"));
         assert_eq!(h.pids_limit, None, "the host cgroup carries the limit");
         let sec = h.security_opt.expect("security options");
@@ -366,9 +461,16 @@ mod tests {
     #[test]
     fn a_granted_run_mounts_only_its_broker_directory_read_only() {
         let dir = std::path::Path::new("/run/plimsoll-runs/abc");
-        let h = create_body(&settings(""), IMAGE, &spec(), Life::run(42), Some(dir))
-            .host_config
-            .expect("host config");
+        let h = create_body(
+            &settings(""),
+            IMAGE,
+            &spec(),
+            Start::Gated,
+            Life::run(42),
+            Some(dir),
+        )
+        .host_config
+        .expect("host config");
         assert_eq!(
             h.binds,
             Some(vec![format!("/run/plimsoll-runs/abc:{MOUNT_POINT}:ro")])

@@ -21,10 +21,12 @@ use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, InspectContainerOptions,
     KillContainerOptionsBuilder, RemoveContainerOptionsBuilder, WaitContainerOptions,
 };
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::io::AsyncWriteExt;
 
-use super::envelope::{GATE_LINE, Life};
+use super::envelope::{GATE_LINE, Life, Start};
+use super::frames::{Framer, Stream};
+use super::idle::{CpuProbe, Reason};
 use super::verify::PidsCgroup;
 use super::{DockerEngine, short};
 use crate::live::{Channel, Live};
@@ -70,15 +72,39 @@ pub(super) struct Warm {
     pub(super) id: String,
     pub(super) io: AttachContainerResults,
     pub(super) born: Instant,
+    /// Pre-booted (its command already running): the nonce of its end
+    /// frames. `None`: behind the gate.
+    pub(super) end: Option<String>,
+    /// Where a pre-booted container's CPU time is read.
+    pub(super) cpu: Option<CpuProbe>,
+}
+
+impl Warm {
+    /// Whether a waiting pre-booted container is still fit to serve a run:
+    /// nothing printed, its process alive, within its CPU budget.
+    pub(super) fn fit(&mut self, per_sec: Duration) -> Result<(), Reason> {
+        match self.io.output.next().now_or_never() {
+            None => {}
+            Some(Some(Ok(_))) => return Err(Reason::Dirty),
+            Some(_) => return Err(Reason::Died),
+        }
+        match self.cpu.as_mut() {
+            Some(probe) => probe.within(self.born, per_sec),
+            None => Err(Reason::Unmeasured),
+        }
+    }
 }
 
 impl DockerEngine {
     /// Creates, attaches and starts a container behind the gate, with every
     /// limit in place, by `deadline`. On any failure the container is
     /// removed and the gate was never opened.
+    /// `booted`: launched at once rather than behind the gate, for a
+    /// plugin's frozen pre-boot declaration only.
     pub(super) async fn start_waiting(
         &self,
         spec: &Approved,
+        booted: bool,
         life: Life,
         grant_dir: Option<&Path>,
         deadline: Deadline,
@@ -86,7 +112,16 @@ impl DockerEngine {
         let mut id = [0u8; 8];
         let _ = getrandom::fill(&mut id);
         let name = format!("plimsoll-{}", hex::encode(id));
-        let body = self.create_body(spec, life, grant_dir);
+        let end = booted.then(|| {
+            let mut nonce = [0u8; 16];
+            let _ = getrandom::fill(&mut nonce);
+            hex::encode(nonce)
+        });
+        let start = match &end {
+            Some(end) => Start::Booted { end },
+            None => Start::Gated,
+        };
+        let body = self.create_body(spec, start, life, grant_dir);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
         let created = match timeout_at(deadline, self.docker.create_container(Some(options), body))
             .await
@@ -107,11 +142,22 @@ impl DockerEngine {
             }
         };
         match self.attach_and_start(&created.id, deadline).await {
-            Ok(io) => Ok(Warm {
-                id: created.id,
-                io,
-                born: Instant::now(),
-            }),
+            Ok(io) => {
+                let cpu = match end {
+                    Some(_) => timeout_at(deadline, self.cpu_probe(&created.id))
+                        .await
+                        .ok()
+                        .flatten(),
+                    None => None,
+                };
+                Ok(Warm {
+                    id: created.id,
+                    io,
+                    born: Instant::now(),
+                    end,
+                    cpu,
+                })
+            }
             Err(why) => {
                 self.remove(&created.id).await;
                 Err(why)
@@ -157,6 +203,18 @@ impl DockerEngine {
                 .map_err(EngineFailure::BeforeStart)?;
         }
         Ok(io)
+    }
+
+    /// Where a pre-booted container's CPU time can be read; `None` keeps
+    /// it from serving (its budget would be unenforced).
+    async fn cpu_probe(&self, id: &str) -> Option<CpuProbe> {
+        let inspect = self
+            .docker
+            .inspect_container(id, None::<InspectContainerOptions>)
+            .await
+            .ok()?;
+        let pid = inspect.state.and_then(|s| s.pid).filter(|p| *p > 0)?;
+        CpuProbe::of_pid(pid)
     }
 
     /// Under gVisor: the sandbox process is in the cgroup the host limited,
@@ -225,9 +283,10 @@ impl DockerEngine {
         removed
     }
 
-    /// Opens the gate, feeds the container its input and collects its
-    /// output until it exits or its deadline, when the whole container is
-    /// killed.
+    /// Opens the gate (a pre-booted container has none), feeds the
+    /// container its input and collects its output until it exits, or
+    /// sends its end frames, or reaches its deadline, when the whole
+    /// container is killed.
     pub(super) async fn drive(
         &self,
         warm: Warm,
@@ -237,42 +296,80 @@ impl DockerEngine {
         live: Option<Live>,
     ) -> Result<ProcessOutput, EngineFailure> {
         let mut out = ProcessOutput::default();
-        let Warm { id: name, io, .. } = warm;
+        let Warm {
+            id: name, io, end, ..
+        } = warm;
         let mut output = io.output;
         // Input is fed while output is read: a container that prints a lot
         // before it reads all its input must not stall until the deadline.
         let mut input = io.input;
-        let feeder = tokio::spawn(async move {
-            input.write_all(GATE_LINE).await?;
+        let gated = end.is_none();
+        let mut feeder = tokio::spawn(async move {
+            if gated {
+                input.write_all(GATE_LINE).await?;
+            }
             input.write_all(&stdin).await?;
             input.shutdown().await
         });
+        // The exit status is asked for now, so it is in hand when the
+        // output ends rather than a round trip later.
+        let docker = self.docker.clone();
+        let waited_for = name.clone();
+        let waiter = tokio::spawn(async move {
+            docker
+                .wait_container(&waited_for, None::<WaitContainerOptions>)
+                .next()
+                .await
+        });
+        let mut framer = end.as_deref().map(Framer::new);
+        let mut framed = None;
         let collect = async {
             while let Some(frame) = output.next().await {
-                let (buf, truncated, channel, message) = match frame {
-                    Ok(LogOutput::StdOut { message }) => (
-                        &mut out.stdout,
-                        &mut out.stdout_truncated,
-                        Channel::Stdout,
-                        message,
-                    ),
-                    Ok(LogOutput::StdErr { message }) => (
-                        &mut out.stderr,
-                        &mut out.stderr_truncated,
-                        Channel::Stderr,
-                        message,
-                    ),
+                let (stream, message) = match frame {
+                    Ok(LogOutput::StdOut { message }) => (Stream::Stdout, message),
+                    Ok(LogOutput::StdErr { message }) => (Stream::Stderr, message),
                     Ok(_) => continue,
                     Err(_) => break,
                 };
-                let kept = keep(buf, truncated, &message, output_limit);
-                // What is kept goes to a watcher too, as it arrives.
-                if let Some(live) = &live {
-                    live.send(channel, kept);
+                match framer.as_mut() {
+                    Some(f) => {
+                        let visible = f.feed(stream, &message);
+                        out.keep(stream, &visible, output_limit, live.as_ref());
+                        if let Some(code) = f.ended() {
+                            framed = Some(code);
+                            return;
+                        }
+                    }
+                    None => out.keep(stream, &message, output_limit, live.as_ref()),
                 }
             }
         };
         let timed_out = tokio::time::timeout_at(deadline, collect).await.is_err();
+        // The run ended without both frames: what was held back for a frame
+        // is output after all.
+        if let (None, Some(f)) = (framed, framer.as_mut()) {
+            for stream in [Stream::Stdout, Stream::Stderr] {
+                let held = f.flush(stream);
+                out.keep(stream, &held, output_limit, live.as_ref());
+            }
+        }
+        if let Some(code) = framed {
+            waiter.abort();
+            // An honest process frames only after it has read its input to
+            // the end; the feeder's last step may still be finishing.
+            let delivered = matches!(timeout_at(deadline, &mut feeder).await, Ok(Ok(Ok(()))));
+            if !delivered {
+                feeder.abort();
+                self.kill(&name).await;
+                return Err(EngineFailure::AfterStart(
+                    "the run's input could not be delivered to the container".into(),
+                ));
+            }
+            // The caller's answer comes now; the container, perhaps still
+            // exiting, is killed and removed by the run's task after it.
+            out.exit_code = code;
+            return Ok(out);
+        }
         // Input that never reached the container means this is not the
         // run's result (a stream cut under it); it may have run partly.
         let delivered = if feeder.is_finished() {
@@ -283,33 +380,27 @@ impl DockerEngine {
             timed_out
         };
         if !delivered {
-            let kill = KillContainerOptionsBuilder::default()
-                .signal("SIGKILL")
-                .build();
-            let _ = self.docker.kill_container(&name, Some(kill)).await;
+            waiter.abort();
+            self.kill(&name).await;
             return Err(EngineFailure::AfterStart(
                 "the run's input could not be delivered to the container".into(),
             ));
         }
         if timed_out {
             out.timed_out = true;
-            let kill = KillContainerOptionsBuilder::default()
-                .signal("SIGKILL")
-                .build();
-            let _ = self.docker.kill_container(&name, Some(kill)).await;
+            self.kill(&name).await;
         }
-        let mut wait = self
-            .docker
-            .wait_container(&name, None::<WaitContainerOptions>);
         // The exit status of a container killed at the deadline arrives at
         // once; a short grace covers the engine's own bookkeeping.
-        let waited = timeout_at(deadline + EXIT_GRACE, wait.next()).await;
+        let mut waiter = waiter;
+        let waited = timeout_at(deadline + EXIT_GRACE, &mut waiter).await;
+        waiter.abort();
         out.exit_code = match waited {
-            Ok(Some(Ok(w))) => i32::try_from(w.status_code).unwrap_or(i32::MAX),
+            Ok(Ok(Some(Ok(w)))) => i32::try_from(w.status_code).unwrap_or(i32::MAX),
             // bollard reports a non-zero exit as an error carrying the code.
-            Ok(Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. }))) => {
-                i32::try_from(code).unwrap_or(i32::MAX)
-            }
+            Ok(Ok(Some(Err(bollard::errors::Error::DockerContainerWaitError {
+                code, ..
+            })))) => i32::try_from(code).unwrap_or(i32::MAX),
             _ => {
                 return Err(EngineFailure::AfterStart(
                     "the container's exit status could not be read".into(),
@@ -317,6 +408,13 @@ impl DockerEngine {
             }
         };
         Ok(out)
+    }
+
+    async fn kill(&self, name: &str) {
+        let kill = KillContainerOptionsBuilder::default()
+            .signal("SIGKILL")
+            .build();
+        let _ = self.docker.kill_container(name, Some(kill)).await;
     }
 }
 
@@ -356,6 +454,35 @@ pub(super) fn limit_pids(root: &crate::dirs::Dir, id: &str, pids: i64) -> std::i
         Err(e) => return Err(e),
     }
     crate::dirs::sub_nofollow(root, id)?.write("pids.max", pids.to_string())
+}
+
+/// Keeps what fits of one stream's bytes in a run's output, and passes
+/// what is kept to a watcher, as it arrives.
+trait Keep {
+    fn keep(&mut self, stream: Stream, data: &[u8], limit: usize, live: Option<&Live>);
+}
+
+impl Keep for ProcessOutput {
+    fn keep(&mut self, stream: Stream, data: &[u8], limit: usize, live: Option<&Live>) {
+        let (buf, truncated, channel) = match stream {
+            Stream::Stdout => (
+                &mut self.stdout,
+                &mut self.stdout_truncated,
+                Channel::Stdout,
+            ),
+            Stream::Stderr => (
+                &mut self.stderr,
+                &mut self.stderr_truncated,
+                Channel::Stderr,
+            ),
+        };
+        let kept = keep(buf, truncated, data, limit);
+        if let Some(live) = live
+            && !kept.is_empty()
+        {
+            live.send(channel, kept);
+        }
+    }
 }
 
 /// Keeps what fits of `data` and returns the part kept, for a watcher.

@@ -26,7 +26,10 @@
 //! (`sweep`) keep to the same rules.
 
 mod envelope;
+mod frames;
+mod idle;
 mod lifecycle;
+pub mod metrics;
 mod owner;
 mod pool;
 mod runtime_version;
@@ -46,7 +49,8 @@ use futures_util::future::BoxFuture;
 use crate::live::Live;
 use crate::outcome::{NotReady, ProcessOutput};
 use crate::plugin_host::capabilities::container_engine::backend::{
-    Approved, BackendFacts, ContainerBackend, EngineFailure, Envelope, GrantMount, SessionContainer,
+    Approved, BackendFacts, ContainerBackend, EngineFailure, Envelope, GrantMount, PrebootKind,
+    SessionContainer,
 };
 use crate::tier::Tier;
 use envelope::Life;
@@ -317,6 +321,12 @@ impl DockerEngine {
                 None
             };
             let refill = taken.is_some();
+            match &taken {
+                Some(w) if w.end.is_some() => metrics::Taken::Booted,
+                Some(_) => metrics::Taken::Gated,
+                None => metrics::Taken::Cold,
+            }
+            .count();
             let warm = match taken {
                 Some(w) => w,
                 None => {
@@ -330,6 +340,7 @@ impl DockerEngine {
                     let started = engine
                         .start_waiting(
                             &spec,
+                            false,
                             Life::run(expiry(timeout)),
                             grant.as_ref().map(|g| g.dir.as_path()),
                             deadline,
@@ -452,11 +463,20 @@ impl ContainerBackend for DockerEngine {
     }
 
     fn prewarm(&self, spec: Approved) -> u32 {
-        self.prewarm_spec(pool::Which::Runs, spec)
+        self.prewarm_spec(pool::Which::Runs, spec, false)
     }
 
     fn prewarm_sessions(&self, spec: Approved) -> u32 {
-        self.prewarm_spec(pool::Which::Sessions, spec)
+        self.prewarm_spec(pool::Which::Sessions, spec, false)
+    }
+
+    /// Snippets are pre-booted; projects and sessions are not yet (their
+    /// declarations are recorded, and their containers stay gated).
+    fn preboot(&self, kind: PrebootKind, spec: Approved) -> u32 {
+        match kind {
+            PrebootKind::Snippet => self.prewarm_spec(pool::Which::Runs, spec, true),
+            PrebootKind::Project | PrebootKind::Session => 0,
+        }
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

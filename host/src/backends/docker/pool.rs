@@ -1,7 +1,9 @@
 //! Warm containers: started behind the host's gate, so a single run of the
 //! registered spec skips creation and start-up. Only the gate runs in a warm
 //! container; the plugin's command starts when a run takes it (see
-//! `envelope`). Each serves one run and is then removed; none waits longer
+//! `envelope`). A pool of a plugin's pre-boot declaration is the exception:
+//! its containers run the declared command at once, held to idleness
+//! (`idle`) until a run takes one. Each serves one run and is then removed; none waits longer
 //! than `WARM_MAX_AGE`; a new spec, an unreachable engine or shutdown sends
 //! the waiting ones to be removed.
 //!
@@ -18,7 +20,9 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::envelope::Life;
+use super::idle::{self, Reason, Strikes};
 use super::lifecycle::Warm;
+use super::metrics::{REMOVED, STOPPED};
 use super::{DockerEngine, expiry};
 use crate::plugin_host::capabilities::container_engine::backend::{Approved, EngineFailure};
 
@@ -53,12 +57,19 @@ pub(super) struct Pool {
     pub(super) orphans: Vec<String>,
     /// When the spec last changed, within the last minute.
     changes: VecDeque<Instant>,
+    /// Whether the template is a pre-boot declaration, whose containers
+    /// run its command at once rather than behind the gate (`idle`).
+    pub(super) booted: bool,
+    /// Pre-booted containers removed as unfit, recently, and until when
+    /// pre-booting is paused after too many (`idle`).
+    pub(super) strikes: Strikes,
 }
 
 impl DockerEngine {
     /// Registers the spec single runs use and starts keeping warm containers
-    /// of it. Returns the pool size.
-    pub(super) fn prewarm_spec(&self, which: Which, spec: Approved) -> u32 {
+    /// of it, behind the gate or (`booted`, for a pre-boot declaration)
+    /// with its command running. Returns the pool size.
+    pub(super) fn prewarm_spec(&self, which: Which, spec: Approved, booted: bool) -> u32 {
         let size = self.pool_size(which);
         if size == 0 {
             return 0;
@@ -66,7 +77,7 @@ impl DockerEngine {
         let Ok(mut pool) = self.pool_of(which).lock() else {
             return 0;
         };
-        if pool.template.as_ref() != Some(&spec) {
+        if pool.template.as_ref() != Some(&spec) || pool.booted != booted {
             let now = Instant::now();
             while pool
                 .changes
@@ -88,6 +99,7 @@ impl DockerEngine {
             let old: Vec<String> = pool.warm.drain(..).map(|w| w.id).collect();
             pool.orphans.extend(old);
             pool.template = Some(spec);
+            pool.booted = booted;
         }
         drop(pool);
         let engine = self.clone();
@@ -152,14 +164,16 @@ impl DockerEngine {
                 match pool.template.clone() {
                     Some(t) if have < size && !pool.closed => {
                         pool.starting += 1;
-                        t
+                        (t, pool.boots())
                     }
                     _ => return,
                 }
             };
+            let (template, booted) = template;
             let started = self
                 .start_waiting(
                     &template,
+                    booted,
                     self.warm_life(which),
                     None,
                     tokio::time::Instant::now() + WARM_START_TIME,
@@ -179,7 +193,11 @@ impl DockerEngine {
                     return;
                 };
                 match started {
-                    Ok(warm) if pool.template.as_ref() == Some(&template) && !pool.closed => {
+                    Ok(warm)
+                        if pool.template.as_ref() == Some(&template)
+                            && pool.boots() == booted
+                            && !pool.closed =>
+                    {
                         pool.warm.push_back(warm);
                         pool.starting = pool.starting.saturating_sub(1);
                         None
@@ -233,13 +251,6 @@ impl DockerEngine {
         self.remove_orphans(Which::Sessions).await;
     }
 
-    /// Whether either pool has containers no longer wanted.
-    pub(super) fn has_orphans(&self) -> bool {
-        [Which::Runs, Which::Sessions]
-            .iter()
-            .any(|w| self.pool_of(*w).lock().map_or(0, |p| p.orphans.len()) > 0)
-    }
-
     /// Removes the containers no longer wanted; the ones the engine would
     /// not remove stay orphans (and count as alive) until it does.
     /// An orphan leaves the list only once it is gone, so it counts as
@@ -269,16 +280,28 @@ impl DockerEngine {
         Ok(())
     }
 
+    /// A warm container for a run of exactly `spec`. A pre-booted one is
+    /// checked first (nothing printed, alive, within its CPU budget): an
+    /// unfit one is removed and counted, and the next is tried.
     pub(super) fn take_warm(&self, which: Which, spec: &Approved) -> Option<Warm> {
+        let per_sec = self.idle_per_sec();
         let mut pool = self.pool_of(which).lock().ok()?;
         if pool.template.as_ref() != Some(spec) {
             return None;
         }
-        while let Some(w) = pool.warm.pop_front() {
-            if w.born.elapsed() < WARM_MAX_AGE {
-                return Some(w);
+        while let Some(mut w) = pool.warm.pop_front() {
+            if w.born.elapsed() >= WARM_MAX_AGE {
+                pool.orphans.push(w.id);
+                continue;
             }
-            pool.orphans.push(w.id);
+            if w.end.is_some()
+                && let Err(reason) = w.fit(per_sec)
+            {
+                pool.strike(&w.id, reason);
+                pool.orphans.push(w.id);
+                continue;
+            }
+            return Some(w);
         }
         None
     }
@@ -300,5 +323,61 @@ impl DockerEngine {
                 pool.orphans.extend(stale);
             }
         }
+    }
+}
+
+impl Pool {
+    /// Whether containers started now are pre-booted.
+    pub(super) fn boots(&self) -> bool {
+        self.booted && !self.strikes.paused()
+    }
+
+    /// Takes out every pre-booted container that is no longer fit, counts
+    /// them, and stops pre-booting after too many. Returns their IDs.
+    pub(super) fn weed(&mut self, per_sec: Duration) -> Vec<String> {
+        let mut unfit = Vec::new();
+        let mut kept = VecDeque::new();
+        for mut w in self.warm.drain(..) {
+            match w.end.is_some().then(|| w.fit(per_sec)) {
+                Some(Err(reason)) => unfit.push((w.id, reason)),
+                _ => kept.push_back(w),
+            }
+        }
+        self.warm = kept;
+        let ids = unfit.iter().map(|(id, _)| id.clone()).collect();
+        for (id, reason) in unfit {
+            self.strike(&id, reason);
+        }
+        ids
+    }
+
+    /// Counts one pre-booted container removed for `reason`.
+    pub(super) fn strike(&mut self, id: &str, reason: Reason) {
+        REMOVED.with_label_values(&[reason.name()]).inc();
+        tracing::warn!(target: "plimsoll::engine", container = %id, reason = reason.name(), "a pre-booted warm container was removed before any run took it");
+        if self.booted && self.strikes.record() {
+            // The pre-booted ones go; the gate keeps the rest.
+            let booted: Vec<String> = self.warm.drain(..).map(|w| w.id).collect();
+            self.orphans.extend(booted);
+            STOPPED.inc();
+            tracing::warn!(target: "plimsoll::engine", "pre-booted warm containers kept failing their idle checks; this pool keeps its containers behind the gate for the next ten minutes");
+        }
+    }
+}
+
+impl DockerEngine {
+    /// Checks every waiting pre-booted container of `which`; the unfit go
+    /// to the orphans, which maintenance removes.
+    pub(super) fn weed_pool(&self, which: Which) {
+        let per_sec = self.idle_per_sec();
+        if let Ok(mut pool) = self.pool_of(which).lock() {
+            let unfit = pool.weed(per_sec);
+            pool.orphans.extend(unfit);
+        }
+    }
+
+    /// The idle budget per second of this engine's containers.
+    pub(super) fn idle_per_sec(&self) -> Duration {
+        idle::idle_per_sec(self.settings.nano_cpus)
     }
 }

@@ -74,7 +74,7 @@ impl DockerEngine {
                 }
                 None => {
                     engine
-                        .start_waiting(&spec, life, grant_dir.as_deref(), deadline)
+                        .start_waiting(&spec, false, life, grant_dir.as_deref(), deadline)
                         .await?
                 }
             };

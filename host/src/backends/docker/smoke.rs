@@ -29,7 +29,7 @@ impl DockerEngine {
         };
         let deadline = tokio::time::Instant::now() + SMOKE_TIME;
         let warm = self
-            .start_waiting(&spec, Life::run(expiry(SMOKE_TIME)), None, deadline)
+            .start_waiting(&spec, false, Life::run(expiry(SMOKE_TIME)), None, deadline)
             .await
             .map_err(
                 |(EngineFailure::BeforeStart(e)

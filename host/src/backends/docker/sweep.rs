@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use bollard::query_parameters::ListContainersOptionsBuilder;
 
+use super::pool::Which;
 use super::verify::PidsCgroup;
 use super::{DockerEngine, EXPIRES_LABEL, LABEL, PROCESS_LABEL, owner, short, unix_now};
 
@@ -33,8 +34,12 @@ impl DockerEngine {
                     // engine answers again).
                     engine.drain_pool().await;
                 } else {
-                    if engine.has_orphans() {
-                        engine.drain_pool().await;
+                    // Pre-booted containers that printed, died or spent
+                    // CPU while idle join the orphans first. Only the
+                    // orphans go: the healthy warm ones stay.
+                    for which in [Which::Runs, Which::Sessions] {
+                        engine.weed_pool(which);
+                        engine.remove_orphans(which).await;
                     }
                     engine.top_up_all().await;
                 }

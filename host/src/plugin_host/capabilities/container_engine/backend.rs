@@ -37,6 +37,24 @@ pub struct GrantMount {
     pub env: Vec<String>,
 }
 
+/// What a pre-booted container is for (see `preboot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrebootKind {
+    Snippet,
+    Project,
+    Session,
+}
+
+impl PrebootKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PrebootKind::Snippet => "snippet",
+            PrebootKind::Project => "project",
+            PrebootKind::Session => "session",
+        }
+    }
+}
+
 /// How a run through a backend failed.
 #[derive(Debug)]
 pub enum EngineFailure {
@@ -121,6 +139,14 @@ pub trait ContainerBackend: Send + Sync + 'static {
     /// Registers the spec single runs use and keeps containers of it ready.
     /// Returns the pool size (0: no pooling).
     fn prewarm(&self, spec: Approved) -> u32;
+
+    /// Keeps containers of `spec` with its command already running, for
+    /// the runs (or sessions) of `kind` that use exactly that spec. The
+    /// command is the plugin's frozen declaration; the request reaches it
+    /// only through its stdin. Returns the pool size (0: none kept).
+    fn preboot(&self, _kind: PrebootKind, _spec: Approved) -> u32 {
+        0
+    }
 
     /// Releases what would outlive the daemon (warm containers).
     fn shutdown(&self) -> BoxFuture<'_, ()>;

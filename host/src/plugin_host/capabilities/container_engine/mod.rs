@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod policy;
+pub mod preboot;
 pub mod session;
 
 use std::sync::Arc;
@@ -48,6 +49,8 @@ pub struct ContainerEngine {
     /// Set once the plugin's preflight has returned, before it sees any
     /// request: from then on what warm containers hold is fixed.
     frozen: AtomicBool,
+    /// The plugin's pre-boot commands, declared before the freeze.
+    declared: preboot::Declarations,
 }
 
 impl ContainerEngine {
@@ -63,6 +66,7 @@ impl ContainerEngine {
             backend,
             policy,
             frozen: AtomicBool::new(false),
+            declared: preboot::Declarations::default(),
         }
     }
 
@@ -137,10 +141,13 @@ pub fn add_to_linker<T: ContainerEngineView>(linker: &mut Linker<T>) -> wasmtime
     engine.func_wrap_async(
         "prewarm",
         |mut store: StoreContextMut<'_, T>, (spec,): (lazy::ContainerSpec,)| {
-            let answer = prewarm_with(&mut store, &spec, |b, approved| b.prewarm(approved));
+            let answer = prewarm_with(&mut store, &spec, |e, approved| {
+                Ok(e.backend.prewarm(approved))
+            });
             Box::new(async move { Ok((answer,)) })
         },
     )?;
+    preboot::add_to_linker(&mut engine)?;
     session::add_to_linker(&mut engine)?;
     Ok(())
 }
@@ -321,20 +328,20 @@ pub async fn run(
     }
 }
 
-/// A prewarm request (for runs or for sessions): the spec copied and
-/// approved exactly as a run's, then handed to `warm` on the backend.
+/// A warm-container request (a prewarm for runs or for sessions, or a
+/// pre-boot declaration): the spec copied and approved exactly as a run's,
+/// then handed to `warm`. Only until the freeze.
 pub(super) fn prewarm_with<T: ContainerEngineView>(
     store: &mut StoreContextMut<'_, T>,
     spec: &lazy::ContainerSpec,
-    warm: impl FnOnce(&Arc<dyn ContainerBackend>, Approved) -> u32,
+    warm: impl FnOnce(&ContainerEngine, Approved) -> Result<u32, engine_if::EngineError>,
 ) -> Result<u32, engine_if::EngineError> {
     let copied = copy_spec(store, spec);
     let (call, state) = store.data_mut().container_engine();
     still_open(call, state.as_deref())?;
-    copied
-        .map_err(|rule| refuse(call, rule))
-        .and_then(|spec| approve(call, state.as_deref(), &spec))
-        .map(|(engine, approved)| warm(&engine.backend, approved))
+    let spec = copied.map_err(|rule| refuse(call, rule))?;
+    let (engine, approved) = approve(call, state.as_deref(), &spec)?;
+    warm(&engine, approved)
 }
 
 /// A prewarm is the plugin's to ask only until its preflight returns. One

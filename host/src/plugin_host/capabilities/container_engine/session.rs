@@ -128,8 +128,8 @@ pub(super) fn add_to_linker<T: ContainerEngineView>(
     engine.func_wrap_async(
         "prewarm-sessions",
         |mut store: StoreContextMut<'_, T>, (spec,): (lazy::ContainerSpec,)| {
-            let answer = prewarm_with(&mut store, &spec, |b, approved| {
-                b.prewarm_sessions(approved)
+            let answer = prewarm_with(&mut store, &spec, |e, approved| {
+                Ok(e.backend.prewarm_sessions(approved))
             });
             Box::new(async move { Ok((answer,)) })
         },
