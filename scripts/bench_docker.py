@@ -3,7 +3,8 @@ running the same snippet, and beside the engine's own floor, under runc and
 under runsc, in one run.
 
     make bench-docker     (BENCH_N runs per measurement, default 40;
-                           BENCH_RUNTIMES, default "runc,runsc")
+                           BENCH_RUNTIMES, default "runc,runsc";
+                           BENCH_RATES, the steady schedules, default "2,5")
 
 Per runtime, one after another:
 
@@ -38,8 +39,8 @@ import time
 import urllib.request
 
 SNIPPET = "console.log(6 * 7)"
-# The steady schedules measured, in runs per second.
-RATES = [2, 5]
+# The steady schedules measured, in runs per second (BENCH_RATES, "2,5").
+RATES = [float(r) for r in os.environ.get("BENCH_RATES", "2,5").split(",")]
 N = int(os.environ.get("BENCH_N", "40"))
 BIN = os.environ.get("PLIMSOLLD_BIN", "target/release/plimsolld")
 DOCKER_SOCK = "/var/run/docker.sock"
@@ -263,7 +264,7 @@ def measure():
     print()
     print("| runtime | tier | plain docker run p50 / p90 | engine floor: cat p50 | engine floor: gate + node p50 "
           "| plimsolld back to back p50 / p90, runs/s "
-          + "".join(f"| plimsolld at {r} runs/s p50 / p90 (p90/p50) " for r in RATES)
+          + "".join(f"| plimsolld at {r:g} runs/s p50 / p90 (p90/p50) " for r in RATES)
           + "| p50 ratio to docker run |")
     print("|---|---|---|---|---|---|" + "---|" * len(RATES) + "---|")
     for name in runtimes:
@@ -277,7 +278,7 @@ def measure():
         for r in RATES:
             s50 = statistics.median(steady[r])
             cells += f"| {ms(s50)} / {ms(pct(steady[r], 90))} ms ({pct(steady[r], 90) / s50:.2f}) "
-            ratios += f", {s50 / b50:.2f} at {r}/s"
+            ratios += f", {s50 / b50:.2f} at {r:g}/s"
         print(
             f"| {name} | {tier} | {ms(b50)} / {ms(pct(base, 90))} ms "
             f"| {ms(statistics.median(cat))} ms | {ms(statistics.median(node))} ms "
