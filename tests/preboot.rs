@@ -113,13 +113,22 @@ async fn run_booted(d: &Daemon, code: &str, timeout_ms: u64) -> Answer {
 }
 
 /// The docker plugin declares `node --import <end-frame hook> -` for
-/// snippets. Its warm container runs exactly that: the launch (the gate
-/// without its wait) before the declared environment and command, plus
-/// only the host's nonce. Describe names the declaration's digest, and
-/// recomputing it from what the engine holds gives the same.
+/// snippets and its session agent for sessions. Each warm container runs
+/// exactly its kind's declaration: the launch (the gate without its wait)
+/// before the declared environment and command, plus only the host's
+/// nonce. Describe names the declarations' digest, and recomputing it from
+/// what the engine holds gives the same. A session's agent has its kernels
+/// up before any session takes the container.
 #[tokio::test]
 async fn a_warm_container_runs_exactly_the_declared_command_named_in_evidence() {
-    let d = docker("1");
+    let image = plimsoll_tests::sandbox_image();
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "docker"),
+        ("SANDBOX_DOCKER_IMAGE", image.as_str()),
+        ("SANDBOX_DOCKER_POOL", "1"),
+        ("SANDBOX_SESSION_POOL", "1"),
+        ("SANDBOX_MAX_SESSIONS", "2"),
+    ]);
     let pid = d.pid().expect("pid");
     let info = call(&d, "Describe", &json!({})).await;
     let identity = info.body["javascriptEnvironment"]["identity"]
@@ -128,41 +137,56 @@ async fn a_warm_container_runs_exactly_the_declared_command_named_in_evidence() 
         .to_string();
     let (stated, digest) = identity
         .split_once("+preboot:sha256:")
-        .expect("the declaration is in the evidence");
-    assert_eq!(
-        stated,
-        format!("docker-image:{}", plimsoll_tests::sandbox_image())
-    );
-    let ids = wait_running(pid, 1, Duration::from_secs(20)).await;
-    assert_eq!(ids.len(), 1, "one warm container");
-    let c = config(&ids[0]);
-    let entry = strings(&c["Entrypoint"]);
-    assert_eq!(entry.len(), 4, "{entry:?}");
-    assert_eq!(entry[3], "plimsoll-launch");
-    assert!(!entry[2].contains("read"), "no gate: {}", entry[2]);
-    let cmd = strings(&c["Cmd"]);
-    let split = cmd.iter().position(|a| a == "--").expect("--");
-    let (mut env, command) = (cmd[..split].to_vec(), cmd[split + 1..].to_vec());
-    let nonce = env.pop().expect("the host's nonce, last");
-    assert!(nonce.starts_with("PLIMSOLL_END="), "{nonce}");
-    assert_eq!(nonce.len(), "PLIMSOLL_END=".len() + 32);
-    assert_eq!(command[0], "node");
-    assert_eq!(command[1], "--import");
-    assert_eq!(command.last().map(String::as_str), Some("-"));
-    let canonical =
-        serde_json::to_vec(&json!([{"command": command, "env": env, "kind": "snippet"}]))
-            .expect("json");
+        .expect("the declarations are in the evidence");
+    assert_eq!(stated, format!("docker-image:{image}"));
+    let ids = wait_running(pid, 2, Duration::from_secs(30)).await;
+    assert_eq!(ids.len(), 2, "a warm container of each kind");
+    let mut declared = Vec::new();
+    for id in &ids {
+        let c = config(id);
+        let entry = strings(&c["Entrypoint"]);
+        assert_eq!(entry.len(), 4, "{entry:?}");
+        assert_eq!(entry[3], "plimsoll-launch");
+        assert!(!entry[2].contains("read"), "no gate: {}", entry[2]);
+        let cmd = strings(&c["Cmd"]);
+        let split = cmd.iter().position(|a| a == "--").expect("--");
+        let (mut env, command) = (cmd[..split].to_vec(), cmd[split + 1..].to_vec());
+        let nonce = env.pop().expect("the host's nonce, last");
+        assert!(nonce.starts_with("PLIMSOLL_END="), "{nonce}");
+        assert_eq!(nonce.len(), "PLIMSOLL_END=".len() + 32);
+        let session = c["Labels"]["io.plimsoll.session"] == "1";
+        let top = Command::new("docker")
+            .args(["top", id])
+            .output()
+            .expect("docker top");
+        let top = String::from_utf8_lossy(&top.stdout).into_owned();
+        if session {
+            assert_eq!(command[..2], ["/bin/sh", "-c"]);
+            // The agent, and both kernels, booted before any request.
+            let until = Instant::now() + Duration::from_secs(20);
+            loop {
+                let top = Command::new("docker")
+                    .args(["top", id])
+                    .output()
+                    .expect("docker top");
+                let top = String::from_utf8_lossy(&top.stdout).into_owned();
+                if top.matches("node -e").count() >= 2 && top.contains("python3") {
+                    break;
+                }
+                assert!(Instant::now() < until, "kernels not booted:\n{top}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        } else {
+            assert_eq!(command[..2], ["node", "--import"]);
+            assert_eq!(command.last().map(String::as_str), Some("-"));
+            assert!(top.contains("node --import"), "{top}");
+        }
+        let kind = if session { "session" } else { "snippet" };
+        declared.push(json!({"command": command, "env": env, "kind": kind}));
+    }
+    declared.sort_by_key(|d| d["kind"].as_str().map(str::to_string));
+    let canonical = serde_json::to_vec(&declared).expect("json");
     assert_eq!(hex::encode(Sha256::digest(&canonical)), digest);
-    // Node is the container's process, booted before any request.
-    let top = Command::new("docker")
-        .args(["top", &ids[0]])
-        .output()
-        .expect("docker top");
-    assert!(
-        String::from_utf8_lossy(&top.stdout).contains("node --import"),
-        "{}",
-        String::from_utf8_lossy(&top.stdout)
-    );
     // And a run on it answers as node would, under the same evidence.
     let a = run(&d, "console.log(6 * 7)", 10_000).await;
     assert_eq!((a.stdout().as_str(), a.exit_code()), ("42\n", 0));

@@ -179,9 +179,11 @@ impl Guest for Docker {
             )),
             Err(e) => return Err(format!("preboot: {}", engine_text(&e))),
         }
-        match engine::prewarm_sessions(&session::spec(&env)) {
-            Ok(n) => checks.push(format!("{n} warm containers kept for sessions")),
-            Err(e) => return Err(format!("prewarm for sessions: {}", engine_text(&e))),
+        match engine::preboot(PrebootKind::Session, &session::spec(&env)) {
+            Ok(n) => checks.push(format!(
+                "{n} warm containers kept for sessions, the agent and its kernels booted"
+            )),
+            Err(e) => return Err(format!("preboot for sessions: {}", engine_text(&e))),
         }
         Ok(PreflightReport {
             passed: true,

@@ -470,12 +470,13 @@ impl ContainerBackend for DockerEngine {
         self.prewarm_spec(pool::Which::Sessions, spec, false)
     }
 
-    /// Snippets are pre-booted; projects and sessions are not yet (their
-    /// declarations are recorded, and their containers stay gated).
+    /// Snippets and sessions are pre-booted. Projects are not yet: their
+    /// declaration is recorded, and their containers start cold.
     fn preboot(&self, kind: PrebootKind, spec: Approved) -> u32 {
         match kind {
             PrebootKind::Snippet => self.prewarm_spec(pool::Which::Runs, spec, true),
-            PrebootKind::Project | PrebootKind::Session => 0,
+            PrebootKind::Session => self.prewarm_spec(pool::Which::Sessions, spec, true),
+            PrebootKind::Project => 0,
         }
     }
 

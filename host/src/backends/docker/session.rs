@@ -78,8 +78,12 @@ impl DockerEngine {
                         .await?
                 }
             };
-            let opened =
-                tokio::time::timeout_at(deadline, warm.io.input.write_all(GATE_LINE)).await;
+            // A pre-booted container has no gate: its agent is up, waiting
+            // for the session's first request.
+            let opened = match warm.end {
+                Some(_) => Ok(Ok(())),
+                None => tokio::time::timeout_at(deadline, warm.io.input.write_all(GATE_LINE)).await,
+            };
             if !matches!(opened, Ok(Ok(()))) {
                 engine.remove(&warm.id).await;
                 return Err(EngineFailure::AfterStart(

@@ -24,6 +24,9 @@
 const fs = require('fs');
 
 const WORK = '/work';
+// Not the session's: no cell sees it.
+const PREBOOTED = 'PLIMSOLL_END' in process.env;
+delete process.env.PLIMSOLL_END;
 const MAX_LINE = 64 << 20; // a longer request is refused, not buffered
 const ID = /^[0-9A-Za-z_-]{1,128}$/;
 const SOURCE = { javascript: process.argv[1], python: process.argv[2] };
@@ -598,4 +601,9 @@ const inbuf = Buffer.allocUnsafe(1 << 16);
   });
 })();
 findPython(); // while the first request is on its way: hello needs it
+// Pre-booted (the host's end-frame variable is set only in a container it
+// launched at once, before any request): the kernels boot now, while the
+// container waits, so the first cell finds them up. Behind the gate, they
+// wait for hello, which is then on the open's path.
+if (PREBOOTED) ['javascript', 'python'].forEach((l) => setImmediate(() => kernel(l)));
 process.on('uncaughtException', (e) => process.stderr.write(`agent: ${e && e.stack}\n`));
