@@ -124,13 +124,14 @@ async fn runc_is_the_container_tier_and_runs_snippets_and_projects() {
 
     // The answer may come before the used container's removal, never
     // instead of it: the run's container is dead once answered, and soon
-    // gone; what stays is the pool's one warm container, running.
+    // gone; what stays is the pools' warm containers, running: one for
+    // snippets, one for projects.
     let pid = d.pid().expect("pid");
     let deadline = Instant::now() + Duration::from_secs(15);
     while (
         plimsoll_tests::containers_of(pid),
         plimsoll_tests::running_containers_of(pid),
-    ) != (1, 1)
+    ) != (2, 2)
     {
         assert!(
             Instant::now() < deadline,

@@ -74,16 +74,17 @@ fn strings(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Waits until the daemon's one warm container is all it has: the last
-/// run's container is gone and the refill is up, so the next run takes a
-/// pre-booted container rather than a cold one.
+/// Waits until the daemon's warm containers (a pool of one: one for
+/// snippets, one for projects) are all it has: the last run's container is
+/// gone and the refill is up, so the next run takes a pre-booted container
+/// rather than a cold one.
 async fn settled(d: &Daemon) {
     let pid = d.pid().expect("pid");
     let until = Instant::now() + Duration::from_secs(20);
     while (
         plimsoll_tests::containers_of(pid),
         plimsoll_tests::running_containers_of(pid),
-    ) != (1, 1)
+    ) != (2, 2)
     {
         assert!(Instant::now() < until, "the pool did not settle");
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -113,7 +114,7 @@ async fn run_booted(d: &Daemon, code: &str, timeout_ms: u64) -> Answer {
 }
 
 /// The docker plugin declares `node --import <end-frame hook> -` for
-/// snippets and its session agent for sessions. Each warm container runs
+/// snippets, its runner for projects and its session agent for sessions. Each warm container runs
 /// exactly its kind's declaration: the launch (the gate without its wait)
 /// before the declared environment and command, plus only the host's
 /// nonce. Describe names the declarations' digest, and recomputing it from
@@ -139,8 +140,8 @@ async fn a_warm_container_runs_exactly_the_declared_command_named_in_evidence() 
         .split_once("+preboot:sha256:")
         .expect("the declarations are in the evidence");
     assert_eq!(stated, format!("docker-image:{image}"));
-    let ids = wait_running(pid, 2, Duration::from_secs(30)).await;
-    assert_eq!(ids.len(), 2, "a warm container of each kind");
+    let ids = wait_running(pid, 3, Duration::from_secs(30)).await;
+    assert_eq!(ids.len(), 3, "a warm container of each kind");
     let mut declared = Vec::new();
     for id in &ids {
         let c = config(id);
@@ -178,10 +179,16 @@ async fn a_warm_container_runs_exactly_the_declared_command_named_in_evidence() 
             }
         } else {
             assert_eq!(command[..2], ["node", "--import"]);
-            assert_eq!(command.last().map(String::as_str), Some("-"));
             assert!(top.contains("node --import"), "{top}");
         }
-        let kind = if session { "session" } else { "snippet" };
+        // A snippet's node reads its program from stdin; a project's runner
+        // is its `-e` argument, reading the project from stdin.
+        let kind = match command.get(3).map(String::as_str) {
+            _ if session => "session",
+            Some("-") => "snippet",
+            Some("-e") => "project",
+            other => panic!("an undeclared command: {other:?}"),
+        };
         declared.push(json!({"command": command, "env": env, "kind": kind}));
     }
     declared.sort_by_key(|d| d["kind"].as_str().map(str::to_string));

@@ -85,19 +85,40 @@ const END_FRAME: &str = include_str!("end_frame.mjs");
 /// booted and waiting on stdin; the hook is inert without the host's
 /// nonce, as in a cold container.
 fn snippet_spec(env: &EngineEnvironment) -> ContainerSpec {
-    use base64::Engine as _;
-    let hook = format!(
-        "data:text/javascript;base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(END_FRAME)
-    );
     base_spec(
         env,
-        vec!["node".into(), "--import".into(), hook, "-".into()],
+        vec![
+            "node".into(),
+            "--import".into(),
+            end_frame_hook(),
+            "-".into(),
+        ],
     )
 }
 
+/// A project's runner: it reads the project from stdin, so it is declared
+/// as this plugin's pre-boot command for projects too, with the same end
+/// frames.
 fn runner_spec(env: &EngineEnvironment) -> ContainerSpec {
-    base_spec(env, vec!["node".into(), "-e".into(), RUNNER.into()])
+    base_spec(
+        env,
+        vec![
+            "node".into(),
+            "--import".into(),
+            end_frame_hook(),
+            "-e".into(),
+            RUNNER.into(),
+        ],
+    )
+}
+
+/// The end-frame module as a `data:` URL for `--import`.
+fn end_frame_hook() -> String {
+    use base64::Engine as _;
+    format!(
+        "data:text/javascript;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(END_FRAME)
+    )
 }
 
 impl Guest for Docker {
@@ -178,6 +199,12 @@ impl Guest for Docker {
                 "{n} warm containers kept for snippets, node booted"
             )),
             Err(e) => return Err(format!("preboot: {}", engine_text(&e))),
+        }
+        match engine::preboot(PrebootKind::Project, &runner_spec(&env)) {
+            Ok(n) => checks.push(format!(
+                "{n} warm containers kept for projects, the runner booted"
+            )),
+            Err(e) => return Err(format!("preboot for projects: {}", engine_text(&e))),
         }
         match engine::preboot(PrebootKind::Session, &session::spec(&env)) {
             Ok(n) => checks.push(format!(

@@ -101,6 +101,7 @@ pub struct DockerEngine {
     /// Runs answered whose dead container is still being removed.
     answered_unremoved: Arc<AtomicUsize>,
     pool: Arc<Mutex<pool::Pool>>,
+    project_pool: Arc<Mutex<pool::Pool>>,
     session_pool: Arc<Mutex<pool::Pool>>,
 }
 
@@ -170,6 +171,7 @@ impl DockerEngine {
             removing: Arc::new(AtomicUsize::new(0)),
             answered_unremoved: Arc::new(AtomicUsize::new(0)),
             pool: Arc::new(Mutex::new(pool::Pool::default())),
+            project_pool: Arc::new(Mutex::new(pool::Pool::default())),
             session_pool: Arc::new(Mutex::new(pool::Pool::default())),
         };
         let (mut checks, languages) = engine.smoke().await?;
@@ -315,12 +317,14 @@ impl DockerEngine {
         tokio::spawn(async move {
             let _removal = removal;
             // A granted run needs its own mount: never a warm container.
-            let taken = if grant.is_none() {
-                engine.take_warm(pool::Which::Runs, &spec)
-            } else {
-                None
-            };
-            let refill = taken.is_some();
+            // Otherwise the pool whose spec this is (a snippet's or a
+            // project's runner) may have one.
+            let taken = [pool::Which::Runs, pool::Which::Projects]
+                .into_iter()
+                .filter(|_| grant.is_none())
+                .find_map(|which| engine.take_warm(which, &spec).map(|w| (which, w)));
+            let refill = taken.as_ref().map(|(which, _)| *which);
+            let taken = taken.map(|(_, w)| w);
             match &taken {
                 Some(w) if w.end.is_some() => metrics::Taken::Booted,
                 Some(_) => metrics::Taken::Gated,
@@ -387,9 +391,9 @@ impl DockerEngine {
             // The pool is refilled once the run is over: starting a
             // container costs the engine about as much CPU as the run's own
             // boot, and on a small machine the two would slow each other.
-            if refill {
+            if let Some(which) = refill {
                 let refill = engine.clone();
-                tokio::spawn(async move { refill.top_up(pool::Which::Runs).await });
+                tokio::spawn(async move { refill.top_up(which).await });
             }
             if engine.remove(&name).await {
                 unremoved.gone();
@@ -470,14 +474,14 @@ impl ContainerBackend for DockerEngine {
         self.prewarm_spec(pool::Which::Sessions, spec, false)
     }
 
-    /// Snippets and sessions are pre-booted. Projects are not yet: their
-    /// declaration is recorded, and their containers start cold.
+    /// Each kind has its own pool.
     fn preboot(&self, kind: PrebootKind, spec: Approved) -> u32 {
-        match kind {
-            PrebootKind::Snippet => self.prewarm_spec(pool::Which::Runs, spec, true),
-            PrebootKind::Session => self.prewarm_spec(pool::Which::Sessions, spec, true),
-            PrebootKind::Project => 0,
-        }
+        let which = match kind {
+            PrebootKind::Snippet => pool::Which::Runs,
+            PrebootKind::Project => pool::Which::Projects,
+            PrebootKind::Session => pool::Which::Sessions,
+        };
+        self.prewarm_spec(which, spec, true)
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

@@ -37,11 +37,17 @@ const WARM_START_TIME: Duration = Duration::from_secs(60);
 /// Spec changes a plugin may make in a minute; more are refused.
 pub(super) const TEMPLATE_CHANGES_PER_MINUTE: usize = 6;
 
-/// Which pool: single runs', or sessions'.
+/// Which pool: single runs' (snippets), projects', or sessions'. Runs and
+/// projects each keep the operator's pool size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Which {
     Runs,
+    Projects,
     Sessions,
+}
+
+impl Which {
+    pub(super) const ALL: [Which; 3] = [Which::Runs, Which::Projects, Which::Sessions];
 }
 
 #[derive(Default)]
@@ -113,13 +119,14 @@ impl DockerEngine {
     pub(super) fn pool_of(&self, which: Which) -> &std::sync::Mutex<Pool> {
         match which {
             Which::Runs => &self.pool,
+            Which::Projects => &self.project_pool,
             Which::Sessions => &self.session_pool,
         }
     }
 
     fn pool_size(&self, which: Which) -> u32 {
         match which {
-            Which::Runs => self.settings.pool,
+            Which::Runs | Which::Projects => self.settings.pool,
             Which::Sessions => self.settings.session_pool,
         }
     }
@@ -128,7 +135,7 @@ impl DockerEngine {
     /// longest use it may be taken for.
     fn warm_life(&self, which: Which) -> Life {
         match which {
-            Which::Runs => Life::run(expiry(WARM_MAX_AGE + LONGEST_RUN)),
+            Which::Runs | Which::Projects => Life::run(expiry(WARM_MAX_AGE + LONGEST_RUN)),
             Which::Sessions => Life {
                 expires: expiry(WARM_MAX_AGE + self.settings.session_lifetime),
                 session: true,
@@ -136,10 +143,11 @@ impl DockerEngine {
         }
     }
 
-    /// Tops up both pools.
+    /// Tops up every pool.
     pub(super) async fn top_up_all(&self) {
-        self.top_up(Which::Runs).await;
-        self.top_up(Which::Sessions).await;
+        for which in Which::ALL {
+            self.top_up(which).await;
+        }
     }
 
     pub(super) async fn top_up(&self, which: Which) {
@@ -223,7 +231,7 @@ impl DockerEngine {
     /// At shutdown: starts no more warm containers and removes the ones
     /// waiting, so a daemon stopped cleanly leaves nothing behind.
     pub(super) async fn close_pool(&self) {
-        for which in [Which::Runs, Which::Sessions] {
+        for which in Which::ALL {
             if let Ok(mut pool) = self.pool_of(which).lock() {
                 pool.closed = true;
             }
@@ -236,9 +244,7 @@ impl DockerEngine {
         let deadline = Instant::now() + Duration::from_secs(30);
         let starting = |w| self.pool_of(w).lock().is_ok_and(|p| p.starting > 0);
         let removing = || self.removing.load(std::sync::atomic::Ordering::SeqCst) > 0;
-        while (starting(Which::Runs) || starting(Which::Sessions) || removing())
-            && Instant::now() < deadline
-        {
+        while (Which::ALL.into_iter().any(starting) || removing()) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.drain_pool().await;
@@ -247,8 +253,9 @@ impl DockerEngine {
     /// Removes every waiting container, and every unwanted one, of both.
     pub(super) async fn drain_pool(&self) {
         self.orphan_warm();
-        self.remove_orphans(Which::Runs).await;
-        self.remove_orphans(Which::Sessions).await;
+        for which in Which::ALL {
+            self.remove_orphans(which).await;
+        }
     }
 
     /// Removes the containers no longer wanted; the ones the engine would
@@ -317,7 +324,7 @@ impl DockerEngine {
     /// Sends every waiting container to the orphans (removed once the
     /// engine answers): their attached streams may be dead.
     pub(super) fn orphan_warm(&self) {
-        for which in [Which::Runs, Which::Sessions] {
+        for which in Which::ALL {
             if let Ok(mut pool) = self.pool_of(which).lock() {
                 let stale: Vec<String> = pool.warm.drain(..).map(|w| w.id).collect();
                 pool.orphans.extend(stale);

@@ -35,7 +35,7 @@ pub const VARIABLES: &[Var] = &[
     var(
         "SANDBOX_DOCKER_POOL",
         "2",
-        "warm containers kept started for single JavaScript runs, 0-32; each serves one run",
+        "warm containers kept started for snippets, and as many for projects, 0-32; each serves one run",
     ),
     var(
         "SANDBOX_DOCKER_SOCKET",
@@ -87,7 +87,8 @@ pub struct Settings {
     /// A seccomp profile (JSON text) applied under runc; None keeps the
     /// engine's default profile. gVisor filters the host calls itself.
     pub seccomp: Option<String>,
-    /// Warm containers kept for single runs; 0 turns pooling off.
+    /// Warm containers kept for snippets, and again for projects; 0 turns
+    /// pooling off.
     pub pool: u32,
     /// Warm containers kept for sessions (`SANDBOX_SESSION_POOL`, set from
     /// the session settings); 0 turns that pool off.

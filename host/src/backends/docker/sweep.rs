@@ -37,7 +37,7 @@ impl DockerEngine {
                     // Pre-booted containers that printed, died or spent
                     // CPU while idle join the orphans first. Only the
                     // orphans go: the healthy warm ones stay.
-                    for which in [Which::Runs, Which::Sessions] {
+                    for which in Which::ALL {
                         engine.weed_pool(which);
                         engine.remove_orphans(which).await;
                     }
