@@ -398,7 +398,7 @@ async fn a_spinning_preboot_is_removed_counted_and_stopped() {
     assert!(
         d.log_lines()
             .iter()
-            .any(|l| l.contains("keeps its containers behind the gate for the next ten minutes")),
+            .any(|l| l.contains("keeps its containers behind the gate for the next 10 minutes")),
         "the stop is not logged"
     );
     // From here its warm containers wait behind the gate: nothing spins.

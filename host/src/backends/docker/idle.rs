@@ -4,9 +4,10 @@
 //! run takes it, so the host watches it: one that printed, or whose process
 //! died, or that used more CPU than an idle interpreter needs, is removed
 //! and counted (`plimsoll_warm_removed_total{reason}`, and a log line). A
-//! plugin cannot hold CPU through warm containers: after `STRIKES` such
-//! removals within `STRIKE_WINDOW`, the pool stops pre-booting for that
-//! long and keeps its containers behind the gate instead
+//! plugin holds little CPU through warm containers: what an idle
+//! interpreter needs under the runtime, and after `STRIKES` removals within
+//! `STRIKE_WINDOW` the pool pauses pre-booting, each pause twice the last,
+//! and keeps its containers behind the gate meanwhile
 //! (`plimsoll_preboot_stopped_total`). A pause rather than an end: an
 //! engine restart kills every waiting container at once, and should not
 //! cost pre-booting for the daemon's life.
@@ -25,16 +26,19 @@ use std::time::{Duration, Instant};
 const BOOT_ALLOWANCE: Duration = Duration::from_secs(2);
 /// Most CPU its boot may take.
 const BOOT_CPU: Duration = Duration::from_secs(2);
-/// Share of the container's CPU quota it may use while idle. gVisor's
-/// Sentry keeps ticking in an idle sandbox (about 5% of a CPU here); an
-/// idle interpreter under runc uses none.
-const IDLE_SHARE: f64 = 0.25;
-/// Idle CPU allowed whatever the quota, and slack for a late boot.
-const IDLE_FLOOR_PER_SEC: Duration = Duration::from_millis(60);
+/// CPU a waiting container may use per second, whatever its quota: what
+/// an idle interpreter needs, with room. Under runc an idle node uses none
+/// measurable; gVisor's Sentry keeps ticking in an idle sandbox (30-55 ms
+/// a second measured here).
+const IDLE_RUNC_PER_SEC: Duration = Duration::from_millis(20);
+const IDLE_GVISOR_PER_SEC: Duration = Duration::from_millis(100);
+/// Slack for a boot that runs past the allowance.
 const IDLE_SLACK: Duration = Duration::from_millis(500);
-/// Removals after which a pool stops pre-booting, and over what time.
+/// Removals after which a pool pauses pre-booting, and over what time.
 const STRIKES: usize = 3;
 const STRIKE_WINDOW: Duration = Duration::from_secs(600);
+/// Each pause is twice the last, up to `STRIKE_WINDOW` times this.
+const LONGEST_PAUSE_FACTOR: u32 = 64;
 
 /// Why a pre-booted container was removed before a run took it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,10 +147,13 @@ impl CpuProbe {
     }
 }
 
-/// The idle budget per second for a container with this CPU quota.
-pub(super) fn idle_per_sec(nano_cpus: i64) -> Duration {
-    let quota = Duration::from_nanos(u64::try_from(nano_cpus).unwrap_or(0));
-    quota.mul_f64(IDLE_SHARE).max(IDLE_FLOOR_PER_SEC)
+/// The idle budget per second under this runtime.
+pub(super) fn idle_per_sec(gvisor: bool) -> Duration {
+    if gvisor {
+        IDLE_GVISOR_PER_SEC
+    } else {
+        IDLE_RUNC_PER_SEC
+    }
 }
 
 /// Strikes against pre-booting within the window, and the end of the
@@ -155,6 +162,8 @@ pub(super) fn idle_per_sec(nano_cpus: i64) -> Duration {
 pub(super) struct Strikes {
     recent: VecDeque<Instant>,
     paused_until: Option<Instant>,
+    /// How long the next pause lasts, in `STRIKE_WINDOW`s.
+    next_pause: u32,
 }
 
 impl Strikes {
@@ -163,9 +172,10 @@ impl Strikes {
         self.paused_until.is_some_and(|t| Instant::now() < t)
     }
 
-    /// Records one strike; true when it is one too many, which starts a
-    /// pause of `STRIKE_WINDOW`.
-    pub(super) fn record(&mut self) -> bool {
+    /// Records one strike; when it is one too many, starts a pause (each
+    /// twice the last, so a declaration that keeps failing costs less and
+    /// less) and returns its length.
+    pub(super) fn record(&mut self) -> Option<Duration> {
         let now = Instant::now();
         self.recent.push_back(now);
         while self
@@ -176,11 +186,14 @@ impl Strikes {
             self.recent.pop_front();
         }
         if self.paused() || self.recent.len() < STRIKES {
-            return false;
+            return None;
         }
         self.recent.clear();
-        self.paused_until = Some(now + STRIKE_WINDOW);
-        true
+        let factor = self.next_pause.max(1);
+        self.next_pause = (factor * 2).min(LONGEST_PAUSE_FACTOR);
+        let pause = STRIKE_WINDOW * factor;
+        self.paused_until = Some(now + pause);
+        Some(pause)
     }
 }
 
@@ -191,20 +204,34 @@ mod tests {
     #[test]
     fn three_strikes_pause_pre_booting_once() {
         let mut s = Strikes::default();
-        assert!(!s.record() && !s.record());
+        assert_eq!((s.record(), s.record()), (None, None));
         assert!(!s.paused());
-        assert!(s.record(), "the third starts a pause");
+        assert_eq!(s.record(), Some(STRIKE_WINDOW), "the third starts a pause");
         assert!(s.paused());
-        assert!(
-            !s.record() && !s.record() && !s.record(),
+        assert_eq!(
+            (s.record(), s.record(), s.record()),
+            (None, None, None),
             "no second pause during one"
         );
     }
 
     #[test]
-    fn the_idle_budget_follows_the_quota_with_a_floor() {
-        assert_eq!(idle_per_sec(1_000_000_000), Duration::from_millis(250));
-        assert_eq!(idle_per_sec(10_000_000), IDLE_FLOOR_PER_SEC);
+    fn each_pause_is_twice_the_last_up_to_a_bound() {
+        let mut s = Strikes::default();
+        let mut pauses = Vec::new();
+        for _ in 0..9 {
+            s.paused_until = None;
+            let p = (0..STRIKES).filter_map(|_| s.record()).last();
+            pauses.push(p.expect("a pause") / STRIKE_WINDOW.as_secs() as u32);
+        }
+        let secs: Vec<u64> = pauses.iter().map(Duration::as_secs).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 64, 64]);
+    }
+
+    #[test]
+    fn the_idle_budget_is_the_runtimes_not_the_quotas() {
+        assert_eq!(idle_per_sec(false), Duration::from_millis(20));
+        assert_eq!(idle_per_sec(true), Duration::from_millis(100));
     }
 
     #[test]

@@ -71,8 +71,10 @@ pub const EXPIRES_LABEL: &str = "io.plimsoll.expires";
 /// Set on a session's container: kept for many calls, and removed by a
 /// later daemon when the daemon that made it is gone.
 pub const SESSION_LABEL: &str = "io.plimsoll.session";
-/// Dead containers whose runs were answered before their removal ended; past
-/// this many, runs wait for their container's removal before answering.
+/// Containers whose runs were answered before their removal ended (dead,
+/// or a pre-booted process that sent its end frame and is being killed);
+/// past this many, runs wait for their container's removal before
+/// answering.
 const MAX_ANSWERED_UNREMOVED: usize = 4;
 /// How far past its deadline a container may live before it counts as leaked.
 const EXPIRY_GRACE: Duration = Duration::from_secs(300);
@@ -371,12 +373,15 @@ impl DockerEngine {
                 .await;
             // Once the engine has reported the exit status the container is
             // dead: nothing more runs in it, and the caller need not wait for
-            // its filesystem to go. A failed run may have left it alive (its
-            // exit status never came): that is removed before the caller
-            // hears. The caller's admission slot is freed with the answer,
-            // so the dead containers awaiting removal are bounded here
-            // instead: past `MAX_ANSWERED_UNREMOVED` (a slow engine), a run
-            // is answered only once its container is gone.
+            // its filesystem to go. Once a pre-booted process has sent its
+            // end frame, the run has all it will keep: the process may still
+            // be exiting (or a guest that forged the frame, spinning) until
+            // the forced removal below kills it, moments later. A failed run
+            // may have left it alive (its exit status never came): that is
+            // removed before the caller hears. The caller's admission slot is
+            // freed with the answer, so the containers awaiting removal are
+            // bounded here instead: past `MAX_ANSWERED_UNREMOVED` (a slow
+            // engine), a run is answered only once its container is gone.
             let early = if result.is_ok() {
                 Removal::begin_bounded(&engine.answered_unremoved, MAX_ANSWERED_UNREMOVED)
             } else {

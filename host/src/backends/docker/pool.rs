@@ -362,12 +362,16 @@ impl Pool {
     pub(super) fn strike(&mut self, id: &str, reason: Reason) {
         REMOVED.with_label_values(&[reason.name()]).inc();
         tracing::warn!(target: "plimsoll::engine", container = %id, reason = reason.name(), "a pre-booted warm container was removed before any run took it");
-        if self.booted && self.strikes.record() {
+        if !self.booted {
+            return;
+        }
+        if let Some(pause) = self.strikes.record() {
             // The pre-booted ones go; the gate keeps the rest.
             let booted: Vec<String> = self.warm.drain(..).map(|w| w.id).collect();
             self.orphans.extend(booted);
             STOPPED.inc();
-            tracing::warn!(target: "plimsoll::engine", "pre-booted warm containers kept failing their idle checks; this pool keeps its containers behind the gate for the next ten minutes");
+            let minutes = pause.as_secs() / 60;
+            tracing::warn!(target: "plimsoll::engine", minutes, "pre-booted warm containers kept failing their idle checks; this pool keeps its containers behind the gate for the next {minutes} minutes");
         }
     }
 }
@@ -385,6 +389,6 @@ impl DockerEngine {
 
     /// The idle budget per second of this engine's containers.
     pub(super) fn idle_per_sec(&self) -> Duration {
-        idle::idle_per_sec(self.settings.nano_cpus)
+        idle::idle_per_sec(self.settings.gvisor())
     }
 }

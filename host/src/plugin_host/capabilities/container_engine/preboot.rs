@@ -4,8 +4,9 @@
 //! A plugin declares them while the host still knows it has seen no
 //! request (in `describe` or `preflight`); the freeze at the end of
 //! preflight fixes them for the plugin's life, and their digest joins the
-//! plugin's evidence, so every record names what was running in its
-//! container before the request arrived. The backend starts warm
+//! plugin's evidence, so every record names what may have been running in
+//! its container before the request arrived (a run that found no warm
+//! container started cold, behind the gate). The backend starts warm
 //! containers running exactly that, in the same envelope as any other; the
 //! request's bytes reach one only when a run takes it, after admission and
 //! the floor, so a refusal before then is truthfully "not dispatched".
