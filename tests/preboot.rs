@@ -449,3 +449,32 @@ async fn a_preboot_declared_with_a_request_in_hand_is_refused_and_costs_the_mark
         assert!(!c.contains("SMUGGLED"), "the request's bytes reached {id}");
     }
 }
+
+/// A warm container killed from outside (an operator, an engine restart)
+/// is never handed a run: the run finds it dead, it is removed and counted,
+/// and the run is served by another container, with its right answer.
+#[tokio::test]
+async fn a_warm_container_killed_outside_is_not_used() {
+    let d = docker("1");
+    settled(&d).await;
+    let pid = d.pid().expect("pid");
+    for id in running(pid) {
+        let killed = Command::new("docker")
+            .args(["kill", &id])
+            .status()
+            .expect("docker kill");
+        assert!(killed.success());
+    }
+    // The engine's word that the stream ended takes a moment to arrive (a
+    // run in that moment would take the container and fail, unmarked).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let a = run(&d, "console.log(6 * 7)", 10_000).await;
+    assert_eq!((a.stdout().as_str(), a.exit_code()), ("42\n", 0));
+    let m = metrics_text(&d).await;
+    assert!(
+        m.lines()
+            .any(|l| l == "plimsoll_warm_removed_total{reason=\"died\"} 1"
+                || l == "plimsoll_warm_removed_total{reason=\"died\"} 2"),
+        "{m}"
+    );
+}

@@ -80,13 +80,18 @@ pub(super) struct Warm {
 }
 
 impl Warm {
-    /// Whether a waiting pre-booted container is still fit to serve a run:
-    /// nothing printed, its process alive, within its CPU budget.
+    /// Whether a waiting container is still fit to serve a run: nothing
+    /// printed and its stream open (a gate prints nothing either; an engine
+    /// that restarted has ended every stream), and, pre-booted, within its
+    /// CPU budget.
     pub(super) fn fit(&mut self, per_sec: Duration) -> Result<(), Reason> {
         match self.io.output.next().now_or_never() {
             None => {}
             Some(Some(Ok(_))) => return Err(Reason::Dirty),
             Some(_) => return Err(Reason::Died),
+        }
+        if self.end.is_none() {
+            return Ok(());
         }
         match self.cpu.as_mut() {
             Some(probe) => probe.within(self.born, per_sec),

@@ -287,9 +287,10 @@ impl DockerEngine {
         Ok(())
     }
 
-    /// A warm container for a run of exactly `spec`. A pre-booted one is
-    /// checked first (nothing printed, alive, within its CPU budget): an
-    /// unfit one is removed and counted, and the next is tried.
+    /// A warm container for a run of exactly `spec`. Each is checked first
+    /// (nothing printed, its stream open, and pre-booted, within its CPU
+    /// budget): an unfit one is removed (a pre-booted one counted), and the
+    /// next is tried.
     pub(super) fn take_warm(&self, which: Which, spec: &Approved) -> Option<Warm> {
         let per_sec = self.idle_per_sec();
         let mut pool = self.pool_of(which).lock().ok()?;
@@ -301,10 +302,10 @@ impl DockerEngine {
                 pool.orphans.push(w.id);
                 continue;
             }
-            if w.end.is_some()
-                && let Err(reason) = w.fit(per_sec)
-            {
-                pool.strike(&w.id, reason);
+            if let Err(reason) = w.fit(per_sec) {
+                if w.end.is_some() {
+                    pool.strike(&w.id, reason);
+                }
                 pool.orphans.push(w.id);
                 continue;
             }
@@ -345,15 +346,19 @@ impl Pool {
         let mut unfit = Vec::new();
         let mut kept = VecDeque::new();
         for mut w in self.warm.drain(..) {
-            match w.end.is_some().then(|| w.fit(per_sec)) {
-                Some(Err(reason)) => unfit.push((w.id, reason)),
-                _ => kept.push_back(w),
+            match w.fit(per_sec) {
+                Ok(()) => kept.push_back(w),
+                // Only a pre-booted one counts against pre-booting; a gated
+                // one whose stream ended (an engine restart) just goes.
+                Err(reason) => unfit.push((w.id, w.end.is_some().then_some(reason))),
             }
         }
         self.warm = kept;
         let ids = unfit.iter().map(|(id, _)| id.clone()).collect();
         for (id, reason) in unfit {
-            self.strike(&id, reason);
+            if let Some(reason) = reason {
+                self.strike(&id, reason);
+            }
         }
         ids
     }
