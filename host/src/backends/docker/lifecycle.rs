@@ -213,13 +213,22 @@ impl DockerEngine {
     /// Where a pre-booted container's CPU time can be read; `None` keeps
     /// it from serving (its budget would be unenforced).
     async fn cpu_probe(&self, id: &str) -> Option<CpuProbe> {
+        CpuProbe::of_pid(self.host_pid(id).await.ok()?)
+    }
+
+    /// The host process ID of a started container's first process (the
+    /// command under runc, the sandbox under runsc), as the engine reports it.
+    async fn host_pid(&self, id: &str) -> Result<i64, String> {
         let inspect = self
             .docker
             .inspect_container(id, None::<InspectContainerOptions>)
             .await
-            .ok()?;
-        let pid = inspect.state.and_then(|s| s.pid).filter(|p| *p > 0)?;
-        CpuProbe::of_pid(pid)
+            .map_err(|e| format!("inspecting the sandbox: {}", short(&e)))?;
+        inspect
+            .state
+            .and_then(|s| s.pid)
+            .filter(|p| *p > 0)
+            .ok_or_else(|| "the sandbox has no host process".to_string())
     }
 
     /// Under gVisor: the sandbox process is in the cgroup the host limited,
@@ -229,16 +238,7 @@ impl DockerEngine {
         let PidsCgroup::Host { root, parent, .. } = &self.pids else {
             return Ok(());
         };
-        let inspect = self
-            .docker
-            .inspect_container(id, None::<InspectContainerOptions>)
-            .await
-            .map_err(|e| format!("inspecting the sandbox: {}", short(&e)))?;
-        let pid = inspect
-            .state
-            .and_then(|s| s.pid)
-            .filter(|p| *p > 0)
-            .ok_or("the sandbox has no host process")?;
+        let pid = self.host_pid(id).await?;
         let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
             .map_err(|e| format!("reading the sandbox's cgroups: {e}"))?;
         let expected = format!("{parent}/{id}");
@@ -415,7 +415,8 @@ impl DockerEngine {
         Ok(out)
     }
 
-    async fn kill(&self, name: &str) {
+    /// Sends SIGKILL to a container; `remove` still has to remove it.
+    pub(super) async fn kill(&self, name: &str) {
         let kill = KillContainerOptionsBuilder::default()
             .signal("SIGKILL")
             .build();

@@ -302,14 +302,10 @@ impl DockerEngine {
                 pool.orphans.push(w.id);
                 continue;
             }
-            if let Err(reason) = w.fit(per_sec) {
-                if w.end.is_some() {
-                    pool.strike(&w.id, reason);
-                }
-                pool.orphans.push(w.id);
-                continue;
+            match w.fit(per_sec) {
+                Ok(()) => return Some(w),
+                Err(reason) => pool.discard(w, reason),
             }
-            return Some(w);
         }
         None
     }
@@ -340,31 +336,36 @@ impl Pool {
         self.booted && !self.strikes.paused()
     }
 
-    /// Takes out every pre-booted container that is no longer fit, counts
-    /// them, and stops pre-booting after too many. Returns their IDs.
-    pub(super) fn weed(&mut self, per_sec: Duration) -> Vec<String> {
+    /// Sends every waiting container that is no longer fit to the orphans.
+    pub(super) fn weed(&mut self, per_sec: Duration) {
         let mut unfit = Vec::new();
         let mut kept = VecDeque::new();
         for mut w in self.warm.drain(..) {
             match w.fit(per_sec) {
                 Ok(()) => kept.push_back(w),
-                // Only a pre-booted one counts against pre-booting; a gated
-                // one whose stream ended (an engine restart) just goes.
-                Err(reason) => unfit.push((w.id, w.end.is_some().then_some(reason))),
+                Err(reason) => unfit.push((w, reason)),
             }
         }
+        // The fit are back in place first: a pause the strikes start sends
+        // every pre-booted one waiting to the orphans.
         self.warm = kept;
-        let ids = unfit.iter().map(|(id, _)| id.clone()).collect();
-        for (id, reason) in unfit {
-            if let Some(reason) = reason {
-                self.strike(&id, reason);
-            }
+        for (w, reason) in unfit {
+            self.discard(w, reason);
         }
-        ids
+    }
+
+    /// Sends an unfit warm container to the orphans. Only a pre-booted one
+    /// counts against pre-booting; a gated one whose stream ended (an
+    /// engine restart) just goes.
+    fn discard(&mut self, w: Warm, reason: Reason) {
+        if w.end.is_some() {
+            self.strike(&w.id, reason);
+        }
+        self.orphans.push(w.id);
     }
 
     /// Counts one pre-booted container removed for `reason`.
-    pub(super) fn strike(&mut self, id: &str, reason: Reason) {
+    fn strike(&mut self, id: &str, reason: Reason) {
         REMOVED.with_label_values(&[reason.name()]).inc();
         tracing::warn!(target: "plimsoll::engine", container = %id, reason = reason.name(), "a pre-booted warm container was removed before any run took it");
         if !self.booted {
@@ -387,8 +388,7 @@ impl DockerEngine {
     pub(super) fn weed_pool(&self, which: Which) {
         let per_sec = self.idle_per_sec();
         if let Ok(mut pool) = self.pool_of(which).lock() {
-            let unfit = pool.weed(per_sec);
-            pool.orphans.extend(unfit);
+            pool.weed(per_sec);
         }
     }
 

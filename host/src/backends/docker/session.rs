@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
-use bollard::query_parameters::KillContainerOptionsBuilder;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use tokio::io::AsyncWriteExt;
@@ -123,14 +122,7 @@ impl DockerSession {
     /// Kills the container at once; `end` removes it.
     async fn kill(&self) {
         self.alive.store(false, Ordering::Release);
-        let kill = KillContainerOptionsBuilder::default()
-            .signal("SIGKILL")
-            .build();
-        let _ = self
-            .engine
-            .docker
-            .kill_container(&self.id, Some(kill))
-            .await;
+        self.engine.kill(&self.id).await;
     }
 
     async fn exchange_inner(
