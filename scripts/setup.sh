@@ -6,6 +6,8 @@
 #   - the wasm32-wasip2 Rust target: the guest components
 #   - patched/wasmtime: wasmtime 48.0.8 with its slot-reset scan fixed
 #     (scripts/patch-wasmtime.sh)
+#   - wit/provider/deps/config: wasi:config's WIT, which plugins import
+#     (scripts/vendor-wit.sh)
 #   - a venv with the published Python client, for the compatibility suite
 #   - a venv with E2B's official SDK, to prove the fake E2B against it
 #   - a venv with securesystemslib and in-toto-attestation, to check signed
@@ -78,6 +80,9 @@ fi
 # wasmtime with the slot-reset scan fixed (docs/wasm-slot-reset.md): cargo
 # cannot read the workspace until patched/wasmtime exists.
 scripts/patch-wasmtime.sh
+# wasi:config's WIT, which the plugin worlds import (from the crate the host
+# links it with).
+scripts/vendor-wit.sh
 
 # The published client, pinned, unmodified: the compatibility contract.
 # jsonschema: fake-dockercloud, which the adapter tests start in-process,

@@ -340,6 +340,31 @@ def test_the_exchange_does_not_trust_the_plugins_extra_ca(fake, certs):
     assert fake.state()["exchanges"] == before
 
 
+def test_the_operator_picks_image_and_size_and_the_evidence_names_them(daemon, fake, certs,
+                                                                        tmp_path):
+    """Image, CPUs and memory come from the configuration file, reach the
+    create as Docker documents them, are what each sandbox is checked
+    against, and change the environment every answer states."""
+    import json
+    pinned = Client(daemon.url).run_javascript("1", timeout=60).environment
+    config = tmp_path / "dockercloud.json"
+    image = "docker.io/library/node:22-alpine"
+    config.write_text(json.dumps({"image": image, "cpus": "2", "memory-mib": "4096"}))
+    d = Daemon({**daemon_env(fake, certs), "SANDBOX_PLUGIN_CONFIG_FILE": str(config)})
+    try:
+        asked = len(fake.state()["asked"])
+        r = Client(d.url).run_javascript("console.log('on', 6 * 7)", timeout=60)
+        assert r.stdout == b"on 42\n"
+        assert fake.state()["asked"][asked:] == [(image, 2, 4096)]
+        assert r.environment != pinned
+        assert r.environment.startswith(f"dockercloud:image={image}+config:sha256:"), r.environment
+        # A sandbox bigger than the configured size is still refused.
+        fake.set_fault("bigger_size")
+        assert_unmarked_error(d, timeout=60)
+    finally:
+        d.stop()
+
+
 def test_the_workload_corpus(daemon):
     """What agents ordinarily run works here as on every tier, and what the
     sandbox forbids fails as documented (docs/workloads.md)."""

@@ -396,6 +396,48 @@ def test_the_smoke_test_refuses_a_broken_promise(fake, certs, knob, check):
     assert "plimsolld listening" not in done.stderr
 
 
+# ---- the operator's configuration ------------------------------------------------------------------
+
+
+def test_the_operator_picks_the_template_and_the_evidence_names_it(daemon, fake, certs, tmp_path):
+    """The template comes from the configuration file, reaches E2B's create
+    as `templateID`, and changes the environment every answer states, so a
+    client pinned to the old one sees the change."""
+    pinned = Client(daemon.url).run_javascript("1", timeout=30).environment
+    assert pinned.startswith("e2b:template=base+config:sha256:"), pinned
+    # A second template in the account, with the same image.
+    fake.control.templates["node-22"] = fake.control.templates["base"]
+    config = tmp_path / "e2b.json"
+    config.write_text(json.dumps({"template": "node-22"}))
+    d = Daemon({**daemon_env(fake, certs), "SANDBOX_PLUGIN_CONFIG_FILE": str(config)})
+    try:
+        before = fake.state()["templates_used"].get("node-22", 0)
+        r = Client(d.url).run_javascript("console.log('on', 6 * 7)", timeout=30)
+        assert r.stdout == b"on 42\n"
+        assert fake.state()["templates_used"]["node-22"] == before + 1
+        assert r.environment != pinned
+        assert r.environment.startswith("e2b:template=node-22+config:sha256:"), r.environment
+    finally:
+        d.stop()
+    wait_no_sandboxes(fake, 10)
+
+
+def test_a_bad_template_stops_the_start_with_every_problem(fake, certs, tmp_path):
+    config = tmp_path / "e2b.json"
+    config.write_text(json.dumps({"template": "two words", "region": "eu"}))
+    env = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": "127.0.0.1:0",
+           "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1",
+           **daemon_env(fake, certs), "SANDBOX_PLUGIN_CONFIG_FILE": str(config)}
+    creates = fake.state()["creates"]
+    done = subprocess.run([plimsolld_bin()], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "has 2 problem(s)" in done.stderr, done.stderr[-2000:]
+    assert 'refused the value of \\"template\\"' in done.stderr, done.stderr[-2000:]
+    assert 'unknown key \\"region\\" (this plugin reads: template)' in done.stderr
+    assert fake.state()["creates"] == creates, "nothing is made for a refused configuration"
+
+
 # ---- nothing secret in the log, or in a sandbox -----------------------------------------------------------
 
 

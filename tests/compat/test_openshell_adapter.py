@@ -269,6 +269,42 @@ def test_the_sweeper_deletes_expired_sandboxes_of_ours_and_nothing_else(fake, pk
             fake._remove(fake.sandboxes[name])
 
 
+def test_the_operator_picks_image_limits_and_workspace(daemon, fake, pki, tmp_path):
+    """Image, limits and workspace come from the configuration file, reach
+    the gateway in every call that names them, and change the environment
+    every answer states; a workspace the gateway lacks stops the start."""
+    import json
+    pinned = Client(daemon.url).run_javascript("1", timeout=60).environment
+    fake.workspaces.add("agents")
+    config = tmp_path / "openshell.json"
+    image = "docker.io/library/node:22-alpine"
+    config.write_text(json.dumps({"image": image, "memory": "512Mi", "cpu": "500m",
+                                  "workspace": "agents"}))
+    d = Daemon({**daemon_env(fake, pki), "SANDBOX_PLUGIN_CONFIG_FILE": str(config)})
+    try:
+        asked = len(fake.state()["asked"])
+        r = Client(d.url).run_javascript("console.log('on', 6 * 7)", timeout=60)
+        assert r.stdout == b"on 42\n"
+        [(workspace, template)] = fake.state()["asked"][asked:]
+        assert workspace == "agents"
+        assert template["image"] == image
+        limits = repr(template.get("resources"))  # kept as the wire had it
+        assert "512Mi" in limits and "500m" in limits, limits
+        assert r.environment != pinned
+        assert r.environment.startswith(f"openshell:image={image}+config:sha256:"), r.environment
+    finally:
+        d.stop()
+        fake.workspaces.discard("agents")
+    config.write_text(json.dumps({"workspace": "elsewhere"}))
+    env = {"PATH": os.environ.get("PATH", ""), "PLIMSOLL_ADDR": "127.0.0.1:0",
+           "PLIMSOLL_METRICS_ADDR": "off", "PLIMSOLL_INSECURE": "1",
+           **daemon_env(fake, pki), "SANDBOX_PLUGIN_CONFIG_FILE": str(config)}
+    done = subprocess.run([plimsolld_bin()], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "plimsolld listening" not in done.stderr
+
+
 def test_the_workload_corpus(daemon):
     """What agents ordinarily run works here as on every tier, and what the
     sandbox forbids fails as documented (docs/workloads.md)."""

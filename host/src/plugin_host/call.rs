@@ -18,6 +18,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::PluginPre;
+use super::capabilities::config_keys::{ConfigState, ConfigView};
 use super::capabilities::container_engine::{
     ContainerEngine, ContainerEngineState, ContainerEngineView,
 };
@@ -78,6 +79,9 @@ pub struct Runner {
     pre: PluginPre<PluginState>,
     pub(super) exports: AdapterExports,
     pub(super) granted: Granted,
+    /// The plugin's configuration, as settled when it described itself
+    /// (empty until then).
+    pub(super) config: Arc<wasmtime_wasi_config::WasiConfigVariables>,
     memory_limit: usize,
     _ticker: EpochTicker,
 }
@@ -98,6 +102,7 @@ impl Runner {
             pre,
             exports,
             granted,
+            config: Arc::default(),
             memory_limit,
             _ticker: ticker,
         }
@@ -127,6 +132,7 @@ impl Runner {
             call,
             log: LogState::new(self.name.clone()),
             report: ProjectReport::default(),
+            config: ConfigState::Settled(self.config.clone()),
             http: self.granted.http.clone(),
             engine: self
                 .granted
@@ -210,6 +216,7 @@ pub struct PluginState {
     pub(super) call: CallContext,
     pub(super) log: LogState,
     pub(super) report: ProjectReport,
+    pub(super) config: ConfigState,
     http: Option<Arc<HttpCapability>>,
     engine: Option<ContainerEngineState>,
 }
@@ -265,6 +272,12 @@ impl CallView for PluginState {
 impl LogView for PluginState {
     fn log(&mut self) -> &mut LogState {
         &mut self.log
+    }
+}
+
+impl ConfigView for PluginState {
+    fn config(&mut self) -> &mut ConfigState {
+        &mut self.config
     }
 }
 

@@ -27,6 +27,8 @@ use wasmtime::{Config, Engine};
 use super::bindings::{PluginPre, types};
 use super::call::{AdapterExports, Granted, PluginState, Runner, classify};
 use super::capabilities;
+use super::capabilities::config_keys::ConfigState;
+use super::config_file::OperatorValues;
 use super::results::{effective_tier, tier_of};
 use super::{Described as Facts, MESSAGE_BYTES, PluginProvider};
 use crate::text::{sanitize, truncate};
@@ -73,6 +75,11 @@ pub enum PluginError {
     Mismatch(String, String),
     #[error("plugin {0} failed to describe itself: {1}")]
     Describe(String, String),
+    #[error("plugin {plugin}'s configuration (SANDBOX_PLUGIN_CONFIG_FILE) has {} problem(s):\n  - {}", problems.len(), problems.join("\n  - "))]
+    Config {
+        plugin: String,
+        problems: Vec<String>,
+    },
     #[error("plugin {0}'s startup smoke test failed: {1}")]
     Preflight(String, String),
     #[error("engine: {0}")]
@@ -281,7 +288,10 @@ fn granted_by(interface: &str, grants: Grants) -> Option<bool> {
         // The network: only for a plugin the operator gave origins.
         _ if interface.starts_with(capabilities::WASI_HTTP) => grants.http,
         _ if interface.starts_with("wasi:") => true,
-        capabilities::TYPES | capabilities::LOG | capabilities::PROJECT_REPORT => true,
+        capabilities::TYPES
+        | capabilities::LOG
+        | capabilities::PROJECT_REPORT
+        | capabilities::CONFIG_KEYS => true,
         capabilities::HTTP => grants.http,
         capabilities::CONTAINER_ENGINE => grants.container_engine,
         _ => return None,
@@ -340,12 +350,18 @@ pub struct Described {
 
 impl Linked {
     /// `max_tier` is the strongest tier the operator lets this plugin
-    /// report; a backend's verified tier caps it further.
-    pub async fn describe(self, max_tier: Tier) -> Result<Described, PluginError> {
+    /// report; a backend's verified tier caps it further. `config` is the
+    /// operator's values, which the plugin's declarations must account for.
+    pub async fn describe(
+        mut self,
+        max_tier: Tier,
+        config: Arc<OperatorValues>,
+    ) -> Result<Described, PluginError> {
         let runner = &self.runner;
         let name = runner.name.to_string();
         let fail = |e: String| PluginError::Describe(name.clone(), e);
         let mut store = runner.store(DESCRIBE_TIMEOUT);
+        store.data_mut().config = ConfigState::declaring(config);
         let result = runner
             .call::<(), (types::Description,)>(
                 &mut store,
@@ -365,9 +381,36 @@ impl Linked {
                 format!("it calls itself {:?}", truncate(&d.name, 64)),
             ));
         }
+        // Declarations close with describe: every later call reads the same
+        // values, and those that change what runs join the evidence.
+        let declared = std::mem::replace(
+            &mut store.data_mut().config,
+            ConfigState::Settled(Arc::default()),
+        )
+        .into_declaring()
+        .expect("describe's store was declaring");
+        let settled = declared.settle().map_err(|problems| PluginError::Config {
+            plugin: name.clone(),
+            problems,
+        })?;
+        let mut environment = sanitize(&d.environment, 256);
+        if let Some(digest) = &settled.digest {
+            environment = format!("{environment}+config:sha256:{digest}");
+        }
+        for k in settled.keys.iter().filter(|k| k.changes_what_runs) {
+            // Operators' values are not secret (the WIT says so), and these
+            // name what runs: the operator's log shows them.
+            let value = settled
+                .effective
+                .get(&k.key)
+                .map(String::as_str)
+                .unwrap_or("");
+            tracing::info!(target: "plimsoll::plugin", plugin = %name, key = %k.key, value = %sanitize(value, 128), "configuration that changes what runs");
+        }
         let facts = Facts {
             claimed_tier: tier_of(d.tier),
-            environment: sanitize(&d.environment, 256),
+            environment,
+            config: settled.keys,
             runs_javascript: d.payloads.contains(&types::PayloadKind::Javascript),
             runs_project: d.payloads.contains(&types::PayloadKind::Project),
             languages: vec![],
@@ -381,6 +424,9 @@ impl Linked {
                     .collect(),
             }),
         };
+        drop(store);
+        self.runner.config = settled.values;
+        let runner = &self.runner;
         let tier = effective_tier(
             facts.claimed_tier,
             max_tier,

@@ -21,6 +21,7 @@
 pub mod bindings;
 pub mod call;
 pub mod capabilities;
+pub mod config_file;
 pub mod dispatch_mark;
 mod lazy;
 pub mod load;
@@ -53,6 +54,8 @@ const MESSAGE_BYTES: usize = 512;
 pub struct Described {
     pub claimed_tier: Tier,
     pub environment: String,
+    /// The configuration keys the plugin declared.
+    pub config: Vec<capabilities::config_keys::Declared>,
     pub runs_javascript: bool,
     pub runs_project: bool,
     pub languages: Vec<String>,

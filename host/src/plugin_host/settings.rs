@@ -2,6 +2,9 @@
 //! the pin, the tier cap, and which capabilities the plugin is granted.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::config_file::OperatorValues;
 
 use super::capabilities::http::policy::{ExchangeSettings, HttpAllowance, HttpTls, Origin};
 use crate::env_vars::{ConfigError, Env, Var, invalid, var};
@@ -74,6 +77,11 @@ pub const VARIABLES: &[Var] = &[
         "PEM private key for SANDBOX_PLUGIN_HTTP_CLIENT_CERT",
     ),
     var(
+        "SANDBOX_PLUGIN_CONFIG_FILE",
+        "(unset: every key at its default)",
+        "JSON object of strings: the values of the keys the selected plugin declares (`plimsoll plugin describe` lists them); an unknown, missing or refused key stops the start",
+    ),
+    var(
         "SANDBOX_PLUGIN_CONTAINER_ENGINE",
         "0",
         "1 grants the plugin the container-engine capability (policed by the host)",
@@ -89,6 +97,8 @@ pub struct PluginSettings {
     pub http: Option<HttpAllowance>,
     /// Whether the operator granted the plugin the container engine.
     pub container_engine: bool,
+    /// The values of the plugin's configuration keys, when a file is named.
+    pub config: Option<Arc<OperatorValues>>,
 }
 
 impl PluginSettings {
@@ -98,6 +108,7 @@ impl PluginSettings {
             || self.max_tier.is_some()
             || self.http.is_some()
             || self.container_engine
+            || self.config.is_some()
     }
 
     /// The variable the operator named to hold the API key: read, so not
@@ -188,12 +199,20 @@ impl PluginSettings {
             ));
         }
         let container_engine = env.flag("SANDBOX_PLUGIN_CONTAINER_ENGINE")?;
+        let config = match env.get("SANDBOX_PLUGIN_CONFIG_FILE") {
+            None => None,
+            Some(path) => Some(Arc::new(
+                OperatorValues::read(std::path::Path::new(path))
+                    .map_err(|why| invalid("SANDBOX_PLUGIN_CONFIG_FILE", &why))?,
+            )),
+        };
         Ok(PluginSettings {
             dir: env.get("PLIMSOLL_PLUGIN_DIR").map(PathBuf::from),
             sha256,
             max_tier,
             http,
             container_engine,
+            config,
         })
     }
 }

@@ -91,7 +91,8 @@ pub(super) async fn load_plugin(
         memory_mb,
     )?;
     // Preflight freezes what warm containers hold (`Described::preflight`).
-    Ok(linked.describe(max_tier).await?.preflight().await?)
+    let config = settings.plugin.config.clone().unwrap_or_default();
+    Ok(linked.describe(max_tier, config).await?.preflight().await?)
 }
 
 impl Provider for PluginProvider {

@@ -13,13 +13,13 @@ use wasi::clocks::monotonic_clock::Instant;
 use wasi::http::types::Method;
 
 use crate::bindings::plimsoll::provider::types::{Refusal, RunError};
-use crate::checks::{self, CPUS, MEMORY_MIB};
+use crate::checks;
+use crate::settings;
 use crate::wire::session::Standing;
 use crate::wire::{self, Failure};
 
 /// The image every sandbox boots: node and a POSIX shell with coreutils'
 /// `timeout` and `head`, which the command wrapper needs.
-pub const IMAGE: &str = "docker.io/library/node:22-bookworm-slim";
 /// Where Docker serves the API on its origin.
 const API_PREFIX: &str = "/sandboxes/v1";
 /// Labels every sandbox of ours carries: who made it, and the wall-clock
@@ -80,9 +80,9 @@ impl Service {
         let ttl = lifetime_s + TTL_MARGIN_S;
         let body = json!({
             "displayName": name,
-            "imageRef": IMAGE,
+            "imageRef": settings::image(),
             "platform": {"os": "linux", "architecture": "amd64"},
-            "resources": {"cpus": CPUS, "memoryMib": MEMORY_MIB},
+            "resources": {"cpus": settings::cpus(), "memoryMib": settings::memory_mib()},
             // The image's own command would exit; this keeps the VM up.
             "startupExecution": {"rawImage": {"start": {"argv": ["tail", "-f", "/dev/null"]}}},
             "features": {"timeouts": {"timeout": format!("{ttl}s"), "onTimeout": "delete", "autoResume": false}},

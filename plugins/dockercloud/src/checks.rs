@@ -4,11 +4,6 @@
 
 use serde_json::Value;
 
-/// The size every sandbox is created with (Docker's "Micro"): the service
-/// must not report more.
-pub const CPUS: u64 = 1;
-pub const MEMORY_MIB: u64 = 2048;
-
 /// Operations the run needs the endpoint to serve.
 const NEEDED: [&str; 3] = ["exec", "upload", "download"];
 
@@ -46,13 +41,16 @@ pub fn sandbox(v: &Value, name: &str, allowed: &[String]) -> Result<String, Stri
             short(&origin)
         ));
     }
+    // The size this adapter asks for (the operator's choice): the service
+    // must not report more.
+    let (want_cpus, want_mib) = (crate::settings::cpus(), crate::settings::memory_mib());
     let cpus = number(&core["resources"]["cpus"]);
     let memory = number(&core["resources"]["memoryMib"]);
     match (cpus, memory) {
-        (Some(c), Some(m)) if c > 0 && c <= CPUS && m > 0 && m <= MEMORY_MIB => {}
+        (Some(c), Some(m)) if c > 0 && c <= want_cpus && m > 0 && m <= want_mib => {}
         (Some(_), Some(_)) => {
             return Err(format!(
-                "the sandbox is not the size asked for ({CPUS} CPU, {MEMORY_MIB} MiB or less)"
+                "the sandbox is not the size asked for ({want_cpus} CPU, {want_mib} MiB or less)"
             ));
         }
         _ => return Err("the service reports no CPU or memory size for the sandbox".into()),

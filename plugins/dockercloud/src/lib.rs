@@ -23,6 +23,7 @@ mod checks;
 mod endpoint;
 mod multipart;
 mod session;
+mod settings;
 mod smoke;
 mod wrapper;
 

@@ -12,7 +12,6 @@
 //! it runs could show all of this. docs/providers/dockercloud.md says what
 //! it rests on.
 
-use crate::api;
 use crate::bindings::plimsoll::provider::types::{
     Description, PreflightReport, ProcessOutput, RunError, Tier,
 };
@@ -30,8 +29,16 @@ const PROBE_MS: u64 = 90_000;
 const CAP: u32 = 4096;
 
 impl wire::Startup for DockerCloud {
+    fn config_keys() -> &'static [wire::config::Key] {
+        crate::settings::KEYS
+    }
+
     fn describe() -> Description {
-        wire::adapter::hosted(NAME, Tier::Vm, format!("dockercloud:image={}", api::IMAGE))
+        wire::adapter::hosted(
+            NAME,
+            Tier::Vm,
+            format!("dockercloud:image={}", crate::settings::image()),
+        )
     }
 
     fn preflight() -> Result<PreflightReport, String> {

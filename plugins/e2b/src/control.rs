@@ -18,8 +18,6 @@ use crate::wire::{self, Failure};
 pub const LABEL_OWNER: (&str, &str) = ("created-by", "plimsoll");
 const LABEL_NONCE: &str = "plimsoll-nonce";
 const LABEL_DEADLINE: &str = "plimsoll-deadline";
-/// The template: E2B's default, with node and a POSIX shell.
-pub const TEMPLATE: &str = "base";
 /// Oldest envd this plugin drives: 0.1.0 is where E2B's SDK draws the line
 /// (older agents lack the process API it and this plugin use).
 const MIN_ENVD: (u64, u64, u64) = (0, 1, 0);
@@ -88,7 +86,7 @@ impl Service {
         );
         let ttl = lifetime_s + TTL_MARGIN_S;
         let body = json!({
-            "templateID": TEMPLATE,
+            "templateID": crate::settings::template(),
             "timeout": ttl,
             "secure": true,
             "allow_internet_access": false,

@@ -19,6 +19,7 @@ mod connect;
 mod control;
 mod envd;
 mod session;
+mod settings;
 mod smoke;
 
 /// The cloud adapters' kit: the bindings, the wasi:http client, the project

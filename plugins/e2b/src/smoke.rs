@@ -10,7 +10,6 @@
 //! runs could show all of this. docs/providers/e2b.md says what it rests on.
 
 use crate::bindings::plimsoll::provider::types::{Description, PreflightReport, Tier};
-use crate::control;
 use crate::envd::Envd;
 use crate::wire::smoke::{self, describe};
 use crate::wire::{self, Sandbox as _};
@@ -29,11 +28,15 @@ done
 "#;
 
 impl wire::Startup for E2b {
+    fn config_keys() -> &'static [wire::config::Key] {
+        crate::settings::KEYS
+    }
+
     fn describe() -> Description {
         wire::adapter::hosted(
             NAME,
             Tier::Vm,
-            format!("e2b:template={}", control::TEMPLATE),
+            format!("e2b:template={}", crate::settings::template()),
         )
     }
 

@@ -11,7 +11,7 @@ use wasi::clocks::monotonic_clock::Instant;
 use crate::bindings::plimsoll::provider::types::{ProcessOutput, RunError};
 use crate::gateway::{self, Gateway};
 use crate::grpc::{self, CallError, Frames};
-use crate::messages::{ExecSandboxEvent, ExecSandboxInput, ExecSandboxRequest, default_workspace};
+use crate::messages::{ExecSandboxEvent, ExecSandboxInput, ExecSandboxRequest, workspace_scope};
 use crate::wire::Failure;
 use crate::wire::capture::{CALL_RECEIVED_CAP, Capture, Stream};
 
@@ -38,7 +38,7 @@ pub fn run(
             command: cmd.argv.iter().map(|s| s.to_string()).collect(),
             workdir: cmd.workdir.to_string(),
             no_login_shell: true,
-            workspace_scope: default_workspace(),
+            workspace_scope: workspace_scope(),
             execution_timeout: Some(gateway::execution_timeout(deadline)),
         }),
         stdin: None,

@@ -14,11 +14,6 @@ use crate::wire;
 pub use crate::wire::not_started;
 use crate::wire::session::Standing;
 
-/// The image every sandbox runs: node and a POSIX shell.
-pub const IMAGE: &str = "docker.io/library/node:22-bookworm-slim";
-/// The limits asked for, as the gateway's docker driver takes them.
-const MEMORY: &str = "256Mi";
-const CPU: &str = "1";
 /// Labels: who made it, and the wall-clock second after which no run of any
 /// instance can still be using it (any instance's sweep may reap it then).
 const LABEL_OWNER: (&str, &str) = ("plimsoll.run", "1");
@@ -107,7 +102,7 @@ impl Gateway {
             spec: Some(spec.clone()),
             name: name.clone(),
             labels: labels.clone(),
-            workspace_scope: default_workspace(),
+            workspace_scope: workspace_scope(),
         };
         let made = Made { name };
         let created: Result<SandboxResponse, _> =
@@ -160,7 +155,7 @@ impl Gateway {
             "GetSandboxConfig",
             &GetSandboxConfigRequest {
                 name: name.to_string(),
-                workspace_scope: default_workspace(),
+                workspace_scope: workspace_scope(),
             },
             deadline,
         )
@@ -226,7 +221,7 @@ impl Gateway {
             "GetSandbox",
             &GetSandboxRequest {
                 name: name.to_string(),
-                workspace_scope: default_workspace(),
+                workspace_scope: workspace_scope(),
             },
             deadline,
         )
@@ -241,7 +236,7 @@ impl Gateway {
                 "DeleteSandbox",
                 &DeleteSandboxRequest {
                     name: name.to_string(),
-                    workspace_scope: default_workspace(),
+                    workspace_scope: workspace_scope(),
                     allow_missing: true,
                 },
                 deadline,
@@ -286,7 +281,7 @@ impl Gateway {
                     page_size: 100,
                     page_token: token.clone(),
                     label_selector: format!("{}={}", LABEL_OWNER.0, LABEL_OWNER.1),
-                    workspace_scope: default_workspace(),
+                    workspace_scope: workspace_scope(),
                 },
                 deadline,
             )
@@ -322,8 +317,8 @@ fn spec() -> SandboxSpec {
     };
     let limits = Struct {
         fields: [
-            ("memory".to_string(), text(MEMORY)),
-            ("cpu".to_string(), text(CPU)),
+            ("memory".to_string(), text(&crate::settings::memory())),
+            ("cpu".to_string(), text(&crate::settings::cpu())),
         ]
         .into_iter()
         .collect(),
@@ -340,7 +335,7 @@ fn spec() -> SandboxSpec {
     };
     SandboxSpec {
         template: Some(SandboxTemplate {
-            image: IMAGE.into(),
+            image: crate::settings::image(),
             resources: Some(resources),
             driver_config: None,
         }),

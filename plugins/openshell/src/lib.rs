@@ -26,6 +26,7 @@ mod messages;
 mod policy;
 mod project;
 mod session;
+mod settings;
 mod smoke;
 
 /// The cloud adapters' kit: the bindings, the wasi:http client, the project

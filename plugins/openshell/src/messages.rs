@@ -15,9 +15,10 @@ pub struct WorkspaceSelector {
     pub workspace: Option<String>,
 }
 
-pub fn default_workspace() -> Option<WorkspaceSelector> {
+/// The workspace the operator chose (`settings`), for every call's scope.
+pub fn workspace_scope() -> Option<WorkspaceSelector> {
     Some(WorkspaceSelector {
-        workspace: Some("default".into()),
+        workspace: Some(crate::settings::workspace()),
     })
 }
 

@@ -12,7 +12,7 @@
 use crate::OpenShell;
 use crate::bindings::plimsoll::provider::http;
 use crate::bindings::plimsoll::provider::types::{Description, PreflightReport, Tier};
-use crate::gateway::{self, Gateway};
+use crate::gateway::Gateway;
 use crate::project::{Target, WORK_DIR};
 use crate::wire;
 use crate::wire::smoke::{self, describe};
@@ -29,11 +29,15 @@ echo "writable-done=yes"
 "#;
 
 impl wire::Startup for OpenShell {
+    fn config_keys() -> &'static [wire::config::Key] {
+        crate::settings::KEYS
+    }
+
     fn describe() -> Description {
         wire::adapter::hosted(
             "openshell",
             Tier::Container,
-            format!("openshell:image={}", gateway::IMAGE),
+            format!("openshell:image={}", crate::settings::image()),
         )
     }
 

@@ -20,6 +20,12 @@ use crate::bindings::plimsoll::provider::types::{
 
 /// What the host asks an adapter at start.
 pub trait Startup {
+    /// The configuration keys the adapter reads (none by default): declared
+    /// and checked before `describe`, so `describe` may name their values.
+    fn config_keys() -> &'static [crate::config::Key] {
+        &[]
+    }
+
     /// Static facts about the plugin. An adapter that keeps the default
     /// `Sessions` states `sessions: None`.
     fn describe() -> Description;
@@ -79,6 +85,7 @@ pub fn configured<S>(
 
 impl<T: CloudAdapter> Guest for T {
     fn describe() -> Description {
+        crate::config::declare_all(<T as Startup>::config_keys());
         <T as Startup>::describe()
     }
 

@@ -9,6 +9,8 @@
 //! - `sandbox` and `project`: the `Sandbox` trait (files in, a command run,
 //!   a file back) and the one project runner over it; `capture` keeps a
 //!   process's output as the API reports it.
+//! - `config`: the keys an adapter reads (the operator's values, through
+//!   `wasi:config/store`), declared and checked while it describes itself.
 //! - `smoke`: the startup smoke test's probe step, the script lines and
 //!   the checks every adapter's probe shares.
 //! - `session`: what sessions on a kept sandbox share: their state, the
@@ -25,6 +27,7 @@
 
 pub mod adapter;
 pub mod capture;
+pub mod config;
 pub mod project;
 pub mod sandbox;
 pub mod session;

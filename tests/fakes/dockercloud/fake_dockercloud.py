@@ -277,6 +277,8 @@ class FakeDockerCloud:
                        "execs": 0, "management_token_on_endpoint": 0,
                        "policy_reads": 0, "ttl_reaped": 0}
         self.violations: "list[str]" = []
+        # What each create asked for: (imageRef, cpus, memoryMib).
+        self.asked: "list[tuple]" = []
         self.secrets_seen_on_endpoint: "list[str]" = []
         self._server = self._exchange_server = None
         self.exchange_port = 0
@@ -342,7 +344,7 @@ class FakeDockerCloud:
     def state(self) -> dict:
         with self._lock:
             return {"live": list(self.sandboxes), **self.counts,
-                    "violations": list(self.violations),
+                    "violations": list(self.violations), "asked": list(self.asked),
                     "faults": self.faults.snapshot()}
 
     def plant(self, labels: "dict[str, str]") -> str:
@@ -656,6 +658,8 @@ class FakeDockerCloud:
         with self._lock:
             self.sandboxes[uid] = s
             self.counts["created"] += 1
+            res = body.get("resources") or {}
+            self.asked.append((body.get("imageRef"), res.get("cpus"), res.get("memoryMib")))
             if key:
                 self.idempotency[key] = (raw.decode(), status, answer, s.etag)
         if container:

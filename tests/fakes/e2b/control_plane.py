@@ -132,6 +132,8 @@ class ControlPlane:
         self._idempotent_lock = threading.Lock()
         # Listing requests served, by version ("deprecated": GET /sandboxes).
         self.listings = {"v2": 0, "deprecated": 0}
+        # Sandboxes created, by the template asked for.
+        self.templates_used: "dict[str, int]" = {}
         self._listings_lock = threading.Lock()
 
     def serve(self, ex: Exchange) -> None:
@@ -194,6 +196,8 @@ class ControlPlane:
         key = ex.header("Idempotency-Key")
         with self._idempotent_lock:  # a retried create answers with the same sandbox
             replay = self.registry.get(self._idempotent.get(key, "")) if key else None
+        with self._listings_lock:
+            self.templates_used[template] = self.templates_used.get(template, 0) + 1
         try:
             sandbox = replay or self.registry.create(self.templates[template], spec)
         except (ContainerError, RuntimeError) as e:

@@ -240,6 +240,7 @@ class FakeE2B:
                 **self.registry.counts, "faults": self.faults.snapshot(),
                 "paused": [s.id for s in live if s.state == "paused"],
                 "listings": dict(self.control.listings),
+                "templates_used": dict(self.control.templates_used),
                 "connections": self._server.connections if self._server else 0,
                 "envd_api_keys_seen": self.envd.api_keys_seen}
 

@@ -135,8 +135,12 @@ class Sandbox:
 class FakeOpenShell:
     def __init__(self, *, tls: "tuple[str, str]", client_ca: "str | None" = None,
                  bearer: "str | None" = None, image: str = DEFAULT_IMAGE,
-                 docker: str = "docker") -> None:
+                 docker: str = "docker", workspaces: "tuple[str, ...]" = ("default",)) -> None:
         self.tls, self.client_ca, self.bearer, self.image = tls, client_ca, bearer, image
+        # The workspaces the gateway has; a test may add one.
+        self.workspaces = set(workspaces)
+        # What each create asked for: (workspace, the stored template).
+        self.asked: "list[tuple[str, dict]]" = []
         self.instance_id = "fake-openshell-" + secrets.token_hex(6)
         self.docker = Docker(self.instance_id, docker)
         self.faults = Faults(KNOBS)
@@ -205,7 +209,7 @@ class FakeOpenShell:
     def state(self) -> dict:
         with self._lock:
             return {"live": [s.name for s in self.sandboxes.values()], **self.counts,
-                    "faults": self.faults.snapshot()}
+                    "faults": self.faults.snapshot(), "asked": list(self.asked)}
 
     def plant(self, labels: "dict[str, str]") -> str:
         """A ready sandbox made by someone else, with these labels and no
@@ -254,9 +258,13 @@ class FakeOpenShell:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {e}")
         return call
 
-    def _workspace(self, req: dict, context) -> None:
-        if (req.get("workspace_scope") or {}).get("workspace") != "default":
+    def _workspace(self, req: dict, context) -> str:
+        name = (req.get("workspace_scope") or {}).get("workspace")
+        if not name:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "workspace_scope must name a workspace")
+        if name not in self.workspaces:
+            context.abort(grpc.StatusCode.NOT_FOUND, "workspace not found")
+        return name
 
     def _stored(self, asked: dict, *, swapped: bool = False) -> dict:
         """The spec as the gateway stores it at create: a copy with only the
@@ -304,7 +312,7 @@ class FakeOpenShell:
 
     def _create(self, raw: bytes, context) -> bytes:
         req = decode(m.CreateSandboxRequest, raw)
-        self._workspace(req, context)
+        workspace = self._workspace(req, context)
         if "spec" not in req:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec is required")
         name = req.get("name", "")
@@ -317,6 +325,8 @@ class FakeOpenShell:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, "sandbox already exists")
         spec = self._stored(req["spec"],
                             swapped=self.faults.take("main_process_swapped") is not None)
+        with self._lock:
+            self.asked.append((workspace, dict(spec.get("template") or {})))
         # The network follows the stored policy; egress_open is a gateway
         # whose enforcement is broken (the policy still reads back as sent).
         lie = self.faults.take("egress_open") is not None

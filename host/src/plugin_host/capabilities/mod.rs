@@ -11,6 +11,7 @@
 //! operator did not grant it; a plugin whose component *imports* an
 //! ungranted capability does not load at all (`load`).
 
+pub mod config_keys;
 pub mod container_engine;
 pub mod http;
 pub mod log;
@@ -64,6 +65,7 @@ pub const PROJECT_REPORT: &str = "plimsoll:provider/project-report";
 pub const HTTP: &str = "plimsoll:provider/http";
 pub const CONTAINER_ENGINE: &str = "plimsoll:provider/container-engine";
 pub const TYPES: &str = "plimsoll:provider/types";
+pub const CONFIG_KEYS: &str = "plimsoll:provider/config-keys";
 /// Every wasi:http interface (only the outgoing side and its types are
 /// linked, policed by `http::outgoing`): granted with `http`, from the same
 /// allowlist.
@@ -73,11 +75,13 @@ pub const WASI_HTTP: &str = "wasi:http/";
 pub fn add_to_linker<T>(linker: &mut Linker<T>) -> wasmtime::Result<()>
 where
     T: log::LogView
+        + config_keys::ConfigView
         + project_report::ProjectReportView
         + http::HttpView
         + container_engine::ContainerEngineView,
 {
     log::add_to_linker(linker)?;
+    config_keys::add_to_linker(linker)?;
     project_report::add_to_linker(linker)?;
     http::add_to_linker(linker)?;
     container_engine::add_to_linker(linker)?;
