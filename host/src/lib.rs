@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod outbound;
 pub mod outcome;
 pub mod pipeline;
+pub mod plugin_check;
 pub mod plugin_host;
 pub mod providers;
 pub mod quota;

@@ -27,6 +27,7 @@ from plimsoll_client import Client
 from plimsoll_client.errors import PlimsollError
 
 import workloads
+from plugin_checker import assert_passes, check_plugin
 from session_leftovers import assert_a_slow_exit_does_not_end_the_session, assert_no_process_outlives_a_call
 from test_published_client import ROOT, Daemon, plimsolld_bin
 
@@ -363,6 +364,17 @@ def test_the_operator_picks_image_and_size_and_the_evidence_names_them(daemon, f
         assert_unmarked_error(d, timeout=60)
     finally:
         d.stop()
+
+
+def test_plimsoll_plugin_check_passes_against_the_fake(fake, certs):
+    """The checker drives the adapter as the daemon would; the sandbox its
+    trap scenario leaves is reaped by the timeout the adapter asked for
+    (the run's 5 s and a 30 s margin)."""
+    assert_passes(check_plugin("dockercloud", daemon_env(fake, certs)))
+    deadline = time.monotonic() + 60
+    while fake.live():
+        assert time.monotonic() < deadline, f"sandboxes left: {fake.live()}"
+        time.sleep(0.2)
 
 
 def test_the_workload_corpus(daemon):

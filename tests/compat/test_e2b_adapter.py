@@ -28,6 +28,7 @@ from plimsoll_client import Client
 from plimsoll_client.errors import PlimsollError
 
 import workloads
+from plugin_checker import assert_passes, check_plugin
 from session_leftovers import assert_a_slow_exit_does_not_end_the_session, assert_no_process_outlives_a_call
 from test_published_client import ROOT, Daemon, plimsolld_bin
 
@@ -420,6 +421,13 @@ def test_the_operator_picks_the_template_and_the_evidence_names_it(daemon, fake,
     finally:
         d.stop()
     wait_no_sandboxes(fake, 10)
+
+
+def test_plimsoll_plugin_check_passes_against_the_fake(fake, certs):
+    """The checker drives the adapter as the daemon would; the sandbox its
+    trap scenario leaves is reaped by the TTL the adapter asked for."""
+    assert_passes(check_plugin("e2b", daemon_env(fake, certs)))
+    wait_no_sandboxes(fake, 30)
 
 
 def test_a_bad_template_stops_the_start_with_every_problem(fake, certs, tmp_path):

@@ -29,6 +29,7 @@ from plimsoll_client import Client
 from plimsoll_client.errors import PlimsollError
 
 import workloads
+from plugin_checker import assert_passes, check_plugin
 from session_leftovers import assert_a_slow_exit_does_not_end_the_session, assert_no_process_outlives_a_call
 from test_published_client import ROOT, Daemon, plimsolld_bin
 
@@ -267,6 +268,20 @@ def test_the_sweeper_deletes_expired_sandboxes_of_ours_and_nothing_else(fake, pk
         d.stop()
         for name in (current, foreign):
             fake._remove(fake.sandboxes[name])
+
+
+def test_plimsoll_plugin_check_passes_against_the_fake(fake, pki):
+    """The checker drives the adapter as the daemon would; the sandbox its
+    trap scenario leaves carries its deadline label (the run's 5 s and the
+    adapter's 60 s margin: a gateway has no timeout of its own), and the
+    next start's sweep deletes it once that has passed."""
+    assert_passes(check_plugin("openshell", daemon_env(fake, pki)))
+    deadline = time.monotonic() + 90
+    while fake.live():
+        assert time.monotonic() < deadline, f"sandboxes left: {fake.live()}"
+        time.sleep(5)
+        d = Daemon(daemon_env(fake, pki))  # its preflight sweeps expired sandboxes
+        d.stop()
 
 
 def test_the_operator_picks_image_limits_and_workspace(daemon, fake, pki, tmp_path):

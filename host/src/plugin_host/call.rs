@@ -39,6 +39,9 @@ const TICKER_NAME: &str = "plimsoll-plugin-epoch";
 pub struct Granted {
     pub http: Option<Arc<HttpCapability>>,
     pub container_engine: Option<Arc<ContainerEngine>>,
+    /// Set by `plimsoll plugin check` to stop the plugin mid-call, as its
+    /// own trap would, at the next epoch tick; none in the daemon.
+    pub trip_wire: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// Where the adapter's exports are, found once per component.
@@ -146,8 +149,12 @@ impl Runner {
         // spinning in wasm must not hold one of the runtime's few worker
         // threads. At the deadline, trap.
         store.set_epoch_deadline(1);
+        let trip = self.granted.trip_wire.clone();
         store.epoch_deadline_callback(move |_| {
-            if Instant::now() >= ends {
+            let tripped = trip
+                .as_ref()
+                .is_some_and(|t| t.load(std::sync::atomic::Ordering::SeqCst));
+            if tripped || Instant::now() >= ends {
                 Err(Trap::Interrupt.into())
             } else {
                 Ok(wasmtime::UpdateDeadline::Yield(1))

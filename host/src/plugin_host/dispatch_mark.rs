@@ -16,6 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::outcome::RunFailure;
 use crate::refusal::Refusal;
 
+/// How an overruled claim of "nothing ran" reads (`plimsoll plugin check`
+/// looks for it).
+pub const OVERRULED: &str = "reported a refusal after using a capability that can start execution";
+
 /// What the host saw of one plugin call.
 #[derive(Debug, Default)]
 pub struct DispatchMark {
@@ -83,9 +87,7 @@ impl DispatchMark {
     /// nothing that could have started execution.
     pub fn refused(&self, plugin: &str, refusal: Refusal) -> RunFailure {
         if self.may_have_started() {
-            RunFailure::MayHaveRun(format!(
-                "plugin {plugin} reported a refusal after using a capability that can start execution"
-            ))
+            RunFailure::MayHaveRun(format!("plugin {plugin} {OVERRULED}"))
         } else {
             RunFailure::NotDispatched(refusal)
         }

@@ -445,6 +445,27 @@ impl Linked {
 }
 
 impl Described {
+    /// What the plugin stated, after the host's checks.
+    pub fn facts(&self) -> &Facts {
+        &self.facts
+    }
+
+    /// The tier the host will report for it.
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    /// The tier its container backend's evidence stands behind, if it has
+    /// one.
+    pub fn backend_tier(&self) -> Option<Tier> {
+        self.linked
+            .runner
+            .granted
+            .container_engine
+            .as_ref()
+            .map(|e| e.backend.facts().tier)
+    }
+
     /// Stage 5: the smoke test; a plugin that fails it does not start.
     pub async fn preflight(self) -> Result<PluginProvider, PluginError> {
         let Described {

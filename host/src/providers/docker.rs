@@ -18,17 +18,18 @@ pub async fn start(settings: &ProviderSettings) -> Result<PluginProvider, StartE
         .docker
         .as_ref()
         .ok_or_else(|| StartError::Backend("the docker provider has no engine settings".into()))?;
-    let plugin = super::plugin::load_plugin(
-        "docker",
-        PluginSource::Embedded(ADAPTER),
-        None,
+    let plugin = super::plugin::Load {
+        name: "docker",
+        source: PluginSource::Embedded(ADAPTER),
+        pin: None,
         // The adapter ships with the daemon; its tier is what the engine's
         // evidence stands behind.
-        Tier::Vm,
-        None,
-        Some(docker),
-        settings,
-    )
+        max_tier: Tier::Vm,
+        http: None,
+        engine: super::plugin::Engine::Docker(docker),
+        instruments: None,
+    }
+    .start(settings)
     .await?;
     tracing::info!(
         sha256 = plugin.sha256(),

@@ -3,6 +3,7 @@
 //! face of a loaded plugin.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use futures_util::future::{BoxFuture, ready};
 
@@ -12,8 +13,10 @@ use crate::job::{Ended, Job, Output, Payload, SessionOptions};
 use crate::outcome::{NotReady, RunFailure};
 use crate::plugin_host::call::Granted;
 use crate::plugin_host::capabilities::container_engine::ContainerEngine;
+use crate::plugin_host::capabilities::container_engine::backend::ContainerBackend;
 use crate::plugin_host::capabilities::http::HttpCapability;
 use crate::plugin_host::capabilities::http::policy::HttpAllowance;
+use crate::plugin_host::capabilities::http::watch::Watch;
 use crate::plugin_host::load::{self, Grants, PluginSource};
 use crate::plugin_host::session::PluginSession;
 use crate::plugin_host::{PluginError, PluginProvider};
@@ -23,15 +26,16 @@ use crate::tier::Tier;
 /// operator granted it.
 pub async fn start(name: &str, settings: &ProviderSettings) -> Result<PluginProvider, StartError> {
     let p = &settings.plugin;
-    let plugin = load_plugin(
+    let plugin = Load {
         name,
-        PluginSource::Dir(settings.plugin_dir()),
-        p.sha256.as_deref(),
-        p.max_tier.unwrap_or(Tier::Process),
-        p.http.clone(),
-        settings.docker.as_ref(),
-        settings,
-    )
+        source: PluginSource::Dir(settings.plugin_dir()),
+        pin: p.sha256.as_deref(),
+        max_tier: p.max_tier.unwrap_or(Tier::Process),
+        http: p.http.clone(),
+        engine: Engine::from(settings.docker.as_ref()),
+        instruments: None,
+    }
+    .start(settings)
     .await?;
     tracing::info!(
         plugin = plugin.name(),
@@ -43,56 +47,120 @@ pub async fn start(name: &str, settings: &ProviderSettings) -> Result<PluginProv
     Ok(plugin)
 }
 
-/// The plugin host's loading stages, with the container backend connected
-/// (and verified, and smoke-tested) between the import check and linking.
-pub(super) async fn load_plugin(
-    name: &str,
-    source: PluginSource,
-    pin: Option<&str>,
-    max_tier: Tier,
-    http: Option<HttpAllowance>,
-    docker: Option<&docker::Settings>,
-    settings: &ProviderSettings,
-) -> Result<PluginProvider, StartError> {
-    let memory_mb = settings.memory_mb;
-    let cache = settings.open_compile_cache();
-    if let Some(d) = docker {
-        d.check_guest_uid_on_host().map_err(StartError::Backend)?;
+/// What runs a plugin's containers, when it is granted the engine.
+pub enum Engine<'a> {
+    None,
+    /// The local docker engine, verified and smoke-tested at connect.
+    Docker(&'a docker::Settings),
+    /// A backend the caller made (`plimsoll plugin describe`'s scripted one).
+    Given(Arc<dyn ContainerBackend>),
+}
+
+impl<'a> From<Option<&'a docker::Settings>> for Engine<'a> {
+    fn from(d: Option<&'a docker::Settings>) -> Engine<'a> {
+        d.map_or(Engine::None, Engine::Docker)
     }
-    let checked = load::read(name, &source, pin)?.compile(
-        Grants {
-            http: http.is_some(),
-            container_engine: docker.is_some(),
-        },
-        cache.as_ref(),
-    )?;
-    let http = match http {
-        None => None,
-        Some(allowance) => Some(Arc::new(
-            HttpCapability::new(allowance).map_err(PluginError::Engine)?,
-        )),
-    };
-    // The backend is reached (and a configured runtime found registered
-    // there) before the plugin can ask for anything.
-    let container_engine = match docker {
-        None => None,
-        Some(d) => {
-            let engine = DockerEngine::connect(d.clone())
-                .await
-                .map_err(PluginError::Engine)?;
-            Some(Arc::new(ContainerEngine::new(Arc::new(engine))))
-        }
-    };
-    let linked = checked.link(
-        Granted {
+}
+
+/// Puts something around a container backend (the checker's counting).
+pub type WrapBackend =
+    Box<dyn FnOnce(Arc<dyn ContainerBackend>) -> Arc<dyn ContainerBackend> + Send>;
+
+/// What `plimsoll plugin check` puts around a plugin's capabilities; the
+/// daemon puts nothing.
+pub struct Instruments {
+    /// Shown every request the plugin sends.
+    pub watch: Arc<dyn Watch>,
+    /// Wraps the container backend, to count what it starts and ends.
+    pub wrap_backend: WrapBackend,
+    /// Stops the plugin mid-call when set.
+    pub trip_wire: Arc<AtomicBool>,
+}
+
+/// One plugin to load through the plugin host's stages, with the container
+/// backend connected (and verified, and smoke-tested) between the import
+/// check and linking.
+pub struct Load<'a> {
+    pub name: &'a str,
+    pub source: PluginSource,
+    pub pin: Option<&'a str>,
+    pub max_tier: Tier,
+    pub http: Option<HttpAllowance>,
+    pub engine: Engine<'a>,
+    pub instruments: Option<Instruments>,
+}
+
+impl Load<'_> {
+    /// Every stage: the plugin ready to serve.
+    pub async fn start(self, settings: &ProviderSettings) -> Result<PluginProvider, StartError> {
+        // Preflight freezes what warm containers hold (`Described::preflight`).
+        Ok(self.describe(settings).await?.preflight().await?)
+    }
+
+    /// The stages up to and including `describe`: what the plugin says it
+    /// is and reads, before its smoke test.
+    pub async fn describe(
+        self,
+        settings: &ProviderSettings,
+    ) -> Result<load::Described, StartError> {
+        let Load {
+            name,
+            source,
+            pin,
+            max_tier,
             http,
-            container_engine,
-        },
-        memory_mb,
-    )?;
-    // Preflight freezes what warm containers hold (`Described::preflight`).
-    let config = settings.plugin.config.clone().unwrap_or_default();
-    Ok(linked.describe(max_tier, config).await?.preflight().await?)
+            engine,
+            instruments,
+        } = self;
+        let cache = settings.open_compile_cache();
+        if let Engine::Docker(d) = &engine {
+            d.check_guest_uid_on_host().map_err(StartError::Backend)?;
+        }
+        let checked = load::read(name, &source, pin)?.compile(
+            Grants {
+                http: http.is_some(),
+                container_engine: !matches!(engine, Engine::None),
+            },
+            cache.as_ref(),
+        )?;
+        let (watch, wrap_backend, trip_wire) = match instruments {
+            None => (None, None, None),
+            Some(i) => (Some(i.watch), Some(i.wrap_backend), Some(i.trip_wire)),
+        };
+        let http = match http {
+            None => None,
+            Some(allowance) => {
+                let mut capability = HttpCapability::new(allowance).map_err(PluginError::Engine)?;
+                capability.watch = watch;
+                Some(Arc::new(capability))
+            }
+        };
+        // The backend is reached (and a configured runtime found registered
+        // there) before the plugin can ask for anything.
+        let backend: Option<Arc<dyn ContainerBackend>> = match engine {
+            Engine::None => None,
+            Engine::Given(b) => Some(b),
+            Engine::Docker(d) => Some(Arc::new(
+                DockerEngine::connect(d.clone())
+                    .await
+                    .map_err(PluginError::Engine)?,
+            )),
+        };
+        let backend = match (backend, wrap_backend) {
+            (Some(b), Some(wrap)) => Some(wrap(b)),
+            (b, _) => b,
+        };
+        let linked = checked.link(
+            Granted {
+                http,
+                container_engine: backend.map(|b| Arc::new(ContainerEngine::new(b))),
+                trip_wire,
+            },
+            settings.memory_mb,
+        )?;
+        let config = settings.plugin.config.clone().unwrap_or_default();
+        Ok(linked.describe(max_tier, config).await?)
+    }
 }
 
 impl Provider for PluginProvider {

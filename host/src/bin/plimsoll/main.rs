@@ -6,6 +6,7 @@
 //!   plimsoll mcp [--url URL]
 //!   plimsoll callers create|import|list|rotate|revoke --file F ...
 //!   plimsoll attest keygen|run|verify ...
+//!   plimsoll plugin describe|check FILE.wasm [--config F] [--json]
 //!
 //! `run` and `describe` talk to a daemon (`--url`, or PLIMSOLL_URL, default
 //! http://127.0.0.1:8746) with the caller's token from PLIMSOLL_TOKEN; see
@@ -19,6 +20,7 @@ mod callers;
 mod client;
 mod local_files;
 mod mcp;
+mod plugin;
 mod run;
 mod signer;
 
@@ -56,6 +58,12 @@ enum Command {
         #[command(subcommand)]
         action: attest_cli::Action,
     },
+    /// Provider plugins, before a daemon loads them: what one states and
+    /// reads, and whether it keeps to the host's rules.
+    Plugin {
+        #[command(subcommand)]
+        action: plugin::Action,
+    },
 }
 
 fn main() -> ExitCode {
@@ -72,6 +80,7 @@ fn main() -> ExitCode {
         Command::Describe(args) => run::describe(args),
         Command::Mcp(args) => mcp::run(args),
         Command::Attest { action } => attest_cli::run(action),
+        Command::Plugin { action } => plugin::run(action),
         Command::Callers { action } => match callers::run(action) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

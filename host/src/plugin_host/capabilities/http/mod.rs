@@ -14,6 +14,7 @@ pub mod outgoing;
 pub mod policy;
 pub mod pool;
 pub mod sender;
+pub mod watch;
 
 use std::sync::Arc;
 
@@ -38,6 +39,9 @@ pub struct HttpCapability {
     pub tls: Arc<tokio_rustls::rustls::ClientConfig>,
     /// The trade of the operator's key for an access token, if configured.
     pub exchange: Option<key_exchange::KeyExchange>,
+    /// Who is shown each request (`plimsoll plugin check`); none in the
+    /// daemon.
+    pub watch: Option<Arc<dyn watch::Watch>>,
 }
 
 impl HttpCapability {
@@ -69,6 +73,7 @@ impl HttpCapability {
             allowance,
             client: crate::outbound::client().map_err(|e| format!("http client: {e}"))?,
             tls,
+            watch: None,
         })
     }
 
@@ -194,6 +199,9 @@ pub async fn send(
     )
     .map_err(|e| {
         let policy::HttpRefusal::Forbidden(rule) = e;
+        if let Some(w) = capability.and_then(|c| c.watch.as_ref()) {
+            w.refused(rule);
+        }
         refuse(call, rule)
     })?;
     let Some(capability) = capability else {
@@ -216,7 +224,18 @@ pub async fn send(
     // From here on the request may reach the service: anything the plugin
     // reports afterwards may follow execution.
     let _sent = call.mark.before_execution();
-    match policy::send(&capability.client, checked).await {
+    if let Some(w) = &capability.watch {
+        w.sent(watch::Sent {
+            https: request.url.starts_with("https:"),
+            method: &request.method,
+            header_names: request.headers.iter().map(|(n, _)| n.as_str()).collect(),
+        });
+    }
+    let answer = policy::send(&capability.client, checked).await;
+    if let (Some(w), Ok((status, _, _))) = (&capability.watch, &answer) {
+        w.answered(*status);
+    }
+    match answer {
         Ok((status, headers, body)) => Ok(http_if::Response {
             status,
             headers,

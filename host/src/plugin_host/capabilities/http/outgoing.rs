@@ -105,6 +105,9 @@ impl OutgoingHooks {
 
     fn refuse(&self, rule: &str, why: Error) -> SendFuture {
         tracing::warn!(target: "plimsoll::plugin", plugin = &*self.plugin, rule, "http request refused");
+        if let Some(w) = self.capability.as_ref().and_then(|c| c.watch.as_ref()) {
+            w.refused(rule);
+        }
         Box::new(async move { Err(why) })
     }
 }
@@ -208,6 +211,13 @@ impl WasiHttpHooks for OutgoingHooks {
         // From here the request may reach the service.
         self.mark.before_execution();
         self.sent += 1;
+        if let Some(w) = &capability.watch {
+            w.sent(super::watch::Sent {
+                https: parts.uri.scheme_str() == Some("https"),
+                method: parts.method.as_str(),
+                header_names: headers.iter().map(|(n, _)| n.as_str()).collect(),
+            });
+        }
 
         // A request holds its slot while its body is still being sent (it
         // may be, after the answer came) and while its answer streams. Its
@@ -257,6 +267,9 @@ impl WasiHttpHooks for OutgoingHooks {
                 }
                 Err(e) => return Err(e),
             };
+            if let Some(w) = &capability.watch {
+                w.answered(head.status().as_u16());
+            }
             let answer = head.map(|incoming| {
                 Metered::new(
                     incoming,
