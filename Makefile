@@ -15,7 +15,7 @@ PLIMSOLLD := $(CARGO_TARGET_DIR)/release/plimsolld
 export PLIMSOLLD_BIN := $(PLIMSOLLD)
 export PLIMSOLL_GUEST_JS_WASM := $(GUEST_WASM)
 
-.PHONY: setup image guest build demo test audit bench bench-docker bench-e2b soak clean bench-mcp bench-startup
+.PHONY: setup image guest build demo test audit bench bench-docker bench-e2b soak clean bench-mcp bench-startup bench-plugins
 
 setup:
 	@scripts/setup.sh
@@ -39,6 +39,9 @@ guest: setup
 	cp $(WASM_OUT)/plimsoll_plugin_dockercloud.wasm $(CARGO_TARGET_DIR)/plugins/dockercloud.wasm
 	cp $(WASM_OUT)/plimsoll_plugin_openshell.wasm $(CARGO_TARGET_DIR)/plugins/openshell.wasm
 	cp $(WASM_OUT)/plimsoll_fixture_hostile.wasm $(CARGO_TARGET_DIR)/test-plugins/hostile.wasm
+	# The same adapter as remote-plimsoll, in JavaScript (componentize-js,
+	# pinned in its package-lock.json): the contract is not Rust's alone.
+	plugins/remote-js/build.sh $(CARGO_TARGET_DIR)/plugins/remote-js.wasm
 
 build: guest
 	$(CARGO) build --release -p plimsoll-host -p plimsoll-tests
@@ -49,6 +52,7 @@ demo: build
 test: build image
 	scripts/leftovers.sh > $(CARGO_TARGET_DIR)/leftovers.before
 	$(CARGO) test --release -p plimsoll-host -p plimsoll-tests -p plimsoll-plugin-probe
+	node plugins/remote-js/test.mjs $(CARGO_TARGET_DIR)/plugins/remote-js.wasm
 	.venv/bin/python -m pytest -q tests/compat tests/session_agent
 	.venv-e2b/bin/python -m pytest -q tests/fakes/e2b tests/fakes/dockercloud
 	.venv-openshell/bin/python -m pytest -q tests/fakes/openshell
@@ -75,6 +79,11 @@ bench-docker: build image
 # (docs/benchmarks.md). BENCH_N runs, default 200.
 bench-e2b: build image
 	.venv/bin/python scripts/bench_e2b.py
+
+# The same adapter in Rust and in JavaScript: size, start, per-run cost
+# (docs/benchmarks.md).
+bench-plugins: build
+	.venv/bin/python scripts/bench_plugins.py
 
 # MCP tools/call against Run over one connection, and how soon a docker
 # run's first streamed chunk arrives after it is written (docs/benchmarks.md).

@@ -80,6 +80,15 @@ fi
 # wasmtime with the slot-reset scan fixed (docs/wasm-slot-reset.md): cargo
 # cannot read the workspace until patched/wasmtime exists.
 scripts/patch-wasmtime.sh
+# The JavaScript example plugin (plugins/remote-js) is built with
+# componentize-js, which needs node 20 or newer and npm (its packages come
+# from the npm registry, pinned in its package-lock.json).
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if [ "$node_major" -lt 20 ] || ! command -v npm >/dev/null; then
+  echo "setup: node 20 or newer with npm is needed to build plugins/remote-js (found node major ${node_major})" >&2
+  exit 1
+fi
+
 # wasi:config's WIT, which the plugin worlds import (from the crate the host
 # links it with).
 scripts/vendor-wit.sh
