@@ -16,7 +16,6 @@
 //! container backend), so nothing is reached for a plugin that would be
 //! refused anyway, and the plugin reaches nothing before it is linked.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,120 +28,18 @@ use super::call::{AdapterExports, Granted, PluginState, Runner, classify};
 use super::capabilities;
 use super::capabilities::config_keys::ConfigState;
 use super::config_file::OperatorValues;
+pub use super::error::PluginError;
+pub use super::plugin_file::PluginSource;
+use super::plugin_file::{locate, read_in};
 use super::results::{effective_tier, tier_of};
 use super::{Described as Facts, MESSAGE_BYTES, PluginProvider};
 use crate::text::{sanitize, truncate};
 use crate::tier::Tier;
 
-/// Names the daemon's built-in providers use; a plugin may not take them.
-pub const BUILT_IN: &[&str] = &["disabled", "wasm", "docker"];
-
 /// Time a plugin gets to describe itself.
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a plugin's start-up smoke test gets.
 const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Where a plugin's component comes from.
-#[derive(Debug, Clone)]
-pub enum PluginSource {
-    /// `<name>.wasm` in the operator's plugin directory.
-    Dir(PathBuf),
-    /// Shipped inside the daemon.
-    Embedded(&'static [u8]),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PluginError {
-    #[error("plugin name {0:?} must be 1-32 of [a-z0-9-] and not a built-in provider name")]
-    BadName(String),
-    #[error("no plugin {path}; built-in providers: {builtin}; plugins found: {found}", builtin = BUILT_IN.join(", "))]
-    NotFound { path: String, found: String },
-    #[error("reading plugin {0}: {1}")]
-    Read(String, std::io::Error),
-    #[error("plugin {name} has SHA-256 {actual}, but SANDBOX_PLUGIN_SHA256 pins {expected}")]
-    PinMismatch {
-        name: String,
-        expected: String,
-        actual: String,
-    },
-    #[error("plugin {0} is not a valid Wasm component: {1}")]
-    NotComponent(String, String),
-    #[error("plugin {0} imports {1}, which the operator did not grant it")]
-    Ungranted(String, String),
-    #[error("plugin {0} imports {1}, which no plimsoll plugin can have")]
-    UnknownImport(String, String),
-    #[error("plugin {0} does not match the plimsoll:provider plugin world: {1}")]
-    Mismatch(String, String),
-    #[error("plugin {0} failed to describe itself: {1}")]
-    Describe(String, String),
-    #[error("plugin {plugin}'s configuration (SANDBOX_PLUGIN_CONFIG_FILE) has {} problem(s):\n  - {}", problems.len(), problems.join("\n  - "))]
-    Config {
-        plugin: String,
-        problems: Vec<String>,
-    },
-    #[error("plugin {0}'s startup smoke test failed: {1}")]
-    Preflight(String, String),
-    #[error("engine: {0}")]
-    Engine(String),
-}
-
-pub(super) fn valid_name(name: &str) -> bool {
-    (1..=32).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !BUILT_IN.contains(&name)
-}
-
-/// The plugins a directory holds, for error messages.
-pub fn list_dir(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter_map(|f| f.strip_suffix(".wasm").map(str::to_string))
-        .filter(|n| valid_name(n))
-        .collect();
-    names.sort();
-    names
-}
-
-/// The file a plugin name refers to, if it is there.
-pub fn locate(dir: &Path, name: &str) -> Result<PathBuf, PluginError> {
-    if !valid_name(name) {
-        return Err(PluginError::BadName(name.to_string()));
-    }
-    let path = dir.join(format!("{name}.wasm"));
-    if !path.is_file() {
-        let found = list_dir(dir);
-        return Err(PluginError::NotFound {
-            path: path.display().to_string(),
-            found: if found.is_empty() {
-                "none".into()
-            } else {
-                found.join(", ")
-            },
-        });
-    }
-    Ok(path)
-}
-
-/// Reads `<name>.wasm` through a handle on the plugin directory: a name
-/// that leads out of it (a symlink to elsewhere, say) is refused, and so is
-/// anything but a regular file. The bytes read are the bytes pinned and
-/// compiled; the file is not opened again.
-fn read_in(dir: &Path, name: &str) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let d = crate::dirs::Dir::open_ambient_dir(dir, cap_std::ambient_authority())?;
-    let mut file = d.open(format!("{name}.wasm"))?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)?;
-    Ok(bytes)
-}
 
 /// Stage 1: the bytes and their digest, held to the pin.
 pub struct Pinned {
@@ -571,23 +468,5 @@ mod tests {
             Some(false)
         );
         assert_eq!(granted_by("plimsoll:provider/secrets", http), None);
-    }
-
-    #[test]
-    fn names() {
-        for good in ["example", "remote-plimsoll", "e2b", "a"] {
-            assert!(valid_name(good), "{good}");
-        }
-        for bad in [
-            "",
-            "wasm",
-            "disabled",
-            "Upper",
-            "../x",
-            "a.b",
-            "x".repeat(33).as_str(),
-        ] {
-            assert!(!valid_name(bad), "{bad}");
-        }
     }
 }

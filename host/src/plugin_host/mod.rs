@@ -23,8 +23,10 @@ pub mod call;
 pub mod capabilities;
 pub mod config_file;
 pub mod dispatch_mark;
+mod error;
 mod lazy;
 pub mod load;
+mod plugin_file;
 pub mod results;
 pub mod session;
 pub mod settings;
@@ -41,7 +43,8 @@ use crate::tier::Tier;
 use bindings::types;
 use call::Runner;
 use capabilities::container_engine::backend::ContainerBackend;
-pub use load::{PluginError, PluginSource, locate};
+pub use error::PluginError;
+pub use plugin_file::{PluginSource, locate};
 
 /// Extra time a run call gets over the run's own budget, for the plugin's
 /// set-up and tear-down around it.
