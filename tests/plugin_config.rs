@@ -204,6 +204,35 @@ async fn a_value_that_changes_what_runs_changes_the_evidence() {
     );
 }
 
+/// Every problem is listed, but the list is the host's memory: a plugin
+/// that rejects in a loop gets a bounded list and the count of the rest.
+#[test]
+fn a_flood_of_problems_is_bounded() {
+    let s = Scratch::new("pcfg-flood");
+    let (code, text) = with_config(&s, r#"{"config-test": "reject-flood"}"#)
+        .err()
+        .expect("refused");
+    assert_ne!(code, Some(0), "{}", &text[..text.len().min(2000)]);
+    assert!(
+        text.contains("more problem(s) not listed"),
+        "{}",
+        &text[..text.len().min(2000)]
+    );
+    assert!(text.len() < 256 << 10, "{} bytes of error", text.len());
+}
+
+/// The segments after the plugin's own environment are the host's: a
+/// plugin that writes one itself does not load.
+#[test]
+fn a_plugin_cannot_forge_the_hosts_evidence_segments() {
+    let s = Scratch::new("pcfg-forge");
+    let (code, text) = with_config(&s, r#"{"config-test": "forge-env"}"#)
+        .err()
+        .expect("refused");
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("a segment the host reserves"), "{text}");
+}
+
 /// A plugin that declares nothing (remote-plimsoll) refuses any key, and
 /// keeps the identity it always had.
 #[test]

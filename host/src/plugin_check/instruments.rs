@@ -121,8 +121,8 @@ impl Watch for Recorder {
     }
 }
 
-/// Containers (and session containers) started and ended through the
-/// wrapped backend.
+/// Container runs started and ended through the wrapped backend (the
+/// checker opens no sessions).
 #[derive(Default)]
 pub struct Counts {
     pub started: AtomicUsize,

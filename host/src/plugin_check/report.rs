@@ -119,15 +119,12 @@ impl Report {
             };
             out.push_str(&format!("{verdict} {:<22} {}\n", f.rule.name(), f.reason));
         }
-        let failed = self
-            .findings
-            .iter()
-            .filter(|f| f.verdict == Verdict::Fail)
-            .count();
+        let count = |v: Verdict| self.findings.iter().filter(|f| f.verdict == v).count();
+        let (failed, skipped) = (count(Verdict::Fail), count(Verdict::Skip));
         out.push_str(&if failed == 0 {
-            "every rule checked passed\n".to_string()
+            format!("every rule checked passed ({skipped} not checked)\n")
         } else {
-            format!("{failed} rule(s) failed\n")
+            format!("{failed} rule(s) failed ({skipped} not checked)\n")
         });
         out
     }

@@ -36,6 +36,9 @@ use super::{Described as Facts, MESSAGE_BYTES, PluginProvider};
 use crate::text::{sanitize, truncate};
 use crate::tier::Tier;
 
+/// The segments the host appends to a plugin's environment.
+const HOST_SEGMENTS: &[&str] = &["+config:", "+preboot:"];
+
 /// Time a plugin gets to describe itself.
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a plugin's start-up smoke test gets.
@@ -291,6 +294,16 @@ impl Linked {
             problems,
         })?;
         let mut environment = sanitize(&d.environment, 256);
+        // What follows the plugin's own environment is the host's (its
+        // configuration's and pre-boot declarations' digests): a plugin
+        // that writes such a segment itself would have a client that reads
+        // the first one read its forgery.
+        if HOST_SEGMENTS.iter().any(|s| environment.contains(s)) {
+            return Err(fail(format!(
+                "its environment holds a segment the host reserves ({})",
+                HOST_SEGMENTS.join(", ")
+            )));
+        }
         if let Some(digest) = &settled.digest {
             environment = format!("{environment}+config:sha256:{digest}");
         }

@@ -31,6 +31,9 @@ use crate::text::{sanitize, truncate};
 const MEANING_BYTES: usize = 200;
 /// How much of a rejection's reason is kept.
 const WHY_BYTES: usize = 512;
+/// Problems kept to list: each is host memory a plugin could otherwise
+/// grow by calling `reject` in a loop; the rest are counted.
+const MAX_PROBLEMS: usize = 64;
 
 /// One key a plugin declared.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +55,8 @@ pub struct Declaring {
     effective: BTreeMap<String, String>,
     keys: Vec<Declared>,
     problems: Vec<String>,
+    /// Problems past `MAX_PROBLEMS`, counted and not kept.
+    unlisted: usize,
 }
 
 /// What a plugin's configuration settled to, for its whole life.
@@ -92,6 +97,7 @@ impl ConfigState {
             effective: BTreeMap::new(),
             keys: Vec::new(),
             problems: Vec::new(),
+            unlisted: 0,
         }))
     }
 
@@ -113,24 +119,32 @@ impl ConfigState {
 }
 
 impl Declaring {
+    /// Keeps a problem to list, or counts it once the list is full.
+    fn problem(&mut self, p: String) {
+        if self.problems.len() < MAX_PROBLEMS {
+            self.problems.push(p);
+        } else {
+            self.unlisted += 1;
+        }
+    }
+
     fn declare(&mut self, d: Result<Declared, String>) -> bool {
         let d = match d {
             Ok(d) => d,
             Err(why) => {
-                self.problems.push(why);
+                self.problem(why);
                 return false;
             }
         };
         if self.keys.len() == MAX_KEYS {
             let over = format!("the plugin declared more than {MAX_KEYS} keys");
             if !self.problems.contains(&over) {
-                self.problems.push(over);
+                self.problem(over);
             }
             return false;
         }
         if self.keys.iter().any(|k| k.key == d.key) {
-            self.problems
-                .push(format!("the plugin declared key {:?} twice", d.key));
+            self.problem(format!("the plugin declared key {:?} twice", d.key));
             return false;
         }
         if let Some(v) = self.operator.get(&d.key).or(d.default.as_deref()) {
@@ -142,8 +156,7 @@ impl Declaring {
     }
 
     fn reject(&mut self, key: &str, why: String) {
-        self.problems
-            .push(format!("the plugin refused the value of {key:?}: {why}"));
+        self.problem(format!("the plugin refused the value of {key:?}: {why}"));
     }
 
     /// Holds the declarations to the operator's file: a key the plugin does
@@ -156,6 +169,7 @@ impl Declaring {
             effective,
             keys,
             mut problems,
+            unlisted,
         } = self;
         for key in operator.keys() {
             if !keys.iter().any(|k| k.key == key) {
@@ -174,6 +188,11 @@ impl Declaring {
             if operator.get(&k.key).is_none() {
                 problems.push(format!("missing required key {:?}: {}", k.key, k.meaning));
             }
+        }
+        if unlisted > 0 {
+            problems.push(format!(
+                "{unlisted} more problem(s) not listed (the plugin caused more than {MAX_PROBLEMS})"
+            ));
         }
         if !problems.is_empty() {
             return Err(problems);
@@ -327,6 +346,17 @@ mod tests {
             assert!(all.contains(needle), "{needle} not in {all}");
         }
         assert_eq!(problems.len(), 5, "{all}");
+    }
+
+    #[test]
+    fn the_problems_kept_are_bounded() {
+        let mut d = declaring("{}");
+        for _ in 0..10_000 {
+            d.reject("k", "no".into());
+        }
+        let problems = d.settle().unwrap_err();
+        assert_eq!(problems.len(), MAX_PROBLEMS + 1);
+        assert!(problems[MAX_PROBLEMS].starts_with("9936 more problem(s) not listed"));
     }
 
     #[test]
