@@ -20,17 +20,15 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::backends::docker;
 use crate::env_vars::Env;
 use crate::job::{Job, Output, Payload};
 use crate::outcome::RunFailure;
 use crate::plugin_host::capabilities::http::policy::{HttpAllowance, HttpTls};
 use crate::plugin_host::dispatch_mark::OVERRULED;
 use crate::plugin_host::load::{self, Grants, PluginError, PluginSource};
-use crate::plugin_host::settings::PluginSettings;
 use crate::plugin_host::{Described as Facts, PluginProvider};
 use crate::providers::plugin::{Engine, Instruments, Load};
-use crate::providers::settings::{ProviderKind, ProviderSettings};
+use crate::providers::settings::ProviderSettings;
 use crate::tier::Tier;
 use instruments::{Counting, Counts, Recorder, RunsNothing, Trip};
 use report::{Report, Rule};
@@ -68,11 +66,7 @@ impl Target {
         };
         // The daemon's rule for plugin names, built-in names allowed (the
         // docker adapter is checked under its own).
-        if !(1..=32).contains(&name.len())
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        {
+        if !crate::plugin_host::name_shape(&name) {
             return Err(format!(
                 "{:?} is not a plugin name (1-32 of a-z, 0-9, '-'): give --name",
                 crate::text::truncate(&name, 64)
@@ -101,25 +95,7 @@ impl Target {
 
 /// The provider settings plimsolld would build from `vars` for this plugin.
 fn settings(vars: &BTreeMap<String, String>, name: &str) -> Result<ProviderSettings, String> {
-    let env = Env::new(vars);
-    let memory_mb = env
-        .u32_in("SANDBOX_MEMORY_MB", 1, 4095)
-        .map_err(|e| e.to_string())?
-        .unwrap_or(256);
-    let plugin = PluginSettings::from_env(&env).map_err(|e| e.to_string())?;
-    let docker = if plugin.container_engine {
-        Some(docker::Settings::from_env(&env, memory_mb).map_err(|e| e.to_string())?)
-    } else {
-        None
-    };
-    Ok(ProviderSettings {
-        kind: ProviderKind::Plugin(name.to_string()),
-        memory_mb,
-        max_concurrent: 8,
-        plugin,
-        docker,
-        compile_cache: None,
-    })
+    ProviderSettings::for_plugin_file(&Env::new(vars), name).map_err(|e| e.to_string())
 }
 
 /// What the plugin states about itself, with every capability it could
@@ -443,7 +419,7 @@ async fn judge_cleanup(
     let paths = if trapped {
         "on every path, a trap right after its first capability use included"
     } else {
-        "on every path taken (no capability use succeeded, so no trap was injected)"
+        "on every path taken (no trap was injected: no capability use succeeded, or the call ended before the wire was read)"
     };
     if let Some(c) = counts {
         let (started, ended) = (

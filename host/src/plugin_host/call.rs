@@ -111,6 +111,15 @@ impl Runner {
         }
     }
 
+    /// The tier the plugin's container backend's evidence stands behind,
+    /// if it drives one.
+    pub(super) fn backend_tier(&self) -> Option<crate::tier::Tier> {
+        self.granted
+            .container_engine
+            .as_ref()
+            .map(|e| e.backend.facts().tier)
+    }
+
     /// A fresh store for one call, with the memory cap and a deadline.
     pub(super) fn store(&self, deadline: Duration) -> Store<PluginState> {
         let ends = Instant::now() + deadline;

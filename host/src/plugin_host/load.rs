@@ -336,16 +336,7 @@ impl Linked {
         };
         drop(store);
         self.runner.config = settled.values;
-        let runner = &self.runner;
-        let tier = effective_tier(
-            facts.claimed_tier,
-            max_tier,
-            runner
-                .granted
-                .container_engine
-                .as_ref()
-                .map(|e| e.backend.facts().tier),
-        );
+        let tier = effective_tier(facts.claimed_tier, max_tier, self.runner.backend_tier());
         Ok(Described {
             linked: self,
             facts,
@@ -368,12 +359,7 @@ impl Described {
     /// The tier its container backend's evidence stands behind, if it has
     /// one.
     pub fn backend_tier(&self) -> Option<Tier> {
-        self.linked
-            .runner
-            .granted
-            .container_engine
-            .as_ref()
-            .map(|e| e.backend.facts().tier)
+        self.linked.runner.backend_tier()
     }
 
     /// Stage 5: the smoke test; a plugin that fails it does not start.

@@ -44,7 +44,7 @@ use bindings::types;
 use call::Runner;
 use capabilities::container_engine::backend::ContainerBackend;
 pub use error::PluginError;
-pub use plugin_file::{PluginSource, locate};
+pub use plugin_file::{PluginSource, locate, name_shape};
 
 /// Extra time a run call gets over the run's own budget, for the plugin's
 /// set-up and tear-down around it.

@@ -19,12 +19,19 @@ pub enum PluginSource {
     Embedded(&'static [u8]),
 }
 
-pub(super) fn valid_name(name: &str) -> bool {
+/// The shape of a plugin name, 1-32 of `a-z 0-9 -`, whoever takes it: a
+/// provider's name, or a file `plimsoll plugin check` loads (which may
+/// carry a built-in name, as the docker adapter does).
+pub fn name_shape(name: &str) -> bool {
     (1..=32).contains(&name.len())
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !BUILT_IN.contains(&name)
+}
+
+/// A name the operator may give a plugin.
+pub(super) fn valid_name(name: &str) -> bool {
+    name_shape(name) && !BUILT_IN.contains(&name)
 }
 
 /// The plugins a directory holds, for error messages.

@@ -75,6 +75,7 @@ impl ProviderKind {
 }
 
 const DEFAULT_MEMORY_MB: u32 = 256;
+const DEFAULT_MAX_CONCURRENT: u32 = 8;
 /// The wasm32 address space is 4 GiB; anything near it is a mistake.
 const MAX_MEMORY_MB: u32 = 4095;
 
@@ -100,7 +101,9 @@ impl ProviderSettings {
             None | Some("disabled") => ProviderKind::Disabled,
             Some("wasm") => ProviderKind::Wasm,
             Some("docker") => ProviderKind::Docker,
-            Some(name) if valid_plugin_name(name) => ProviderKind::Plugin(name.to_string()),
+            Some(name) if crate::plugin_host::name_shape(name) => {
+                ProviderKind::Plugin(name.to_string())
+            }
             Some(other) => {
                 return Err(ConfigError::UnknownProvider {
                     name: other.to_string(),
@@ -108,10 +111,10 @@ impl ProviderSettings {
                 });
             }
         };
-        let memory_mb = env
-            .u32_in("SANDBOX_MEMORY_MB", 1, MAX_MEMORY_MB)?
-            .unwrap_or(DEFAULT_MEMORY_MB);
-        let max_concurrent = env.u32_in("SANDBOX_MAX_CONCURRENT", 1, 1024)?.unwrap_or(8);
+        let memory_mb = memory_mb(env)?;
+        let max_concurrent = env
+            .u32_in("SANDBOX_MAX_CONCURRENT", 1, 1024)?
+            .unwrap_or(DEFAULT_MAX_CONCURRENT);
 
         let plugin = PluginSettings::from_env(env)?;
         // A plugin that is not there is a misspelt provider: said before
@@ -165,6 +168,26 @@ impl ProviderSettings {
         })
     }
 
+    /// The settings plimsolld would load the plugin `name` with, read from
+    /// the same variables, for a plugin file examined on its own (`plimsoll
+    /// plugin check`): no provider to select, and nothing cached.
+    pub fn for_plugin_file(env: &Env, name: &str) -> Result<ProviderSettings, ConfigError> {
+        let memory_mb = memory_mb(env)?;
+        let plugin = PluginSettings::from_env(env)?;
+        let docker = match plugin.container_engine {
+            true => Some(docker::Settings::from_env(env, memory_mb)?),
+            false => None,
+        };
+        Ok(ProviderSettings {
+            kind: ProviderKind::Plugin(name.to_string()),
+            memory_mb,
+            max_concurrent: DEFAULT_MAX_CONCURRENT,
+            plugin,
+            docker,
+            compile_cache: None,
+        })
+    }
+
     /// The compile cache, opened and checked; `None` when it is off or
     /// fails its checks, which is said in the log and costs only time.
     pub fn open_compile_cache(&self) -> Option<CompileCache> {
@@ -203,9 +226,9 @@ fn plugin_dir(configured: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("plugins"))
 }
 
-fn valid_plugin_name(name: &str) -> bool {
-    (1..=32).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+/// `SANDBOX_MEMORY_MB`, or its default.
+fn memory_mb(env: &Env) -> Result<u32, ConfigError> {
+    Ok(env
+        .u32_in("SANDBOX_MEMORY_MB", 1, MAX_MEMORY_MB)?
+        .unwrap_or(DEFAULT_MEMORY_MB))
 }

@@ -20,7 +20,7 @@ const CPUS: Key = Key {
     meaning: "virtual CPUs each sandbox is made with",
     default: "1",
     changes_what_runs: true,
-    check: |v| config::number_in(v, 1, 16).map(drop),
+    check: |v| cpus_in(v).map(drop),
 };
 
 const MEMORY_MIB: Key = Key {
@@ -28,19 +28,35 @@ const MEMORY_MIB: Key = Key {
     meaning: "memory each sandbox is made with, in MiB",
     default: "2048",
     changes_what_runs: true,
-    check: |v| config::number_in(v, 256, 65536).map(drop),
+    check: |v| memory_mib_in(v).map(drop),
 };
+
+/// The sizes Docker's API takes, one rule for the check and the read.
+fn cpus_in(v: &str) -> Result<u64, String> {
+    config::number_in(v, 1, 16)
+}
+
+fn memory_mib_in(v: &str) -> Result<u64, String> {
+    config::number_in(v, 256, 65536)
+}
+
+/// A checked number: describe refused any other value (and the plugin did
+/// not load), so the default stands in only for a host that answered one
+/// it never showed describe.
+fn number(key: &Key, read: fn(&str) -> Result<u64, String>) -> u64 {
+    read(&config::value(key))
+        .or_else(|_| read(key.default))
+        .expect("a key's default is within its own range")
+}
 
 pub fn image() -> String {
     config::value(&IMAGE)
 }
 
-/// The checked values, so a fallback is never needed in practice; the
-/// default stands in only if the host answered something unchecked.
 pub fn cpus() -> u64 {
-    config::number_in(&config::value(&CPUS), 1, 16).unwrap_or(1)
+    number(&CPUS, cpus_in)
 }
 
 pub fn memory_mib() -> u64 {
-    config::number_in(&config::value(&MEMORY_MIB), 256, 65536).unwrap_or(2048)
+    number(&MEMORY_MIB, memory_mib_in)
 }
