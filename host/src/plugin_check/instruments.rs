@@ -13,6 +13,7 @@ use futures_util::future::BoxFuture;
 
 use crate::live::Live;
 use crate::outcome::{NotReady, ProcessOutput};
+use crate::plugin_host::call::TripWire;
 use crate::plugin_host::capabilities::container_engine::backend::{
     Approved, BackendFacts, ContainerBackend, EngineFailure, Envelope, GrantMount, PrebootKind,
     SessionContainer,
@@ -38,7 +39,7 @@ fn credential_like(name: &str) -> bool {
 /// use that succeeds.
 #[derive(Clone, Default)]
 pub struct Trip {
-    pub wire: Arc<AtomicBool>,
+    pub wire: Arc<TripWire>,
     armed: Arc<AtomicBool>,
 }
 
@@ -50,17 +51,17 @@ impl Trip {
     /// Disarmed and reset, for the next scenario.
     pub fn reset(&self) {
         self.armed.store(false, Ordering::SeqCst);
-        self.wire.store(false, Ordering::SeqCst);
+        self.wire.reset();
     }
 
     fn used(&self) {
         if self.armed.swap(false, Ordering::SeqCst) {
-            self.wire.store(true, Ordering::SeqCst);
+            self.wire.pull();
         }
     }
 
     pub fn went_off(&self) -> bool {
-        self.wire.load(Ordering::SeqCst)
+        self.wire.pulled()
     }
 }
 

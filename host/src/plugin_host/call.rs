@@ -39,9 +39,37 @@ const TICKER_NAME: &str = "plimsoll-plugin-epoch";
 pub struct Granted {
     pub http: Option<Arc<HttpCapability>>,
     pub container_engine: Option<Arc<ContainerEngine>>,
-    /// Set by `plimsoll plugin check` to stop the plugin mid-call, as its
-    /// own trap would, at the next epoch tick; none in the daemon.
-    pub trip_wire: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Pulled by `plimsoll plugin check` to stop the plugin mid-call, as
+    /// its own trap would; none in the daemon.
+    pub trip_wire: Option<Arc<TripWire>>,
+}
+
+/// Stops a plugin at its next epoch check once pulled. Pulling also
+/// advances the engine's epoch, so the stop comes at the guest's next
+/// function entry or loop, not at whenever the ticker next runs: a call
+/// that returns within a tick of the pull is stopped all the same.
+#[derive(Default)]
+pub struct TripWire {
+    pulled: std::sync::atomic::AtomicBool,
+    engine: std::sync::OnceLock<Engine>,
+}
+
+impl TripWire {
+    pub fn pull(&self) {
+        self.pulled.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(engine) = self.engine.get() {
+            engine.increment_epoch();
+        }
+    }
+
+    pub fn reset(&self) {
+        self.pulled
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn pulled(&self) -> bool {
+        self.pulled.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// Where the adapter's exports are, found once per component.
@@ -99,6 +127,9 @@ impl Runner {
         memory_limit: usize,
     ) -> Runner {
         let ticker = EpochTicker::start(&wasm, TICK, TICKER_NAME);
+        if let Some(wire) = &granted.trip_wire {
+            let _ = wire.engine.set(wasm.clone());
+        }
         Runner {
             name,
             wasm,
@@ -160,9 +191,7 @@ impl Runner {
         store.set_epoch_deadline(1);
         let trip = self.granted.trip_wire.clone();
         store.epoch_deadline_callback(move |_| {
-            let tripped = trip
-                .as_ref()
-                .is_some_and(|t| t.load(std::sync::atomic::Ordering::SeqCst));
+            let tripped = trip.as_ref().is_some_and(|t| t.pulled());
             if tripped || Instant::now() >= ends {
                 Err(Trap::Interrupt.into())
             } else {

@@ -3,7 +3,6 @@
 //! face of a loaded plugin.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use futures_util::future::{BoxFuture, ready};
 
@@ -11,7 +10,7 @@ use super::{Evidence, Offer, Provider, ProviderSession, ProviderSettings, Resour
 use crate::backends::docker::{self, DockerEngine};
 use crate::job::{Ended, Job, Output, Payload, SessionOptions};
 use crate::outcome::{NotReady, RunFailure};
-use crate::plugin_host::call::Granted;
+use crate::plugin_host::call::{Granted, TripWire};
 use crate::plugin_host::capabilities::container_engine::ContainerEngine;
 use crate::plugin_host::capabilities::container_engine::backend::ContainerBackend;
 use crate::plugin_host::capabilities::http::HttpCapability;
@@ -74,7 +73,7 @@ pub struct Instruments {
     /// Wraps the container backend, to count what it starts and ends.
     pub wrap_backend: WrapBackend,
     /// Stops the plugin mid-call when set.
-    pub trip_wire: Arc<AtomicBool>,
+    pub trip_wire: Arc<TripWire>,
 }
 
 /// One plugin to load through the plugin host's stages, with the container
