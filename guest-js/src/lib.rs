@@ -19,6 +19,11 @@ use rquickjs::{
     Value,
 };
 
+// The generated export glue takes `grant-client` flattened into plain
+// arguments, more than clippy's default allows; it is not ours to shape.
+#[allow(clippy::too_many_arguments)]
+mod preamble;
+
 mod bindings {
     wit_bindgen::generate!({
         world: "guest",
@@ -29,6 +34,7 @@ mod bindings {
 
 use bindings::plimsoll::broker::broker as host_broker;
 use bindings::plimsoll::js::entropy;
+use bindings::plimsoll::js::grant::GrantClient;
 use bindings::plimsoll::js::output::{self, Channel};
 
 /// Node's exit code when a top-level await never settles: the run did not fail
@@ -49,13 +55,13 @@ impl bindings::Guest for Guest {
         }
     }
 
-    fn run(code: String, grant_global: Option<String>) -> i32 {
+    fn run(code: String, grant: Option<GrantClient>) -> i32 {
         let engine = match ENGINE.with(|e| e.borrow_mut().take()) {
             Some(engine) => Ok(engine),
             None => Engine::new(),
         };
         let answer = engine.and_then(|engine| {
-            let answer = evaluate(&engine, code, grant_global, false);
+            let answer = evaluate(&engine, code, grant, false);
             // Never torn down: the host discards this instance after this
             // one run. Freeing the runtime would write to most of the heap
             // (every object and chunk header), and in a fresh instance each
@@ -70,7 +76,14 @@ impl bindings::Guest for Guest {
         }
     }
 
-    fn session_run(code: String, cell: bool, grant_global: Option<String>) -> i32 {
+    fn compile_preamble(code: String) -> Result<Vec<u8>, String> {
+        let engine = Engine::new()?;
+        let compiled = engine.ctx.with(|ctx| preamble::compile(&ctx, code));
+        std::mem::forget(engine);
+        compiled
+    }
+
+    fn session_run(code: String, cell: bool, grant: Option<GrantClient>) -> i32 {
         // Each call keeps its own output budget: the host answers per call.
         FULL.with(|f| f.set([false; 2]));
         let ready = ENGINE.with(|e| {
@@ -86,7 +99,7 @@ impl bindings::Guest for Guest {
         // The engine stays in its slot while it runs: nothing the snippet
         // does can reach this code again before it returns.
         let answer = ENGINE.with(|e| match e.borrow().as_ref() {
-            Some(engine) => evaluate(engine, code, grant_global, cell),
+            Some(engine) => evaluate(engine, code, grant, cell),
             None => Err("the session's engine is gone".to_string()),
         });
         answer.unwrap_or_else(|msg| setup_failed(&msg))
@@ -116,6 +129,9 @@ type Unhandled = Rc<RefCell<Vec<(Persistent<Value<'static>>, Persistent<Value<'s
 /// last (QuickJS aborts if a runtime is freed with objects still alive).
 struct Engine {
     unhandled: Unhandled,
+    /// `Object.freeze` as the engine was built with it: a session's earlier
+    /// call may have replaced the global one.
+    freeze: Persistent<Function<'static>>,
     ctx: Context,
     rt: Runtime,
 }
@@ -150,9 +166,20 @@ impl Engine {
                 }
             },
         )));
-        ctx.with(|ctx| install_globals(&ctx))
+        let freeze = ctx
+            .with(|ctx| {
+                install_globals(&ctx)?;
+                let object: Object = ctx.globals().get("Object")?;
+                let freeze: Function = object.get("freeze")?;
+                Ok::<_, rquickjs::Error>(Persistent::save(&ctx, freeze))
+            })
             .map_err(|e| format!("engine set-up failed: {e}"))?;
-        Ok(Engine { rt, ctx, unhandled })
+        Ok(Engine {
+            unhandled,
+            freeze,
+            ctx,
+            rt,
+        })
     }
 }
 
@@ -160,10 +187,15 @@ impl Engine {
 fn evaluate(
     engine: &Engine,
     code: String,
-    grant_global: Option<String>,
+    grant: Option<GrantClient>,
     cell: bool,
 ) -> Result<i32, String> {
-    let Engine { rt, ctx, unhandled } = engine;
+    let Engine {
+        rt,
+        ctx,
+        unhandled,
+        freeze,
+    } = engine;
     // Rejections left from an earlier call of a session were reported then.
     unhandled.borrow_mut().clear();
     let seed = entropy::seed();
@@ -175,8 +207,14 @@ fn evaluate(
             reseed_math_random(&ctx, seed).map_err(|e| format!("engine set-up failed: {e}"))?;
             // The grant client exists only in a granted run, under the
             // profile's name: a run without a grant has no transport at all.
-            if let Some(name) = &grant_global {
-                install_client(&ctx, name).map_err(|e| format!("engine set-up failed: {e}"))?;
+            if let Some(grant) = grant {
+                let freeze = freeze
+                    .clone()
+                    .restore(&ctx)
+                    .map_err(|e| format!("engine set-up failed: {e}"))?;
+                if let Err(code) = install_client(&ctx, grant, freeze)? {
+                    return Ok(Err(code));
+                }
             }
             let mut options = EvalOptions::default();
             options.global = true;
@@ -466,10 +504,40 @@ fn install_globals<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<()> {
     Ok(())
 }
 
-/// The grant client, `<name>.call/get/put/post/patch/del`, installed for a
-/// granted run only.
-fn install_client<'js>(ctx: &Ctx<'js>, name: &str) -> rquickjs::Result<()> {
-    let globals = ctx.globals();
+/// The grant client, `<global>.call/get/put/post/patch/del`, installed for a
+/// granted run only, then the profile's preamble (an SDK over the client,
+/// say), then the client frozen so the snippet cannot swap its methods. The
+/// broker decides every call whatever the client looks like: freezing only
+/// keeps the snippet's view what the operator wrote.
+/// `Err(code)` is a preamble that threw: reported, and the snippet not run.
+fn install_client<'js>(
+    ctx: &Ctx<'js>,
+    grant: GrantClient,
+    freeze: Function<'js>,
+) -> Result<Result<(), i32>, String> {
+    let host = client_object(ctx).map_err(|e| format!("engine set-up failed: {e}"))?;
+    ctx.globals()
+        .set(grant.global.as_str(), host.clone())
+        .map_err(|e| format!("engine set-up failed: {e}"))?;
+    if let Some(bytes) = grant.preamble
+        && let Err(err) = preamble::run(ctx, bytes)
+    {
+        report(
+            Channel::Stderr,
+            &format!(
+                "plimsoll: the grant's preamble failed: {}",
+                describe_caught(ctx, err)
+            ),
+        );
+        return Ok(Err(1));
+    }
+    freeze
+        .call::<_, Value>((host,))
+        .map_err(|e| format!("engine set-up failed: {e}"))?;
+    Ok(Ok(()))
+}
+
+fn client_object<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Object<'js>> {
     let host = Object::new(ctx.clone())?;
     host.set("call", host_fn(ctx, None)?)?;
     for (name, method) in [
@@ -481,8 +549,7 @@ fn install_client<'js>(ctx: &Ctx<'js>, name: &str) -> rquickjs::Result<()> {
     ] {
         host.set(name, host_fn(ctx, Some(method))?)?;
     }
-    globals.set(name, host)?;
-    Ok(())
+    Ok(host)
 }
 
 /// One method of the `host` object: `call(method, path, body)` when `method`

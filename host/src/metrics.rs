@@ -19,6 +19,7 @@ pub struct Metrics {
     pub shed: IntCounterVec,
     pub host_calls: IntCounterVec,
     pub host_call_latency: HistogramVec,
+    pub advice_findings: IntCounterVec,
     pub sessions_open: IntGauge,
     pub sessions_opened: IntCounter,
     pub sessions_ended: IntCounterVec,
@@ -47,6 +48,13 @@ impl Metrics {
                 "Brokered calls that reached the API, by profile, method and route template.",
             ),
             &["profile", "method", "route"],
+        )?;
+        let advice_findings = IntCounterVec::new(
+            Opts::new(
+                "plimsoll_advice_findings_total",
+                "Advice findings after granted runs, by profile, pattern, severity, remedy and whether the agent could act on it.",
+            ),
+            &["profile", "pattern", "severity", "remedy", "agent_fixable"],
         )?;
         let host_call_latency = HistogramVec::new(
             HistogramOpts::new(
@@ -84,6 +92,7 @@ impl Metrics {
         registry.register(Box::new(inflight.clone()))?;
         registry.register(Box::new(shed.clone()))?;
         registry.register(Box::new(host_calls.clone()))?;
+        registry.register(Box::new(advice_findings.clone()))?;
         registry.register(Box::new(host_call_latency.clone()))?;
         for c in crate::backends::docker::metrics::collectors() {
             registry.register(c)?;
@@ -109,6 +118,7 @@ impl Metrics {
             inflight,
             shed,
             host_calls,
+            advice_findings,
             host_call_latency,
             sessions_open,
             sessions_opened,
@@ -122,6 +132,20 @@ impl Metrics {
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Counts a granted run's advice findings (fixed words only).
+    pub fn record_advice(&self, profile: &str, findings: &[crate::grants::advice::Finding]) {
+        for f in findings {
+            let labels = [
+                profile,
+                f.pattern.as_str(),
+                f.severity.as_str(),
+                f.remedy.as_str(),
+                if f.agent_fixable { "true" } else { "false" },
+            ];
+            self.advice_findings.with_label_values(&labels).inc();
+        }
     }
 
     /// Records a granted run's calls from its trace (templates only).

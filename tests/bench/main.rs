@@ -29,10 +29,15 @@
 //! 9. signed runs: the same HTTP Run, unsigned and signed into a bundle,
 //!    alternated run by run (`attest.rs`).
 //!
+//! 10. a grant's SDK and advice: the same granted wasm run with and without
+//!     the generated Petstore SDK, alternated; and advice over a full trace
+//!     (`grants.rs`).
+//!
 //! Everything is bounded in count and time and only talks to 127.0.0.1.
 
 mod admission;
 mod attest;
+mod grants;
 mod native;
 mod stats;
 
@@ -326,6 +331,12 @@ async fn main() {
     }
     println!("| what | runs | p50 | p99 | min |");
     println!("|---|---|---|---|---|");
+    // BENCH_ONLY=grants: what a grant's SDK and its advice cost, alone.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("grants") {
+        grants::preamble(n).await;
+        grants::advice(n * 5);
+        return;
+    }
     let wasm = bare(n).await;
     let native = native_quickjs(n);
     // BENCH_ONLY=wasm: the wasm run's own figures (bare, native, HTTP with
@@ -353,6 +364,8 @@ async fn main() {
     throughput(&d, 4, n / 2).await;
     throughput(&d, 8, n / 4).await;
     broker(n / 2).await;
+    grants::preamble(n / 2).await;
+    grants::advice(n * 5);
     attest::attest(&d, n / 2).await;
     admission(n).await;
     println!();

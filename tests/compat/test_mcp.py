@@ -31,7 +31,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR
 
-from test_published_client import Daemon, plimsolld_bin
+from test_published_client import Daemon, _Api, plimsolld_bin
 from test_sessions import GracefulDaemon
 
 TOKEN = "mcp-test-token-" + "k" * 32
@@ -388,3 +388,60 @@ def test_docker_output_arrives_as_progress_before_the_result(docker):
     # Order, not a time bound: `early` was here before the container, 2.5 s
     # later, stamped its last line with its clock (this machine's).
     assert early < int(stamped.group(1)) / 1000, (early, r.structured_content, seen)
+
+
+# --- grants: the SDK an agent is told about --------------------------------
+
+PETSTORE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "openapi", "petstore.yaml")
+TOKEN_B = "mcp-test-token-b-" + "q" * 32
+
+
+@pytest.fixture(scope="module")
+def granted(tmp_path_factory):
+    """A wasm daemon with two callers, and a profile generated from the
+    Petstore document by the real `plimsoll grants from-openapi`, granted
+    to caller `a` only."""
+    import hashlib
+    import subprocess
+    api = _Api()
+    out = tmp_path_factory.mktemp("grants")
+    done = subprocess.run(
+        [plimsoll_bin(), "grants", "from-openapi", PETSTORE, "--base-url", api.origin,
+         "--profile", "petstore", "--global", "petstore", "--caller", "a", "--out", str(out)],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "required query parameter status; skipped" in done.stderr
+    clients = out / "clients.json"
+    clients.write_text(json.dumps({"clients": [
+        {"id": "a", "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(), "scopes": ["code:run"]},
+        {"id": "b", "token_sha256": hashlib.sha256(TOKEN_B.encode()).hexdigest(), "scopes": ["code:run"]},
+    ]}))
+    d = Daemon({"SANDBOX_PROVIDER": "wasm", "PLIMSOLL_CLIENTS_FILE": str(clients),
+                "PLIMSOLL_GRANTS_FILE": str(out / "petstore.profile.json")})
+    yield d, api, (out / "petstore.tool.txt").read_text()
+    d.stop()
+    api.server.shutdown()
+
+
+def test_each_caller_is_told_the_sdk_of_its_own_grants_only(granted):
+    d, api, tool_txt = granted
+
+    async def tools(s):
+        return {t.name: t.description for t in (await s.list_tools()).tools}
+    mine = run(with_session(http(d.url, TOKEN), tools))
+    theirs = run(with_session(http(d.url, TOKEN_B), tools))
+    assert "petstore.getPetById(petId) — GET /v2/pet/{petId}: Find pet by ID" in mine["run_javascript"]
+    # What MCP shows is what the generator wrote beside the profile.
+    assert tool_txt.strip() in mine["run_javascript"]
+    assert "petstore" not in theirs["run_javascript"]
+    assert all("petstore" not in (t or "") for n, t in mine.items() if n != "run_javascript")
+
+    # And the agent can call what it was told about.
+    async def call(s):
+        return await s.call_tool("run_javascript", {
+            "code": "console.log(JSON.stringify(await petstore.getPetById(7)))",
+            "grant_profile": "petstore"})
+    result = run(with_session(http(d.url, TOKEN), call))
+    assert not result.is_error, result
+    assert result.structured_content["stdout"] == '{"id":"7"}\n'
+    assert [(m, p) for m, p, _ in api.seen] == [("GET", "/v2/pet/7")]

@@ -121,6 +121,7 @@ fn project_run() -> (RunRequest, RunResponse) {
         }],
         artifacts_truncated: false,
         call_trace: None,
+        advice: Vec::new(),
     };
     let resp = sealed(&req, &EV, Output::Project(result));
     (req, resp)

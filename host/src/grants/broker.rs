@@ -38,6 +38,10 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_TRACE_ROWS: usize = 256;
 /// Longest the breaker stays open on an API's say-so.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Least time between two health probes of one run's breaker.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// Longest a health probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a call got no upstream answer. Texts are fixed, never the path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +77,10 @@ pub struct CallRow {
     pub response_bytes: u64,
     #[serde(skip_serializing_if = "is_zero_u64", serialize_with = "as_string")]
     pub latency_ms: u64,
+    /// Which allow entry matched, for advice; not part of the trace's
+    /// wire form (the route says the same to a reader).
+    #[serde(skip)]
+    pub allow_index: u32,
 }
 
 /// Everything a run's calls leave behind.
@@ -119,6 +127,38 @@ struct State {
     trace: CallTrace,
     seq: u32,
     breaker_until: Option<Instant>,
+    /// The status that opened the breaker.
+    opened_by: u16,
+    last_probe: Option<Instant>,
+    probing: bool,
+}
+
+/// What the breaker says about one call.
+enum Breaker {
+    Closed,
+    Shed,
+    /// Open on a 503, with a health check to ask: this call probes.
+    Probe,
+}
+
+impl State {
+    fn breaker(&mut self, profile: &Profile, now: Instant) -> Breaker {
+        match self.breaker_until {
+            Some(until) if now < until => {}
+            _ => return Breaker::Closed,
+        }
+        // Only a 503 is probed: a 429 is about this caller's rate, which a
+        // probe would only spend further.
+        let due = self
+            .last_probe
+            .is_none_or(|t| now.duration_since(t) >= PROBE_EVERY);
+        if self.opened_by == 503 && profile.health_check.is_some() && !self.probing && due {
+            self.probing = true;
+            self.last_probe = Some(now);
+            return Breaker::Probe;
+        }
+        Breaker::Shed
+    }
 }
 
 /// One run's broker.
@@ -159,6 +199,10 @@ impl Session {
         &self.profile
     }
 
+    pub fn profile_arc(&self) -> Arc<Profile> {
+        self.profile.clone()
+    }
+
     /// The run's trace so far.
     pub fn trace(&self) -> CallTrace {
         self.state
@@ -177,6 +221,49 @@ impl Session {
         Err(why)
     }
 
+    /// The elected call of an open breaker: asks the profile's health check
+    /// whether the API is back. A 2xx closes the breaker and the call goes
+    /// on through every check again (charged once: the attempt this call
+    /// already made is given back); anything else sheds it. The probe is the
+    /// host's, not the guest's: it is not traced or charged to a budget.
+    async fn probe_then(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Response, CallError> {
+        let healthy = self.probe().await;
+        {
+            let Ok(mut s) = self.state.lock() else {
+                return Err(CallError::Upstream("the broker failed".into()));
+            };
+            s.probing = false;
+            if !healthy {
+                drop(s);
+                return self.deny(CallError::Shed);
+            }
+            s.breaker_until = None;
+            s.attempts -= 1;
+        }
+        self.call(method, path, body).await
+    }
+
+    async fn probe(&self) -> bool {
+        let Some(check) = &self.profile.health_check else {
+            return false;
+        };
+        let remaining = self.ends.saturating_duration_since(Instant::now());
+        let origin = self.profile.base_url.as_str().trim_end_matches('/');
+        let Ok(url) = url::Url::parse(&format!("{origin}{}", check.path_template())) else {
+            return false;
+        };
+        let mut req = self.client.get(url).timeout(PROBE_TIMEOUT.min(remaining));
+        if let Some(c) = &self.credential {
+            req = req.header(reqwest::header::AUTHORIZATION, c.clone());
+        }
+        matches!(req.send().await, Ok(r) if r.status().is_success())
+    }
+
     /// One call the guest asked for.
     /// Long on purpose: the grant's checks in the order the promise states
     /// them, each counted in the CallTrace.
@@ -186,8 +273,9 @@ impl Session {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Response, CallError> {
-        // Checks, in an order that charges every attempt.
-        let route = {
+        // Checks, in an order that charges every attempt. `None` is the
+        // breaker electing this call to probe, done once the lock is let go.
+        let checked = {
             let Ok(mut s) = self.state.lock() else {
                 return Err(CallError::Upstream("the broker failed".into()));
             };
@@ -196,8 +284,8 @@ impl Session {
                 drop(s);
                 return self.deny(CallError::Budget("the run's call budget is spent"));
             }
-            let route = match route::find(&self.profile.allow, method, path) {
-                Ok(r) => r.clone(),
+            let (allow_index, route) = match route::find_index(&self.profile.allow, method, path) {
+                Ok(i) => (i, self.profile.allow[i].clone()),
                 Err(d) => {
                     drop(s);
                     return self.deny(CallError::NotPermitted(d.text()));
@@ -207,21 +295,27 @@ impl Session {
                 drop(s);
                 return self.deny(CallError::Budget("the request body is over 1 MiB"));
             }
-            if let Some(until) = s.breaker_until
-                && Instant::now() < until
-            {
-                drop(s);
-                return self.deny(CallError::Shed);
-            }
-            if let Some(cap) = self.profile.route_max_calls.get(route.template()) {
-                let used = s.per_route.entry(route.template().to_string()).or_insert(0);
-                if *used >= *cap {
-                    drop(s);
-                    return self.deny(CallError::Budget("this route's call cap is spent"));
+            match s.breaker(&self.profile, Instant::now()) {
+                Breaker::Closed => {
+                    if let Some(cap) = self.profile.route_max_calls.get(route.template()) {
+                        let used = s.per_route.entry(route.template().to_string()).or_insert(0);
+                        if *used >= *cap {
+                            drop(s);
+                            return self.deny(CallError::Budget("this route's call cap is spent"));
+                        }
+                        *used += 1;
+                    }
+                    Some((allow_index, route))
                 }
-                *used += 1;
+                Breaker::Shed => {
+                    drop(s);
+                    return self.deny(CallError::Shed);
+                }
+                Breaker::Probe => None,
             }
-            route
+        };
+        let Some((allow_index, route)) = checked else {
+            return Box::pin(self.probe_then(method, path, body)).await;
         };
         let Ok(_permit) = self.in_flight.try_acquire() else {
             return self.deny(CallError::Budget("16 calls are already in flight"));
@@ -265,6 +359,7 @@ impl Session {
         s.seq += 1;
         let mut row = CallRow {
             seq: s.seq,
+            allow_index: allow_index as u32,
             method: method_name,
             route: route.path_template().to_string(),
             request_bytes,
@@ -274,7 +369,11 @@ impl Session {
         let answer = match result {
             Ok((status, retry_after, body)) => {
                 if let Some(wait) = backoff(status, retry_after) {
-                    s.breaker_until = Some(Instant::now() + wait);
+                    let now = Instant::now();
+                    s.breaker_until = Some(now + wait);
+                    s.opened_by = status;
+                    // The first probe waits as long as any later one.
+                    s.last_probe = Some(now);
                 }
                 row.status = status;
                 row.delivered = true;
@@ -343,6 +442,99 @@ async fn send(req: reqwest::RequestBuilder) -> Result<(u16, Option<Duration>, Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+
+    /// An API that is down: /items answers 503 (Retry-After 30) until
+    /// /health has answered once, and /health answers 503 the first time
+    /// and 200 after; /limited always answers 429.
+    async fn flaky_api() -> (String, Arc<[AtomicU32; 3]>) {
+        let hits: Arc<[AtomicU32; 3]> = Arc::new(Default::default());
+        let seen = hits.clone();
+        let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+            let seen = seen.clone();
+            async move {
+                use axum::http::StatusCode;
+                let down = (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "30")]);
+                match uri.path() {
+                    "/items" => {
+                        seen[0].fetch_add(1, SeqCst);
+                        if seen[1].load(SeqCst) < 2 {
+                            return (down.0, down.1, "down");
+                        }
+                        (StatusCode::OK, down.1, "items")
+                    }
+                    "/health" => {
+                        if seen[1].fetch_add(1, SeqCst) == 0 {
+                            return (down.0, down.1, "still down");
+                        }
+                        (StatusCode::OK, down.1, "ok")
+                    }
+                    _ => {
+                        seen[2].fetch_add(1, SeqCst);
+                        (StatusCode::TOO_MANY_REQUESTS, down.1, "slow down")
+                    }
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (format!("http://{addr}"), hits)
+    }
+
+    fn session(origin: &str) -> Session {
+        let text = format!(
+            r#"{{"profiles":{{"p":{{"base_url":"{origin}","allow":["GET /items","GET /limited"],
+                "allowed_callers":["*"],"health_check":"GET /health"}}}}}}"#
+        );
+        let grants = crate::grants::Grants::parse(&text, &|_| None, None).expect("grants");
+        let profile = grants.for_caller("p", "me").expect("profile");
+        let client = crate::outbound::client().expect("client");
+        Session::open(profile, "me", Duration::from_secs(30), client).expect("session")
+    }
+
+    #[tokio::test]
+    async fn an_open_breaker_probes_the_health_check_at_most_once_a_second() {
+        let (origin, hits) = flaky_api().await;
+        let s = session(&origin);
+        let items = || s.call("GET", "/items", None);
+        assert_eq!(items().await.map(|r| r.status), Ok(503));
+        // Open: shed at once, nothing sent.
+        assert_eq!(items().await, Err(CallError::Shed));
+        assert_eq!((hits[0].load(SeqCst), hits[1].load(SeqCst)), (1, 0));
+        // A second on: this call probes, the API is still down, it sheds.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(items().await, Err(CallError::Shed));
+        assert_eq!((hits[0].load(SeqCst), hits[1].load(SeqCst)), (1, 1));
+        assert_eq!(
+            items().await,
+            Err(CallError::Shed),
+            "probed twice in a second"
+        );
+        assert_eq!(hits[1].load(SeqCst), 1);
+        // Another second: the probe answers 200, the breaker closes and the
+        // same call reaches the API.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(items().await.map(|r| r.status), Ok(200));
+        assert_eq!((hits[0].load(SeqCst), hits[1].load(SeqCst)), (2, 2));
+        let t = s.trace();
+        assert_eq!(t.calls.len(), 2, "the probe is not traced");
+        assert_eq!(t.shed, 3);
+    }
+
+    #[tokio::test]
+    async fn a_429_is_never_probed() {
+        let (origin, hits) = flaky_api().await;
+        let s = session(&origin);
+        assert_eq!(
+            s.call("GET", "/limited", None).await.map(|r| r.status),
+            Ok(429)
+        );
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(s.call("GET", "/limited", None).await, Err(CallError::Shed));
+        assert_eq!(s.call("GET", "/items", None).await, Err(CallError::Shed));
+        assert_eq!((hits[1].load(SeqCst), hits[2].load(SeqCst)), (0, 1));
+    }
 
     #[test]
     fn the_breaker_opens_only_on_back_off_answers_and_never_for_long() {

@@ -7,18 +7,27 @@
 //! startup error, because a typo in a security setting must not silently
 //! mean its default.
 
+pub mod advice;
 pub mod broker;
+pub mod catalog;
+pub mod describe;
 pub mod mint;
+mod names;
+mod preamble;
+mod profile;
 pub mod route;
 pub mod socket;
+pub mod specgen;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use serde::Deserialize;
 
 use crate::env_vars::{ConfigError, Env, Var, invalid, var};
-use route::Route;
+pub use profile::Profile;
+use profile::{ProfileShape, validate};
 
 pub const VARIABLES: &[Var] = &[var(
     "PLIMSOLL_GRANTS_FILE",
@@ -40,70 +49,6 @@ struct FileShape {
     profiles: BTreeMap<String, ProfileShape>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ProfileShape {
-    base_url: String,
-    #[serde(default)]
-    allow: Vec<String>,
-    allowed_callers: Vec<String>,
-    #[serde(default)]
-    scopes: Vec<String>,
-    #[serde(default)]
-    token: Option<TokenShape>,
-    #[serde(default)]
-    global: Option<String>,
-    #[serde(default)]
-    max_calls: Option<u32>,
-    #[serde(default)]
-    route_max_calls: BTreeMap<String, u32>,
-    #[serde(default)]
-    allow_in_sessions: bool,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, tag = "type", rename_all = "lowercase")]
-enum TokenShape {
-    Static {
-        env: String,
-    },
-    Jwt {
-        secret_env: String,
-        #[serde(default)]
-        ttl_sec: Option<u32>,
-        #[serde(default)]
-        issuer: Option<String>,
-        audience: String,
-        #[serde(default)]
-        key_id: Option<String>,
-    },
-}
-
-/// One frozen profile.
-#[derive(Debug)]
-pub struct Profile {
-    pub name: String,
-    /// `scheme://host:port`, no path.
-    pub base_url: url::Url,
-    pub allow: Vec<Route>,
-    pub allowed_callers: Vec<String>,
-    pub scopes: Vec<String>,
-    pub token: mint::Token,
-    /// The JavaScript global the client is installed as.
-    pub global: String,
-    pub max_calls: u32,
-    /// Per-route caps, keyed by the allow entry's template.
-    pub route_max_calls: BTreeMap<String, u32>,
-    pub allow_in_sessions: bool,
-}
-
-impl Profile {
-    /// Whether `caller` may name this profile.
-    pub fn permits(&self, caller: &str) -> bool {
-        self.allowed_callers.iter().any(|c| c == "*" || c == caller)
-    }
-}
-
 /// Every profile, frozen after load.
 #[derive(Debug, Default)]
 pub struct Grants {
@@ -119,19 +64,30 @@ impl Grants {
         let text = std::fs::read_to_string(path)
             .map_err(|e| invalid("PLIMSOLL_GRANTS_FILE", format!("reading {path}: {e}")))?;
         let lookup = |name: &str| env.named(name).cloned();
-        Grants::parse(&text, &lookup).map_err(|why| invalid("PLIMSOLL_GRANTS_FILE", why))
+        let dir = Path::new(path)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty());
+        Grants::parse(&text, &lookup, Some(dir.unwrap_or(Path::new("."))))
+            .map_err(|why| invalid("PLIMSOLL_GRANTS_FILE", why))
     }
 
     /// Parses and validates a grants file. `env` resolves the variables
-    /// tokens name (read now: a missing secret is a startup error).
-    pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Grants, String> {
+    /// tokens name (read now: a missing secret is a startup error). `dir` is
+    /// the file's directory, where `preamble_file`s are read from; without
+    /// one, a profile naming a file is refused.
+    pub fn parse(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+        dir: Option<&Path>,
+    ) -> Result<Grants, String> {
         let mut de = serde_json::Deserializer::from_str(text);
         let shape = FileShape::deserialize(&mut de).map_err(|e| format!("grants file: {e}"))?;
         de.end()
             .map_err(|_| "grants file: trailing data after the JSON document".to_string())?;
         let mut profiles = BTreeMap::new();
         for (name, p) in shape.profiles {
-            let profile = validate(&name, p, env).map_err(|e| format!("profile {name:?}: {e}"))?;
+            let profile =
+                validate(&name, p, env, dir).map_err(|e| format!("profile {name:?}: {e}"))?;
             profiles.insert(name, Arc::new(profile));
         }
         Ok(Grants { profiles })
@@ -154,6 +110,15 @@ impl Grants {
             .cloned()
     }
 
+    /// Every profile `caller` may use, by name.
+    pub fn all_for_caller(&self, caller: &str) -> Vec<Arc<Profile>> {
+        self.profiles
+            .values()
+            .filter(|p| p.permits(caller))
+            .cloned()
+            .collect()
+    }
+
     /// Profiles that let every caller in, for a start-up warning.
     pub fn open_to_all(&self) -> Vec<&str> {
         self.profiles
@@ -162,148 +127,6 @@ impl Grants {
             .map(|p| p.name.as_str())
             .collect()
     }
-}
-
-fn valid_name(name: &str) -> bool {
-    (1..=128).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-}
-
-fn valid_js_identifier(s: &str) -> bool {
-    let mut bytes = s.bytes();
-    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_' || b == b'$')
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$')
-        && s.len() <= 64
-        // Names the runtime itself needs.
-        && !matches!(
-            s,
-            "globalThis" | "console" | "Object" | "Function" | "Promise" | "JSON" | "Math" | "Error"
-                | "process" | "require" | "module" | "exports" | "Array" | "String" | "Symbol"
-        )
-}
-
-fn validate(
-    name: &str,
-    p: ProfileShape,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Profile, String> {
-    if !valid_name(name) {
-        return Err("the name must be 1-128 of letters, digits, '.', '_', '-'".into());
-    }
-    let base_url = parse_origin(&p.base_url)?;
-    let mut allow = Vec::with_capacity(p.allow.len());
-    for entry in &p.allow {
-        let route = Route::parse(entry)?;
-        if allow
-            .iter()
-            .any(|r: &Route| r.template() == route.template())
-        {
-            return Err(format!("the route {entry:?} is listed twice"));
-        }
-        allow.push(route);
-    }
-    if p.allowed_callers.is_empty() {
-        return Err("allowed_callers is required (use [\"*\"] for every caller)".into());
-    }
-    for c in &p.allowed_callers {
-        if c.is_empty() || c.len() > 128 || c.chars().any(char::is_control) {
-            return Err("an allowed caller is empty, too long or has control characters".into());
-        }
-    }
-    for s in &p.scopes {
-        if s.is_empty()
-            || s.len() > 128
-            || s.chars().any(char::is_whitespace)
-            || s == "*"
-            || s == "code:run"
-        {
-            return Err(format!("the scope {s:?} is not allowed"));
-        }
-    }
-    let global = p.global.unwrap_or_else(|| "host".to_string());
-    if !valid_js_identifier(&global) {
-        return Err(format!("global {global:?} is not a usable JavaScript name"));
-    }
-    let max_calls = p.max_calls.unwrap_or(DEFAULT_MAX_CALLS);
-    if max_calls == 0 || max_calls > MAX_CALLS_CEILING {
-        return Err(format!("max_calls must be 1 to {MAX_CALLS_CEILING}"));
-    }
-    let mut route_max_calls = BTreeMap::new();
-    for (entry, cap) in p.route_max_calls {
-        let route = Route::parse(&entry)?;
-        let Some(granted) = allow.iter().find(|r| r.template() == route.template()) else {
-            return Err(format!(
-                "route_max_calls names {entry:?}, which allow does not"
-            ));
-        };
-        route_max_calls.insert(granted.template().to_string(), cap);
-    }
-    let token = match p.token {
-        None => mint::Token::None,
-        Some(TokenShape::Static { env: var }) => {
-            let value = env(&var).ok_or_else(|| format!("the token variable {var} is unset"))?;
-            mint::Token::static_bearer(&value)?
-        }
-        Some(TokenShape::Jwt {
-            secret_env,
-            ttl_sec,
-            issuer,
-            audience,
-            key_id,
-        }) => {
-            let secret = env(&secret_env)
-                .ok_or_else(|| format!("the secret variable {secret_env} is unset"))?;
-            mint::Token::jwt(mint::JwtSettings {
-                secret: secret.into_bytes(),
-                ttl_sec: ttl_sec.unwrap_or(60),
-                issuer,
-                audience,
-                key_id,
-            })?
-        }
-    };
-    Ok(Profile {
-        name: name.to_string(),
-        base_url,
-        allow,
-        allowed_callers: p.allowed_callers,
-        scopes: p.scopes,
-        token,
-        global,
-        max_calls,
-        route_max_calls,
-        allow_in_sessions: p.allow_in_sessions,
-    })
-}
-
-/// An origin only: scheme, host, port. https unless the host is a loopback
-/// IP (an API on this machine), and no userinfo, path, query or fragment.
-fn parse_origin(s: &str) -> Result<url::Url, String> {
-    let u = url::Url::parse(s).map_err(|e| format!("base_url {s:?}: {e}"))?;
-    let loopback = match u.host() {
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        _ => false,
-    };
-    let scheme_ok = u.scheme() == "https" || (u.scheme() == "http" && loopback);
-    if !scheme_ok {
-        return Err(format!(
-            "base_url {s:?} must be https (http only for a loopback IP)"
-        ));
-    }
-    if !u.username().is_empty()
-        || u.password().is_some()
-        || u.query().is_some()
-        || u.fragment().is_some()
-        || u.path() != "/"
-    {
-        return Err(format!(
-            "base_url {s:?} must be an origin only (no user, path, query or fragment)"
-        ));
-    }
-    Ok(u)
 }
 
 #[cfg(test)]
@@ -320,7 +143,7 @@ mod tests {
     }
 
     fn parse(text: &str) -> Result<Grants, String> {
-        Grants::parse(text, &env)
+        Grants::parse(text, &env, None)
     }
 
     const GOOD: &str = r#"{"profiles": {"inventory": {
@@ -343,8 +166,42 @@ mod tests {
     }
 
     #[test]
+    fn every_optional_field_loads() {
+        let text = GOOD.replacen(
+            "\"allowed_callers\"",
+            r#""preamble": "globalThis.host.x = 1;",
+               "catalog": [{"route": "GET /items/*", "name": "getItem", "summary": "One item", "params": ["id"]},
+                           {"route": "GET /items", "name": "listItems"}],
+               "health_check": "GET /health",
+               "batch_of": {"GET /items": ["GET /items/*"]},
+               "advice": "caller",
+               "allowed_callers""#,
+            1,
+        );
+        let g = parse(&text).expect("loads");
+        let p = g.for_caller("inventory", ANONYMOUS).expect("permitted");
+        assert_eq!(p.preamble.as_deref(), Some("globalThis.host.x = 1;"));
+        assert_eq!(p.catalog.len(), 2);
+        assert_eq!(
+            p.health_check.as_ref().map(|r| r.template()),
+            Some("GET /health")
+        );
+        assert_eq!(p.batch_of.len(), 1);
+        assert!(!p.batch_of[0].granted, "GET /items is only in the catalog");
+        assert_eq!(p.batch_of[0].items, vec![0]);
+        assert_eq!(p.advice, catalog::AdviceMode::Caller);
+        assert_eq!(p.retention, catalog::Retention::Aggregate);
+    }
+
+    #[test]
     fn mistakes_are_startup_errors() {
         let with = |from: &str, to: &str| GOOD.replacen(from, to, 1);
+        let extra = |field: &str| {
+            with(
+                "\"allowed_callers\"",
+                &format!("{field}, \"allowed_callers\""),
+            )
+        };
         let cases = [
             ("unknown field", with("\"allow\"", "\"alow\"")),
             ("trailing data", format!("{GOOD} {{}}")),
@@ -408,6 +265,67 @@ mod tests {
             (
                 "bad name",
                 GOOD.replacen("\"inventory\"", "\"in ventory\"", 1),
+            ),
+            (
+                "a preamble file with no directory",
+                extra(r#""preamble_file": "sdk.js""#),
+            ),
+            (
+                "both preambles",
+                extra(r#""preamble": "1", "preamble_file": "sdk.js""#),
+            ),
+            (
+                "a POST health check",
+                extra(r#""health_check": "POST /health""#),
+            ),
+            (
+                "a wildcard health check",
+                extra(r#""health_check": "GET /items/*""#),
+            ),
+            (
+                "a non-canonical health check",
+                extra(r#""health_check": "GET /a//b""#),
+            ),
+            (
+                "a batch of a POST",
+                extra(r#""batch_of": {"GET /items": ["POST /items"]}"#),
+            ),
+            (
+                "a batch route nobody lists",
+                extra(r#""batch_of": {"GET /all": ["GET /items/*"]}"#),
+            ),
+            (
+                "a batch of an ungranted route",
+                extra(
+                    r#""catalog": [{"route": "GET /items", "name": "list"}], "batch_of": {"GET /items": ["GET /other/*"]}"#,
+                ),
+            ),
+            (
+                "retention without advice",
+                extra(r#""advice_retention": "detailed""#),
+            ),
+            ("an unknown advice mode", extra(r#""advice": "always""#)),
+            (
+                "a catalog name used twice",
+                extra(
+                    r#""catalog": [{"route": "GET /a", "name": "a"}, {"route": "GET /b", "name": "a"}]"#,
+                ),
+            ),
+            (
+                "a catalog name the client owns",
+                extra(r#""catalog": [{"route": "GET /a", "name": "post"}]"#),
+            ),
+            (
+                "a thenable catalog name",
+                extra(r#""catalog": [{"route": "GET /a", "name": "then"}]"#),
+            ),
+            (
+                "a parameter per wildcard",
+                extra(r#""catalog": [{"route": "GET /a/*", "name": "a"}]"#),
+            ),
+            (
+                "a control character in a summary",
+                extra(r#""catalog": [{"route": "GET /a", "name": "a", "summary": "x\u001b[2J"}]"#),
             ),
         ];
         for (name, text) in cases {

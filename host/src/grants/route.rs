@@ -112,12 +112,17 @@ impl Denied {
 
 /// The first route matching `method` and `path`.
 pub fn find<'a>(routes: &'a [Route], method: &str, path: &str) -> Result<&'a Route, Denied> {
+    find_index(routes, method, path).map(|i| &routes[i])
+}
+
+/// As `find`, the matching entry's index in `routes`.
+pub fn find_index(routes: &[Route], method: &str, path: &str) -> Result<usize, Denied> {
     check_path(path).map_err(|_| Denied::NotCanonical)?;
     let method = canonical_method(method).ok_or(Denied::NoRoute)?;
     let segments: Vec<&str> = path[1..].split('/').collect();
     routes
         .iter()
-        .find(|r| r.matches(method, &segments))
+        .position(|r| r.matches(method, &segments))
         .ok_or(Denied::NoRoute)
 }
 

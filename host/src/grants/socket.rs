@@ -24,6 +24,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 
+use super::Profile;
 use super::broker::{CallError, MAX_REQUEST_BODY, Session};
 
 /// Where the directory appears inside a container.
@@ -47,7 +48,8 @@ pub struct Mount {
     /// The path the container engine bind-mounts (the engine takes a path).
     dir: PathBuf,
     server: tokio::task::JoinHandle<()>,
-    global: String,
+    /// A run mount's environment, made with it; empty for a session's.
+    env: Vec<String>,
     /// The broker session requests are served with now. A run's mount
     /// serves its one session for its whole life; a session's mount serves
     /// none between calls and each granted call's own while it runs.
@@ -112,8 +114,10 @@ impl Mount {
     /// cannot spend the run's grant. Every step goes through the handle of
     /// the directory just made.
     pub fn open(root: &Root, session: Arc<Session>, guest_gid: u32) -> std::io::Result<Mount> {
-        let global = session.profile().global.clone();
-        Mount::make(root, Some(session), global, guest_gid)
+        let profile = session.profile_arc();
+        let mut mount = Mount::make(root, Some(session), guest_gid)?;
+        mount.env = mount.env_for(&profile)?;
+        Ok(mount)
     }
 
     /// A session's mount: made when its container is, serving nothing until
@@ -121,7 +125,7 @@ impl Mount {
     /// Between calls, and in a call without a grant, every request is
     /// refused as not permitted.
     pub fn open_idle(root: &Root, guest_gid: u32) -> std::io::Result<Mount> {
-        Mount::make(root, None, String::new(), guest_gid)
+        Mount::make(root, None, guest_gid)
     }
 
     /// Serves `session` on this mount until the returned guard drops.
@@ -132,12 +136,7 @@ impl Mount {
         }
     }
 
-    fn make(
-        root: &Root,
-        session: Option<Arc<Session>>,
-        global: String,
-        guest_gid: u32,
-    ) -> std::io::Result<Mount> {
+    fn make(root: &Root, session: Option<Arc<Session>>, guest_gid: u32) -> std::io::Result<Mount> {
         let mut id = [0u8; 16];
         getrandom::fill(&mut id).map_err(|e| std::io::Error::other(e.to_string()))?;
         let name = hex::encode(id);
@@ -173,7 +172,7 @@ impl Mount {
             dir: root.path.join(&name),
             name,
             server,
-            global,
+            env: Vec::new(),
             serving,
         })
     }
@@ -185,19 +184,37 @@ impl Mount {
     /// The environment a container of this run gets, so node and python
     /// find the client without the guest doing anything.
     pub fn env(&self) -> Vec<String> {
-        env_for(&self.global)
+        self.env.clone()
     }
-}
 
-/// The environment that points a process at the mounted client, naming the
-/// grant's global.
-pub fn env_for(global: &str) -> Vec<String> {
-    vec![
-        format!("HOST_API_SOCKET={MOUNT_POINT}/host.sock"),
-        format!("PLIMSOLL_GRANT_GLOBAL={global}"),
-        format!("NODE_OPTIONS=--require={MOUNT_POINT}/host.cjs"),
-        format!("PYTHONPATH={MOUNT_POINT}"),
-    ]
+    /// The environment for a process of a call granted `profile`, writing
+    /// the profile's preamble into this mount first if it has one. The file
+    /// is named by the profile and written once (never rewritten), so a
+    /// process of an earlier call still reading it never sees it change.
+    pub fn env_for(&self, profile: &Profile) -> std::io::Result<Vec<String>> {
+        let mut env = vec![
+            format!("HOST_API_SOCKET={MOUNT_POINT}/host.sock"),
+            format!("PLIMSOLL_GRANT_GLOBAL={}", profile.global),
+            format!("NODE_OPTIONS=--require={MOUNT_POINT}/host.cjs"),
+            format!("PYTHONPATH={MOUNT_POINT}"),
+        ];
+        if let Some(text) = &profile.preamble {
+            // Profile names are letters, digits and `._-`: after the prefix
+            // none of them can leave the directory.
+            let file = format!("preamble.{}.js", profile.name);
+            let dir = dirs::sub_nofollow(&self.root, &self.name)?;
+            match dir.open_with(
+                &file,
+                cap_std::fs::OpenOptions::new().write(true).create_new(true),
+            ) {
+                Ok(mut f) => std::io::Write::write_all(&mut f, text.as_bytes())?,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            env.push(format!("PLIMSOLL_GRANT_PREAMBLE={MOUNT_POINT}/{file}"));
+        }
+        Ok(env)
+    }
 }
 
 /// Where run directories live by default.
@@ -335,6 +352,7 @@ mod tests {
         let grants = crate::grants::Grants::parse(
             r#"{"profiles":{"p":{"base_url":"http://127.0.0.1:9","allow":["GET /x"],"allowed_callers":["*"]}}}"#,
             &|_| None,
+            None,
         )
         .expect("grants");
         let profile = grants.for_caller("p", "someone").expect("profile");

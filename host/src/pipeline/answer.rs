@@ -26,6 +26,7 @@ pub fn seal(
     ev: &Evidence,
     output: Output,
     call_trace: Option<CallTrace>,
+    advice: Vec<crate::grants::advice::Finding>,
     (started_wall, elapsed_ms): (i64, i64),
     link: Option<&record::Link>,
 ) -> Sealed {
@@ -40,6 +41,7 @@ pub fn seal(
                 stdout_truncated: output.stdout_truncated,
                 stderr_truncated: output.stderr_truncated,
                 call_trace,
+                advice,
             };
             let digest = record::javascript_result_digest(&result);
             let (code, t) = (result.exit_code, result.timed_out);
@@ -48,6 +50,7 @@ pub fn seal(
         Output::Project(p) => {
             let mut result = project_result(p);
             result.call_trace = call_trace;
+            result.advice = advice;
             let digest = record::project_result_digest(&result);
             // The audit line's exit code for a project is its last step's;
             // timed out is the outcome's.
@@ -136,6 +139,7 @@ fn project_result(p: ProjectOutput) -> ProjectResult {
             .collect(),
         artifacts_truncated: p.artifacts_truncated,
         call_trace: None,
+        advice: Vec::new(),
     }
 }
 

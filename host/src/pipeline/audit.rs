@@ -5,7 +5,9 @@
 //! trace ID). Nothing from a request body or a run's output has a field to
 //! go into.
 
+use crate::grants::advice::{self, Finding};
 use crate::grants::broker::CallTrace;
+use crate::grants::catalog::Retention;
 use crate::providers::Evidence;
 use crate::wire::RunRequest;
 
@@ -26,6 +28,11 @@ pub struct AuditLine<'a> {
     pub host_calls: u32,
     pub host_calls_denied: u32,
     pub host_calls_shed: u32,
+    /// Advice after a granted run, as counts, when the profile keeps them.
+    pub advice: Option<advice::Totals>,
+    /// Each finding's fixed words and route template, when the profile
+    /// keeps detail.
+    pub advice_detail: Option<String>,
     /// A session call's session fingerprint and place in its chain.
     pub session: Option<&'a str>,
     pub session_call: Option<u64>,
@@ -68,6 +75,8 @@ impl<'a> AuditLine<'a> {
             host_calls: 0,
             host_calls_denied: 0,
             host_calls_shed: 0,
+            advice: None,
+            advice_detail: None,
             session: None,
             session_call: None,
         }
@@ -88,6 +97,28 @@ impl<'a> AuditLine<'a> {
             self.host_calls = t.calls.len() as u32 + t.dropped;
             self.host_calls_denied = t.denied;
             self.host_calls_shed = t.shed;
+        }
+        self
+    }
+
+    /// A granted run's advice, kept as its profile's retention says.
+    pub fn with_advice(mut self, retention: Retention, findings: &[Finding]) -> Self {
+        if retention == Retention::None {
+            return self;
+        }
+        self.advice = Some(advice::totals(findings));
+        if retention == Retention::Detailed {
+            let detail: Vec<_> = findings
+                .iter()
+                .map(|f| {
+                    serde_json::json!({
+                        "pattern": f.pattern.as_str(), "remedy": f.remedy.as_str(),
+                        "method": f.method, "route": f.route, "calls": f.calls,
+                        "suggestedRoute": f.suggested_route, "grantRoute": f.grant_route,
+                    })
+                })
+                .collect();
+            self.advice_detail = Some(serde_json::Value::from(detail).to_string());
         }
         self
     }
@@ -147,6 +178,13 @@ impl<'a> AuditLine<'a> {
             host_calls = self.host_calls,
             host_calls_denied = self.host_calls_denied,
             host_calls_shed = self.host_calls_shed,
+            advice_findings = self.advice.map(|a| a.findings),
+            advice_agent_fixable = self.advice.map(|a| a.agent_fixable),
+            advice_extra_calls = self.advice.map(|a| a.extra_calls),
+            advice_added_latency_ms = self.advice.map(|a| a.added_latency_ms),
+            advice_bytes_moved = self.advice.map(|a| a.bytes_moved),
+            advice_ungranted_routes = self.advice.map(|a| a.ungranted_routes),
+            advice_finding_details = self.advice_detail.as_deref(),
             session = self.session,
             session_call = self.session_call,
             "code run"

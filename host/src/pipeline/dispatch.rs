@@ -15,7 +15,9 @@ use super::answer::{self, Sealed};
 use super::audit::AuditLine;
 use super::{Daemon, internal_id, unix_ms};
 use crate::admission::Checked;
+use crate::grants::advice;
 use crate::grants::broker;
+use crate::grants::catalog::AdviceMode;
 use crate::job::{Job, Payload};
 use crate::live::Live;
 use crate::outcome::RunFailure;
@@ -92,6 +94,15 @@ impl Daemon {
         if let (Some(t), Some(p)) = (&call_trace, &grant_profile) {
             self.metrics.record_calls(p, t);
         }
+        // Advice reads the finished trace; it never gates the run.
+        let advice = match (&work.grant, &call_trace) {
+            (Some(s), Some(t)) if s.profile().advice != AdviceMode::Off => {
+                let found = advice::assess(t, s.profile());
+                self.metrics.record_advice(&s.profile().name, &found);
+                Some((s.profile_arc(), found))
+            }
+            _ => None,
+        };
         let mut audit = AuditLine::new(
             work.checked.payload.kind(),
             work.caller,
@@ -102,6 +113,17 @@ impl Daemon {
             elapsed_ms,
         )
         .with_grant(grant_profile.as_deref(), call_trace.as_ref());
+        if let Some((profile, found)) = &advice {
+            audit = audit.with_advice(profile.retention, found);
+        }
+        // The caller sees only what it can act on, and only when the
+        // profile says so.
+        let for_caller = match advice {
+            Some((profile, found)) if profile.advice == AdviceMode::Caller => {
+                found.into_iter().filter(|f| f.agent_fixable).collect()
+            }
+            _ => Vec::new(),
+        };
         if let Target::Call { session, link, .. } = &target {
             audit = audit.with_session(session, link.sequence);
         }
@@ -112,6 +134,7 @@ impl Daemon {
                     work.evidence,
                     output,
                     call_trace,
+                    for_caller,
                     (started_wall, elapsed_ms),
                     link,
                 );

@@ -137,6 +137,15 @@ impl Daemon {
         self.sessions.get(id, caller).is_some()
     }
 
+    /// The profiles `caller` may name in a JavaScript run here: none when
+    /// the provider cannot carry a grant.
+    pub fn javascript_profiles_for(&self, caller: &str) -> Vec<Arc<Profile>> {
+        if !self.provider.offer().javascript_grants {
+            return Vec::new();
+        }
+        self.grants.all_for_caller(caller)
+    }
+
     /// The profile a request names, if this caller may use it and this
     /// provider can carry it; an unknown profile, a forbidden one and one
     /// the provider cannot carry get the same answer.

@@ -196,6 +196,11 @@ pub struct JavaScriptResult {
     /// The grant's calls, for a granted run. Outside the result digest.
     #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub call_trace: Option<crate::grants::broker::CallTrace>,
+    /// What the run's calls could have cost less, for a profile that gives
+    /// advice to its callers: only what the agent can act on. Outside the
+    /// result digest, as the trace is.
+    #[serde(default, skip_deserializing, skip_serializing_if = "Vec::is_empty")]
+    pub advice: Vec<crate::grants::advice::Finding>,
 }
 
 /// A cell's result: code run in a session's interpreter.
@@ -407,6 +412,11 @@ pub struct ProjectResult {
     /// The grant's calls, for a granted run. Outside the result digest.
     #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub call_trace: Option<crate::grants::broker::CallTrace>,
+    /// What the run's calls could have cost less, for a profile that gives
+    /// advice to its callers: only what the agent can act on. Outside the
+    /// result digest, as the trace is.
+    #[serde(default, skip_deserializing, skip_serializing_if = "Vec::is_empty")]
+    pub advice: Vec<crate::grants::advice::Finding>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

@@ -124,6 +124,7 @@ fn javascript_result() -> JavaScriptResult {
         stdout_truncated: true,
         stderr_truncated: true,
         call_trace: trace(),
+        advice: Vec::new(),
     }
 }
 
@@ -168,6 +169,7 @@ fn project_result() -> ProjectResult {
         artifacts: vec![artifact(1), artifact(2)],
         artifacts_truncated: true,
         call_trace: trace(),
+        advice: Vec::new(),
     }
 }
 

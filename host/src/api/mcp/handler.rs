@@ -43,10 +43,21 @@ impl ServerHandler for McpServer {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        // Each caller is told the SDK methods of the profiles it may use,
+        // and of no others: names it may not use stay unknown to it.
+        let caller = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Arc<Caller>>().cloned())
+            .ok_or_else(|| ErrorData::internal_error("no authenticated caller", None))?;
+        let profiles = self.daemon.javascript_profiles_for(&caller.id);
+        let profiles: Vec<&crate::grants::Profile> = profiles.iter().map(|p| &**p).collect();
+        let grants = crate::grants::describe::describe_all(&profiles);
         Ok(ListToolsResult::with_all_items(tools::list(
             self.daemon.has_sessions(),
+            &grants,
         )))
     }
 

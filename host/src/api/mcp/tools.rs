@@ -25,7 +25,17 @@ code, whether the run timed out or its output was truncated, and the SHA-256 of 
 A tool error with outcome not_dispatched means nothing ran.";
 
 /// Long on purpose: the tools' schemas are data, written out.
-pub fn list(sessions: bool) -> Vec<Tool> {
+/// `grants` describes the SDKs of the profiles this caller may use (empty
+/// for none): it is added to the JavaScript tools' descriptions, so an agent
+/// knows what it may call without a tool per operation.
+pub fn list(sessions: bool, grants: &str) -> Vec<Tool> {
+    let with_grants = |text: String| {
+        if grants.is_empty() {
+            text
+        } else {
+            format!("{text}\n\nGrants you may pass as grant_profile, and their SDKs:\n{grants}")
+        }
+    };
     let mut tools = vec![
         tool(
             "describe",
@@ -37,10 +47,10 @@ pub fn list(sessions: bool) -> Vec<Tool> {
         .annotate(ToolAnnotations::new().read_only(true)),
         tool(
             "run_javascript",
-            &format!(
+            &with_grants(format!(
                 "Runs a JavaScript snippet to completion and returns what it printed. {TIERS} \
                  {RESULT}"
-            ),
+            )),
             object(
                 json!({
                     "code": {"type": "string", "description": "The snippet. console.log writes stdout; console.error writes stderr."},
@@ -211,14 +221,35 @@ mod tests {
 
     #[test]
     fn session_tools_are_listed_only_where_sessions_exist() {
-        let names = |s| list(s).into_iter().map(|t| t.name).collect::<Vec<_>>();
+        let names = |s| list(s, "").into_iter().map(|t| t.name).collect::<Vec<_>>();
         assert_eq!(names(false), ["describe", "run_javascript", "run_project"]);
         assert_eq!(names(true).len(), 7);
     }
 
     #[test]
+    fn only_the_javascript_tool_carries_the_grants_text_and_none_without_grants() {
+        let sdk = "grant_profile \"petstore\" (global petstore): ...";
+        for t in list(true, sdk) {
+            let d = t.description.as_deref().unwrap_or_default();
+            assert_eq!(d.contains(sdk), t.name == "run_javascript", "{}", t.name);
+        }
+        for (with, without) in list(true, sdk).into_iter().zip(list(true, "")) {
+            if with.name != "run_javascript" {
+                assert_eq!(with.description, without.description);
+            } else {
+                assert!(
+                    !without
+                        .description
+                        .unwrap_or_default()
+                        .contains("grant_profile \"")
+                );
+            }
+        }
+    }
+
+    #[test]
     fn every_running_tool_says_what_the_tier_means_and_that_a_floor_can_be_demanded() {
-        for t in list(true) {
+        for t in list(true, "") {
             if t.name == "describe" || t.name == "close_session" {
                 continue;
             }

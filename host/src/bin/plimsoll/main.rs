@@ -7,17 +7,21 @@
 //!   plimsoll callers create|import|list|rotate|revoke --file F ...
 //!   plimsoll attest keygen|run|verify ...
 //!   plimsoll plugin describe|check FILE.wasm [--config F] [--json]
+//!   plimsoll grants from-openapi SPEC --base-url URL --profile NAME --caller ID... [--out DIR]
 //!
 //! `run` and `describe` talk to a daemon (`--url`, or PLIMSOLL_URL, default
 //! http://127.0.0.1:8746) with the caller's token from PLIMSOLL_TOKEN; see
 //! docs/cli.md for what they print and their exit codes. `callers` manages
-//! the callers file on this machine.
+//! the callers file on this machine. `grants from-openapi` writes a grant
+//! profile, its SDK and its tool description from an OpenAPI 3.0 document,
+//! offline.
 
 mod attest_cli;
 mod attest_replay;
 mod attest_session;
 mod callers;
 mod client;
+mod grants_cli;
 mod local_files;
 mod mcp;
 mod plugin;
@@ -64,6 +68,12 @@ enum Command {
         #[command(subcommand)]
         action: plugin::Action,
     },
+    /// Grant profiles, made on this machine: from an OpenAPI 3.0 document,
+    /// a profile, the SDK its preamble loads and its tool description.
+    Grants {
+        #[command(subcommand)]
+        action: grants_cli::Action,
+    },
 }
 
 fn main() -> ExitCode {
@@ -81,6 +91,7 @@ fn main() -> ExitCode {
         Command::Mcp(args) => mcp::run(args),
         Command::Attest { action } => attest_cli::run(action),
         Command::Plugin { action } => plugin::run(action),
+        Command::Grants { action } => grants_cli::run(action),
         Command::Callers { action } => match callers::run(action) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -56,12 +56,28 @@
     });
   }
 
-  globalThis[name] = Object.freeze({
+  const client = {
     call,
     get: (p) => call('GET', p),
     del: (p) => call('DELETE', p),
     put: (p, b) => call('PUT', p, b),
     post: (p, b) => call('POST', p, b),
     patch: (p, b) => call('PATCH', p, b),
-  });
+  };
+  globalThis[name] = client;
+  // The profile's preamble (an SDK over the client, say) runs before the
+  // snippet, then the client is frozen so the snippet cannot swap its
+  // methods. The broker decides every call either way.
+  const preamble = process.env.PLIMSOLL_GRANT_PREAMBLE;
+  if (preamble) {
+    try {
+      const text = require('fs').readFileSync(preamble, 'utf8');
+      // Strict, as QuickJS runs it (a module there): one meaning in both.
+      require('vm').runInThisContext('"use strict";' + text, { filename: 'preamble.js' });
+    } catch (e) {
+      process.stderr.write(`plimsoll: the grant's preamble failed: ${e && e.stack ? e.stack : e}\n`);
+      process.exit(1);
+    }
+  }
+  Object.freeze(client);
 })();

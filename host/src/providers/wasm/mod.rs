@@ -18,6 +18,7 @@
 //! snippet that spins still cannot hold one of the runtime's few workers.
 
 mod output;
+mod preamble;
 mod session;
 mod slots;
 mod snapshot;
@@ -104,6 +105,7 @@ pub struct WasmProvider {
     identity: Arc<str>,
     memory_limit: usize,
     output_limit: usize,
+    preambles: Arc<preamble::Compiled>,
     _ticker: Arc<EpochTicker>,
 }
 
@@ -210,6 +212,7 @@ impl WasmProvider {
             identity: Arc::from(format!("quickjs-wasm:sha256:{digest}")),
             memory_limit,
             output_limit,
+            preambles: Arc::default(),
             _ticker: Arc::new(ticker),
         })
     }
@@ -237,7 +240,10 @@ impl WasmProvider {
         grant: Option<Arc<broker::Session>>,
         live: Option<Live>,
     ) -> Result<ProcessOutput, RunFailure> {
-        let global = grant.as_ref().map(|s| s.profile().global.clone());
+        let client = match grant.as_deref() {
+            Some(session) => Some(self.grant_client(session).await?),
+            None => None,
+        };
         let mut state = RunState::new(self.memory_limit, self.output_limit);
         state.broker = grant;
         state.live = live;
@@ -256,7 +262,7 @@ impl WasmProvider {
                 )));
             }
         };
-        let result = guest.call_run(&mut store, code, global.as_deref()).await;
+        let result = guest.call_run(&mut store, code, client.as_ref()).await;
         let state = store::release(store)
             .await
             .map_err(|e| RunFailure::MayHaveRun(format!("releasing the instance failed: {e}")))?;

@@ -103,7 +103,10 @@ impl WasmSession {
             )));
         };
         let p = &self.provider;
-        let global = grant.as_ref().map(|s| s.profile().global.clone());
+        let client = match grant.as_deref() {
+            Some(session) => Some(self.provider.grant_client(session).await?),
+            None => None,
+        };
         // Each call has its own output budget and its own deadline.
         let state = live.store.data_mut();
         state.stdout = Capped::new(p.output_limit);
@@ -114,7 +117,7 @@ impl WasmSession {
         let started = std::mem::replace(&mut live.fresh, false);
         let result = live
             .guest
-            .call_session_run(&mut live.store, &code, cell, global.as_deref())
+            .call_session_run(&mut live.store, &code, cell, client.as_ref())
             .await;
         let state = live.store.data_mut();
         state.broker = None;

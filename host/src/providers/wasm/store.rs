@@ -85,6 +85,10 @@ impl RunState {
     }
 }
 
+/// Types only: how a granted run's client is set up travels in `run`'s
+/// arguments, not through an import.
+impl super::generated::plimsoll::js::grant::Host for RunState {}
+
 impl entropy_if::Host for RunState {
     async fn seed(&mut self) -> u64 {
         let mut b = [0u8; 8];

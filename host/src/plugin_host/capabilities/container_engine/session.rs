@@ -120,7 +120,16 @@ pub(super) fn add_to_linker<T: ContainerEngineView>(
     engine.func_wrap_async("grant-env", |mut store: StoreContextMut<'_, T>, (): ()| {
         let (call, state) = store.data_mut().container_engine();
         let env = match (state.and_then(|s| s.session.as_ref()), &call.grant) {
-            (Some(slot), Some(g)) if slot.grant.is_some() => socket::env_for(&g.profile().global),
+            (Some(slot), Some(g)) => match &slot.grant {
+                Some(mount) => mount.env_for(g.profile()).unwrap_or_else(|e| {
+                    // The client without its preamble would be a different
+                    // SDK from the one the operator configured: none at all
+                    // makes the call fail plainly instead.
+                    tracing::error!(error = %e, "writing a session's grant preamble failed");
+                    Vec::new()
+                }),
+                None => Vec::new(),
+            },
             _ => Vec::new(),
         };
         Box::new(async move { Ok((env,)) })
