@@ -200,38 +200,69 @@ async fn a_preamble_that_throws_stops_the_run_before_the_snippet() {
     assert!(log.lock().unwrap().is_empty());
 }
 
+/// A preamble QuickJS cannot compile is a mistake in the grants file: the
+/// daemon does not start, as for any other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_preamble_that_does_not_compile_refuses_the_run_unrun() {
-    let (origin, log) = petstore_api().await;
+async fn a_preamble_that_does_not_compile_stops_the_start() {
+    let (origin, _log) = petstore_api().await;
     let dir = generated(&origin, "syntax", |p| {
         let profile = &mut p["profiles"]["petstore"];
         profile.as_object_mut().unwrap().remove("preamble_file");
         profile["preamble"] = json!("globalThis.petstore.x = (;");
     });
     let file = dir.file();
-    let d = Daemon::start(&[
+    let log = match Daemon::try_start(&[
         ("SANDBOX_PROVIDER", "wasm"),
         ("PLIMSOLL_GRANTS_FILE", &file),
+    ]) {
+        Ok(_) => panic!("the daemon started with a preamble that does not compile"),
+        Err(log) => log,
+    };
+    assert!(
+        log.contains("grant profile \\\"petstore\\\": its preamble does not compile")
+            || log.contains("grant profile \"petstore\": its preamble does not compile"),
+        "{log}"
+    );
+}
+
+/// The preamble is compiled at start, so a granted call never needs an
+/// instance beyond its own: with the only slot held by a session, that
+/// session's granted calls still run, and runs after it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_pool_does_not_break_a_profiles_preamble() {
+    let (origin, log) = petstore_api().await;
+    let dir = generated(&origin, "pool", |p| {
+        p["profiles"]["petstore"]["allow_in_sessions"] = json!(true);
+    });
+    let file = dir.file();
+    let d = Daemon::start(&[
+        ("SANDBOX_PROVIDER", "wasm"),
+        ("SANDBOX_MAX_CONCURRENT", "1"),
+        ("SANDBOX_MAX_SESSIONS", "1"),
+        ("PLIMSOLL_GRANTS_FILE", &file),
     ]);
-    for _ in 0..2 {
-        let a = call(&d, "Run", &granted("console.log('the snippet ran')")).await;
-        assert!(
-            a.mark().is_some(),
-            "not marked not-dispatched: {:?}",
-            a.body
-        );
-        let message = a.body["message"].as_str().unwrap_or_default();
-        assert!(
-            message.contains("the grant profile's preamble does not compile")
-                && message.contains("preamble.js:1"),
-            "{:?}",
-            a.body
-        );
-    }
-    assert!(log.lock().unwrap().is_empty());
-    // A run without the grant is untouched.
-    let a = call(&d, "Run", &js_run("console.log(1)")).await;
-    assert_eq!(a.stdout(), "1\n");
+    let opened = call(&d, "OpenSession", &json!({"protocol": 4})).await;
+    assert_eq!(opened.status, 200, "{:?}", opened.body);
+    let sid = opened.body["sessionId"].as_str().expect("id").to_string();
+    let a = session_call(&d, &sid, AGENT).await;
+    assert_eq!(a.status, 200, "{:?}", a.body);
+    assert_eq!(
+        stdout_of(&a.body["run"]["javascript"]),
+        AGENT_SAYS,
+        "{:?}",
+        a.body
+    );
+    assert_only_pet_7(&log);
+    let closed = call(
+        &d,
+        "CloseSession",
+        &json!({"protocol": 4, "sessionId": sid}),
+    )
+    .await;
+    assert_eq!(closed.status, 200, "{:?}", closed.body);
+    log.lock().unwrap().clear();
+    let a = call(&d, "Run", &granted(AGENT)).await;
+    assert_eq!(a.stdout(), AGENT_SAYS, "{:?}", a.body);
 }
 
 fn stdout_of(result: &Value) -> String {
@@ -252,8 +283,10 @@ async fn session_call(d: &Daemon, sid: &str, code: &str) -> Answer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_generated_sdk_runs_in_node_in_a_run_and_a_session() {
     let (origin, log) = petstore_api().await;
+    let token = format!("canarypetstoretoken{}", std::process::id());
     let dir = generated(&origin, "node", |p| {
         p["profiles"]["petstore"]["allow_in_sessions"] = json!(true);
+        p["profiles"]["petstore"]["token"] = json!({"type": "static", "env": "PETSTORE_TOKEN"});
     });
     let file = dir.file();
     let image = plimsoll_tests::sandbox_image();
@@ -263,6 +296,7 @@ async fn the_generated_sdk_runs_in_node_in_a_run_and_a_session() {
         ("SANDBOX_DOCKER_POOL", "0"),
         ("SANDBOX_MAX_SESSIONS", "1"),
         ("PLIMSOLL_GRANTS_FILE", &file),
+        ("PETSTORE_TOKEN", &token),
     ]);
     // node runs a snippet as a script without top-level await.
     let node_agent = format!("(async () => {{ {AGENT} }})()");
@@ -271,6 +305,26 @@ async fn the_generated_sdk_runs_in_node_in_a_run_and_a_session() {
     assert_eq!(a.stdout(), AGENT_SAYS, "{}", a.stderr());
     assert_only_pet_7(&log);
     log.lock().unwrap().clear();
+
+    // The SDK sits in the run's mount beside the client; the credential is
+    // in neither, nor in the environment.
+    let look = format!(
+        "const fs = require('fs'); const d = '/run/plimsoll'; \
+         const names = fs.readdirSync(d).sort(); \
+         const held = names.filter(n => !n.endsWith('.sock') && fs.readFileSync(d + '/' + n, 'utf8').includes('{token}')); \
+         console.log(names.join(' '), held.length, JSON.stringify(process.env).includes('{token}'))"
+    );
+    let a = call(&d, "Run", &granted(&look)).await;
+    assert_eq!(
+        a.stdout(),
+        "host.cjs host.sock preamble.petstore.js sitecustomize.py 0 false\n",
+        "{}",
+        a.stderr()
+    );
+    assert!(!a.body.to_string().contains(&token));
+    for line in d.log_lines() {
+        assert!(!line.contains(&token), "the log holds the token: {line}");
+    }
 
     let opened = call(&d, "OpenSession", &json!({"protocol": 4})).await;
     assert_eq!(opened.status, 200, "{:?}", opened.body);

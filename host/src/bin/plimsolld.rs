@@ -116,7 +116,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("PLIMSOLL_METRICS_ADDR {addr}: {e}"))?,
         ),
     };
-    let provider = plimsoll::providers::start(&cfg.providers).await?;
+    let provider = plimsoll::providers::start(&cfg.providers, &cfg.grants).await?;
     let limits = Limits::new(cfg.providers.max_concurrent);
     release_startup_memory();
     if !cfg.grants.is_empty() {

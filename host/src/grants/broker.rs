@@ -133,6 +133,17 @@ struct State {
     probing: bool,
 }
 
+/// Held while a probe is out; clears the flag when dropped.
+struct ProbeInFlight<'a>(&'a Mutex<State>);
+
+impl Drop for ProbeInFlight<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.lock() {
+            s.probing = false;
+        }
+    }
+}
+
 /// What the breaker says about one call.
 enum Breaker {
     Closed,
@@ -232,12 +243,15 @@ impl Session {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Response, CallError> {
+        // Cleared however the probe ends, abandoned midway included, so a
+        // dropped call cannot leave the breaker never probed again.
+        let probing = ProbeInFlight(&self.state);
         let healthy = self.probe().await;
+        drop(probing);
         {
             let Ok(mut s) = self.state.lock() else {
                 return Err(CallError::Upstream("the broker failed".into()));
             };
-            s.probing = false;
             if !healthy {
                 drop(s);
                 return self.deny(CallError::Shed);
@@ -463,6 +477,11 @@ mod tests {
                         }
                         (StatusCode::OK, down.1, "items")
                     }
+                    "/hang" => {
+                        seen[1].fetch_add(1, SeqCst);
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                        (StatusCode::OK, down.1, "late")
+                    }
                     "/health" => {
                         if seen[1].fetch_add(1, SeqCst) == 0 {
                             return (down.0, down.1, "still down");
@@ -483,9 +502,13 @@ mod tests {
     }
 
     fn session(origin: &str) -> Session {
+        session_probing(origin, "/health")
+    }
+
+    fn session_probing(origin: &str, health: &str) -> Session {
         let text = format!(
-            r#"{{"profiles":{{"p":{{"base_url":"{origin}","allow":["GET /items","GET /limited"],
-                "allowed_callers":["*"],"health_check":"GET /health"}}}}}}"#
+            r#"{{"profiles":{{"p":{{"base_url":"{origin}","allow":["GET /items","GET /limited","GET {health}"],
+                "allowed_callers":["*"],"health_check":"GET {health}"}}}}}}"#
         );
         let grants = crate::grants::Grants::parse(&text, &|_| None, None).expect("grants");
         let profile = grants.for_caller("p", "me").expect("profile");
@@ -520,6 +543,27 @@ mod tests {
         let t = s.trace();
         assert_eq!(t.calls.len(), 2, "the probe is not traced");
         assert_eq!(t.shed, 3);
+    }
+
+    #[tokio::test]
+    async fn a_probe_abandoned_midway_does_not_stop_later_probes() {
+        let (origin, hits) = flaky_api().await;
+        let s = session_probing(&origin, "/hang");
+        assert_eq!(
+            s.call("GET", "/items", None).await.map(|r| r.status),
+            Ok(503)
+        );
+        for probes in 1..=2 {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            // The caller gives up while the probe waits on the API.
+            let call = s.call("GET", "/items", None);
+            assert!(
+                tokio::time::timeout(Duration::from_millis(300), call)
+                    .await
+                    .is_err()
+            );
+            assert_eq!(hits[1].load(SeqCst), probes, "probe {probes} was not sent");
+        }
     }
 
     #[tokio::test]

@@ -120,10 +120,13 @@ pub fn entries(shapes: Vec<CatalogShape>) -> Result<Vec<CatalogEntry>, String> {
         if out.iter().any(|e| e.name == s.name) {
             return Err(format!("catalog: the name {:?} is used twice", s.name));
         }
-        if s.summary.chars().count() > MAX_SUMMARY_CHARS || s.summary.chars().any(char::is_control)
+        // Shown to a model: no control, bidirectional or invisible
+        // character (what `text::sanitize` would replace) may hide in it.
+        if s.summary.chars().count() > MAX_SUMMARY_CHARS
+            || crate::text::sanitize(&s.summary, s.summary.len()) != s.summary
         {
             return Err(format!(
-                "catalog: {:?}'s summary must be at most {MAX_SUMMARY_CHARS} characters, none a control character",
+                "catalog: {:?}'s summary must be at most {MAX_SUMMARY_CHARS} characters, none of them a control or invisible one",
                 s.name
             ));
         }
@@ -149,12 +152,19 @@ pub fn entries(shapes: Vec<CatalogShape>) -> Result<Vec<CatalogEntry>, String> {
     Ok(out)
 }
 
-/// A health check: one concrete GET, no wildcard.
-pub fn health_check(entry: &str) -> Result<Route, String> {
+/// A health check: one concrete GET, which `allow` grants. The probe goes
+/// out with the run's credential, so it is held to the grant as any call
+/// is: the broker sends nothing the operator did not allow.
+pub fn health_check(entry: &str, allow: &[Route]) -> Result<Route, String> {
     let route = Route::parse(entry).map_err(|e| format!("health_check: {e}"))?;
     if route.method != "GET" || route.path_template().split('/').any(|s| s == "*") {
         return Err(format!(
             "health_check {entry:?} must be a GET of one concrete path"
+        ));
+    }
+    if super::route::find(allow, "GET", route.path_template()).is_err() {
+        return Err(format!(
+            "health_check {entry:?} must be a route allow grants"
         ));
     }
     Ok(route)

@@ -110,6 +110,11 @@ impl Grants {
             .cloned()
     }
 
+    /// Every profile, by name.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Profile>> {
+        self.profiles.values()
+    }
+
     /// Every profile `caller` may use, by name.
     pub fn all_for_caller(&self, caller: &str) -> Vec<Arc<Profile>> {
         self.profiles
@@ -172,7 +177,7 @@ mod tests {
             r#""preamble": "globalThis.host.x = 1;",
                "catalog": [{"route": "GET /items/*", "name": "getItem", "summary": "One item", "params": ["id"]},
                            {"route": "GET /items", "name": "listItems"}],
-               "health_check": "GET /health",
+               "health_check": "GET /items/1",
                "batch_of": {"GET /items": ["GET /items/*"]},
                "advice": "caller",
                "allowed_callers""#,
@@ -184,7 +189,7 @@ mod tests {
         assert_eq!(p.catalog.len(), 2);
         assert_eq!(
             p.health_check.as_ref().map(|r| r.template()),
-            Some("GET /health")
+            Some("GET /items/1")
         );
         assert_eq!(p.batch_of.len(), 1);
         assert!(!p.batch_of[0].granted, "GET /items is only in the catalog");
@@ -285,6 +290,16 @@ mod tests {
             (
                 "a non-canonical health check",
                 extra(r#""health_check": "GET /a//b""#),
+            ),
+            (
+                "a health check allow does not grant",
+                extra(r#""health_check": "GET /health""#),
+            ),
+            (
+                "an invisible character in a summary",
+                extra(
+                    r#""catalog": [{"route": "GET /a", "name": "a", "summary": "fine\u202etxt.exe"}]"#,
+                ),
             ),
             (
                 "a batch of a POST",

@@ -54,8 +54,13 @@ fn read_inside(dir: &Path, name: &str) -> Result<String, String> {
         .map_err(|e| format!("opening {}: {e}", dir.display()))?;
     // cap-std resolves every component beneath `root` and refuses one that
     // would leave it, `..` and symlinks included.
+    // Non-blocking, so a FIFO named here is refused at once instead of
+    // holding the start until a writer comes.
+    let mut options = cap_std::fs::OpenOptions::new();
+    options.read(true);
+    cap_std::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK | libc::O_NOCTTY);
     let file = root
-        .open(name)
+        .open_with(name, &options)
         .map_err(|e| format!("cannot be read inside the grants directory: {e}"))?;
     let meta = file.metadata().map_err(|e| e.to_string())?;
     if !meta.is_file() {
@@ -87,6 +92,11 @@ mod tests {
         std::os::unix::fs::symlink(base.join("outside.js"), inside.join("link.js")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", inside.join("abs.js")).unwrap();
         std::fs::write(inside.join("big.js"), vec![b'x'; MAX_PREAMBLE_BYTES + 1]).unwrap();
+        let fifo =
+            std::ffi::CString::new(inside.join("fifo.js").into_os_string().into_encoded_bytes())
+                .unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates a node.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         let dir = Some(inside.as_path());
         let load = |name: &str| load(None, Some(name), dir);
 
@@ -99,6 +109,7 @@ mod tests {
             "../outside.js",
             "link.js",
             "abs.js",
+            "fifo.js",
             "/etc/passwd",
             "sub",
             "big.js",

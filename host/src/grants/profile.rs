@@ -194,7 +194,7 @@ pub(super) fn validate(
     let health_check = p
         .health_check
         .as_deref()
-        .map(catalog::health_check)
+        .map(|h| catalog::health_check(h, &allow))
         .transpose()?;
     let batch_of = catalog::batches(&p.batch_of, &allow, &catalog)?;
     let retention = catalog::retention(p.advice, p.advice_retention)?;

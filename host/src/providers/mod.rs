@@ -139,14 +139,25 @@ pub enum StartError {
 }
 
 /// Starts the configured provider: compiles, connects, verifies and
-/// smoke-tests whatever it rests on. Nothing is returned half-started.
-pub async fn start(settings: &ProviderSettings) -> Result<Arc<dyn Provider>, StartError> {
+/// smoke-tests whatever it rests on, and prepares what the grant profiles
+/// need (the wasm provider compiles their preambles). Nothing is returned
+/// half-started.
+pub async fn start(
+    settings: &ProviderSettings,
+    grants: &crate::grants::Grants,
+) -> Result<Arc<dyn Provider>, StartError> {
     Ok(match &settings.kind {
         ProviderKind::Disabled => {
             tracing::warn!("SANDBOX_PROVIDER is unset: the Disabled provider refuses every run");
             Arc::new(disabled::Disabled)
         }
-        ProviderKind::Wasm => Arc::new(wasm::start(settings).await?),
+        ProviderKind::Wasm => {
+            let w = wasm::start(settings).await?;
+            w.prepare_preambles(grants)
+                .await
+                .map_err(StartError::Backend)?;
+            Arc::new(w)
+        }
         ProviderKind::Docker => Arc::new(docker::start(settings).await?),
         ProviderKind::Plugin(name) => Arc::new(plugin::start(name, settings).await?),
     })

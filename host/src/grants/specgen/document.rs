@@ -12,6 +12,61 @@ use crate::text::sanitize;
 
 /// The most reference errors listed one by one.
 const MAX_LISTED: usize = 20;
+/// The deepest `[`/`{` nesting a YAML document may have. The YAML scanner
+/// takes time quadratic in it, so a hostile document of a few MiB could
+/// hold the command for hours; OpenAPI documents nest a few levels.
+const MAX_FLOW_DEPTH: usize = 64;
+
+/// Refuses YAML whose flow collections (`[`, `{`) nest deeper than
+/// MAX_FLOW_DEPTH, before the parser sees it. Quoted scalars and comments
+/// are skipped; anything this misreads only makes it count too deep, and a
+/// refusal is all that can come of it.
+fn check_flow_depth(text: &str) -> Result<(), Vec<String>> {
+    let (mut depth, mut quote, mut comment, mut prev) = (0usize, None, false, b'\n');
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        match (quote, comment) {
+            (_, true) => comment = b != b'\n',
+            (Some(b'"'), _) if b == b'\\' => i += 1,
+            (Some(q), _) if b == q => quote = None,
+            (Some(_), _) => {}
+            (None, _) => match b {
+                b'#' if prev.is_ascii_whitespace() => comment = true,
+                b'"' | b'\'' => quote = Some(b),
+                b'[' | b'{' => {
+                    depth += 1;
+                    if depth > MAX_FLOW_DEPTH {
+                        return Err(vec![format!(
+                            "the document nests [ or {{ deeper than {MAX_FLOW_DEPTH} levels"
+                        )]);
+                    }
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            },
+        }
+        prev = b;
+        i += 1;
+    }
+    Ok(())
+}
+
+/// Every key of `paths` is a path (it starts with `/`) or an extension
+/// (`x-`): the typed document would drop any other key without a word.
+fn check_path_keys(tree: &Value) -> Result<(), Vec<String>> {
+    let Some(paths) = tree.get("paths").and_then(Value::as_object) else {
+        return Ok(());
+    };
+    let wrong: Vec<String> = paths
+        .keys()
+        .filter(|k| !k.starts_with('/') && !k.starts_with("x-"))
+        .take(MAX_LISTED)
+        .map(|k| format!("paths: {:?} does not start with /", sanitize(k, 200)))
+        .collect();
+    if wrong.is_empty() { Ok(()) } else { Err(wrong) }
+}
 
 /// The typed document `text` holds.
 pub(super) fn load(text: &str, format: Format) -> Result<OpenAPI, Vec<String>> {
@@ -27,14 +82,18 @@ pub(super) fn load(text: &str, format: Format) -> Result<OpenAPI, Vec<String>> {
     let mut tree: Value = match format {
         Format::Json => serde_json::from_str(text)
             .map_err(|e| vec![format!("the document is not JSON: {e}")])?,
-        Format::Yaml => yaml_serde::from_str(text).map_err(|e| {
-            vec![format!(
-                "the document is not YAML: {}",
-                sanitize(&e.to_string(), 400)
-            )]
-        })?,
+        Format::Yaml => {
+            check_flow_depth(text)?;
+            yaml_serde::from_str(text).map_err(|e| {
+                vec![format!(
+                    "the document is not YAML: {}",
+                    sanitize(&e.to_string(), 400)
+                )]
+            })?
+        }
     };
     check_version(&tree)?;
+    check_path_keys(&tree)?;
     stringify_scalars(&mut tree);
     let mut outside = Vec::new();
     let mut at = Vec::new();
