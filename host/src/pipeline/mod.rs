@@ -12,6 +12,7 @@ pub mod answer;
 pub mod audit;
 pub(crate) mod dispatch;
 pub mod floor;
+mod grants;
 pub mod session;
 
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use tokio::sync::Semaphore;
 use crate::admission::{self, Limits};
 use crate::attest::receipts::Receipts;
 use crate::callers::Caller;
-use crate::grants::{Grants, Profile, broker};
+use crate::grants::{Grants, Profile};
 use crate::job::{Payload, ProjectInput};
 use crate::live::Live;
 use crate::metrics::Metrics;
@@ -137,41 +138,6 @@ impl Daemon {
         self.sessions.get(id, caller).is_some()
     }
 
-    /// The profiles `caller` may name in a JavaScript run here: none when
-    /// the provider cannot carry a grant.
-    pub fn javascript_profiles_for(&self, caller: &str) -> Vec<Arc<Profile>> {
-        if !self.provider.offer().javascript_grants {
-            return Vec::new();
-        }
-        self.grants.all_for_caller(caller)
-    }
-
-    /// The profile a request names, if this caller may use it and this
-    /// provider can carry it; an unknown profile, a forbidden one and one
-    /// the provider cannot carry get the same answer.
-    fn grant_for(
-        &self,
-        name: &str,
-        project: bool,
-        caller: &str,
-    ) -> Result<Option<Arc<Profile>>, Refusal> {
-        if name.is_empty() {
-            return Ok(None);
-        }
-        let offer = self.provider.offer();
-        let carries = if project {
-            offer.project_grants
-        } else {
-            offer.javascript_grants
-        };
-        match self.grants.for_caller(name, caller) {
-            Some(p) if carries => Ok(Some(p)),
-            _ => Err(Refusal::permission(
-                "grant profile is unknown or not permitted for this caller",
-            )),
-        }
-    }
-
     /// A capacity refusal, counted under `label` on the shed metric: every
     /// run, call or open turned away for room goes through here.
     fn shed(&self, label: &str, text: impl Into<String>) -> Refusal {
@@ -197,29 +163,6 @@ impl Daemon {
 
     pub fn evidence(&self) -> Evidence {
         self.provider.evidence()
-    }
-
-    /// A grant's broker session for one run or session call: its
-    /// credential minted now, after every check and immediately before
-    /// dispatch. No profile, no session.
-    pub(crate) fn mint_grant(
-        &self,
-        profile: Option<Arc<Profile>>,
-        caller: &str,
-        timeout: std::time::Duration,
-    ) -> Result<Option<Arc<broker::Session>>, Refusal> {
-        let Some(p) = profile else { return Ok(None) };
-        let Some(client) = &self.broker_client else {
-            return Err(Refusal::environment(
-                "the broker is not available on this daemon",
-            ));
-        };
-        broker::Session::open(p, caller, timeout, client.clone())
-            .map(|s| Some(Arc::new(s)))
-            .map_err(|e| {
-                tracing::error!(error = %e, "a grant's credential could not be minted; the run is refused");
-                Refusal::environment("the grant's credential could not be minted")
-            })
     }
 
     /// Ends every session and releases what the provider holds that would
