@@ -150,7 +150,8 @@ async fn setup(provider: &[(&str, &str)]) -> Setup {
             "allowed_callers": ["anonymous"],
             "token": {"type": "static", "env": "INVENTORY_TOKEN"},
             "max_calls": 40,
-            "route_max_calls": {"POST /items": 2}
+            "route_max_calls": {"POST /items": 2},
+            "health_check": "GET /canary/health"
         },
         "theirs": {
             "base_url": origin,
@@ -439,6 +440,23 @@ async fn budgets_caps_and_the_breaker_hold() {
     assert!(lines[1].contains("shed"), "{lines:?}");
     assert_eq!(trace(&a)["shed"], 2);
     assert_eq!(s.log.lock().expect("log").len(), before + 1);
+
+    // A second after a 503, the next call asks the profile's health check
+    // first: it answers, the breaker closes and that call goes through. The
+    // probe is the host's: not in the trace.
+    let a = call(
+        &s.d,
+        "Run",
+        &granted("try { await host.get('/busy') } catch (e) {} const t = Date.now(); while (Date.now() - t < 1100) {} console.log(JSON.stringify(await host.get('/items/3')))"),
+    )
+    .await;
+    assert_eq!(a.stdout(), "{\"id\":\"3\"}\n", "{}", a.stderr());
+    let seen: Vec<String> = s.log.lock().expect("log")[before + 1..]
+        .iter()
+        .map(|r| r.target.clone())
+        .collect();
+    assert_eq!(seen, ["/busy", "/canary/health", "/items/3"]);
+    assert_eq!(trace(&a)["calls"].as_array().map(Vec::len), Some(2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
