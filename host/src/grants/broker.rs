@@ -210,6 +210,11 @@ impl Session {
         &self.profile
     }
 
+    /// Whether the run's time is left: past it, no call is made.
+    pub fn is_live(&self) -> bool {
+        Instant::now() < self.ends
+    }
+
     pub fn profile_arc(&self) -> Arc<Profile> {
         self.profile.clone()
     }

@@ -8,9 +8,11 @@
 //! mean its default.
 
 pub mod advice;
+mod answer;
 pub mod broker;
 pub mod catalog;
 pub mod describe;
+pub mod guard;
 pub mod mint;
 mod names;
 mod preamble;

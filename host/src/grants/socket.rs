@@ -25,15 +25,14 @@ use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 
 use super::Profile;
-use super::broker::{CallError, MAX_REQUEST_BODY, Session};
+use super::answer::{self, broker_answer};
+use super::broker::{MAX_REQUEST_BODY, Session};
 
 /// Where the directory appears inside a container.
 pub const MOUNT_POINT: &str = "/run/plimsoll";
 /// Connections one run's socket serves at once.
 const MAX_CONNECTIONS: usize = 32;
-/// The header that tells the guest client a broker answer from an upstream
-/// one.
-pub const BROKER_HEADER: &str = "plimsoll-broker";
+pub use super::answer::BROKER_HEADER;
 
 const NODE_CLIENT: &str = include_str!("clients/host.cjs");
 const PYTHON_CLIENT: &str = include_str!("clients/sitecustomize.py");
@@ -308,40 +307,7 @@ async fn handle(
         );
     }
     let body = (!body.is_empty()).then(|| body.to_vec());
-    // The call runs in a task of its own: a guest that hangs up mid-call
-    // must not cancel it after the request may have left, which would leave
-    // a call that reached the API out of the trace.
-    let call = tokio::spawn(async move { session.call(&method, &target, body).await });
-    let answer = call
-        .await
-        .unwrap_or_else(|_| Err(CallError::Upstream("the broker failed".into())));
-    match answer {
-        Ok(r) => Response::builder()
-            .status(StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_GATEWAY))
-            .header(BROKER_HEADER, "upstream")
-            .body(Body::from(r.body))
-            .unwrap_or_default(),
-        Err(CallError::NotPermitted(why)) => {
-            broker_answer(StatusCode::FORBIDDEN, "not-permitted", why)
-        }
-        Err(CallError::Budget(why)) => broker_answer(StatusCode::TOO_MANY_REQUESTS, "budget", why),
-        Err(CallError::Shed) => broker_answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shed",
-            "calls are being shed after the API asked to back off",
-        ),
-        Err(CallError::Upstream(why)) => {
-            broker_answer(StatusCode::BAD_GATEWAY, "upstream-failed", &why)
-        }
-    }
-}
-
-fn broker_answer(status: StatusCode, kind: &'static str, text: &str) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header(BROKER_HEADER, kind)
-        .body(Body::from(text.to_string()))
-        .unwrap_or_default()
+    answer::call_detached(session, method, target, body).await
 }
 
 #[cfg(test)]
