@@ -3,70 +3,82 @@
 //! mounted socket.
 //!
 //! A hosted sandbox cannot mount the host's socket, so a granted run there
-//! dials this endpoint instead, with a token made for that run alone. The
-//! token is worth that run's broker session and nothing more: the broker
-//! still decides every call, and the token is dead once the run's ticket
-//! drops (the run answered, failed or was given up) or the run's time is
-//! spent, whichever comes first. The table holds digests of tokens, never
-//! tokens, and no token is logged.
+//! dials this endpoint instead, with a token made for that run alone. A
+//! request is a call exactly as on the socket: its method and raw path are
+//! the call, its body is sent as it came. The token is worth that run's
+//! broker session and nothing more: the broker still decides every call,
+//! and the token is dead once the run's session is gone (the run answered,
+//! failed or was given up), its ticket dropped, or its time spent. The
+//! table holds digests of tokens and weak references to sessions: it keeps
+//! neither a token nor a credential alive.
 //!
-//! One route, `POST /v1/call`, JSON `{method, path, body}` with the token
-//! in `x-plimsoll-guard`; anything else is 404 (405 for another method on
-//! that path).
+//! What is checked before any of a request's body is read: the token, the
+//! run's slots (at most MAX_IN_FLIGHT of its requests at once) and the
+//! declared length. The body is read within READ_BODY and MAX_REQUEST_BODY.
+//!
+//! Not wired yet: the listener (its own connection limits and deadlines,
+//! TLS off loopback) and the adapters that admit a run come next.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, Response, StatusCode};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Response, StatusCode};
 use base64::Engine as _;
-use serde::Deserialize;
+use http_body_util::{BodyExt, Limited};
 use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
 
 use super::answer::{broker_answer, call_detached};
-use super::broker::{MAX_REQUEST_BODY, Session};
+use super::broker::{MAX_IN_FLIGHT, MAX_REQUEST_BODY, Session};
 
 /// The header the sandbox's client sends its run's token in.
 pub const TOKEN_HEADER: &str = "x-plimsoll-guard";
-/// The one route.
-pub const CALL_PATH: &str = "/v1/call";
-/// The largest request: a body of MAX_REQUEST_BODY bytes inside the JSON
-/// envelope, where escaping can make each byte up to six characters.
-const MAX_ENVELOPE: usize = MAX_REQUEST_BODY * 6 + 4096;
+/// Longest a request's body may take to arrive.
+const READ_BODY: Duration = Duration::from_secs(10);
 
 type TokenDigest = [u8; 32];
+
+struct Admitted {
+    session: Weak<Session>,
+    /// The run's requests being read or answered now.
+    slots: Arc<Semaphore>,
+}
 
 /// Every run admitted now, by its token's digest.
 #[derive(Default)]
 pub struct Guard {
-    admitted: Mutex<HashMap<TokenDigest, Arc<Session>>>,
+    admitted: Mutex<HashMap<TokenDigest, Admitted>>,
 }
 
-/// One run's admission: its token, taken back when dropped.
+/// A run's token: shown only through `expose`, never by `Debug`.
+pub struct Token(String);
+
+impl Token {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+/// One run's admission; its token dies with it.
 pub struct Ticket {
     guard: Arc<Guard>,
     digest: TokenDigest,
-    /// For the sandbox (its environment), never for a log.
-    pub token: String,
+    pub token: Token,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if let Ok(mut m) = self.guard.admitted.lock() {
-            m.remove(&self.digest);
-        }
+        self.guard.table().remove(&self.digest);
     }
-}
-
-/// A call as the sandbox's client sends it.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CallShape {
-    method: String,
-    path: String,
-    #[serde(default)]
-    body: Option<serde_json::Value>,
 }
 
 fn digest(token: &str) -> TokenDigest {
@@ -74,63 +86,111 @@ fn digest(token: &str) -> TokenDigest {
 }
 
 impl Guard {
-    /// Admits `session` until the ticket drops, under a fresh token of 256
-    /// random bits (base64url).
-    pub fn admit(self: &Arc<Self>, session: Arc<Session>) -> std::io::Result<Ticket> {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<TokenDigest, Admitted>> {
+        self.admitted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admits `session` until the ticket drops or the session is gone,
+    /// under a fresh token of 256 random bits (base64url). Entries of runs
+    /// that are over are cleared here too, so the table never outgrows the
+    /// runs alive.
+    pub fn admit(self: &Arc<Self>, session: &Arc<Session>) -> std::io::Result<Ticket> {
         let mut raw = [0u8; 32];
         getrandom::fill(&mut raw).map_err(|e| std::io::Error::other(e.to_string()))?;
         let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
         let digest = digest(&token);
-        self.admitted
-            .lock()
-            .map_err(|_| std::io::Error::other("the guard's table is poisoned"))?
-            .insert(digest, session);
+        let mut table = self.table();
+        table.retain(|_, a| a.session.upgrade().is_some_and(|s| s.is_live()));
+        table.insert(
+            digest,
+            Admitted {
+                session: Arc::downgrade(session),
+                slots: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            },
+        );
         Ok(Ticket {
             guard: self.clone(),
             digest,
-            token,
+            token: Token(token),
         })
     }
 
-    /// The live session a request's token names, if any.
-    fn session(&self, headers: &HeaderMap) -> Option<Arc<Session>> {
-        let token = headers.get(TOKEN_HEADER)?.to_str().ok()?;
-        let s = self.admitted.lock().ok()?.get(&digest(token)).cloned()?;
-        s.is_live().then_some(s)
+    /// The live session a token names, and its slots.
+    fn admitted(&self, token: &str) -> Option<(Arc<Session>, Arc<Semaphore>)> {
+        let table = self.table();
+        let a = table.get(&digest(token))?;
+        let s = a.session.upgrade().filter(|s| s.is_live())?;
+        Some((s, a.slots.clone()))
     }
 
-    /// The guard's routes, to be served on its own listener.
+    /// The guard's service: every method and path is a call.
     pub fn router(self: Arc<Self>) -> axum::Router {
-        axum::Router::new()
-            .route(CALL_PATH, axum::routing::post(call))
-            .layer(DefaultBodyLimit::max(MAX_ENVELOPE))
-            .with_state(self)
+        axum::Router::new().fallback(call).with_state(self)
     }
 }
 
-async fn call(State(guard): State<Arc<Guard>>, headers: HeaderMap, body: Bytes) -> Response<Body> {
-    let Some(session) = guard.session(&headers) else {
+async fn call(State(guard): State<Arc<Guard>>, req: Request) -> Response<Body> {
+    let token = req
+        .headers()
+        .get(TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let Some((session, slots)) = guard.admitted(token) else {
         return broker_answer(
             StatusCode::FORBIDDEN,
             "not-permitted",
             "no grant is in force for this token",
         );
     };
-    let Ok(shape) = serde_json::from_slice::<CallShape>(&body) else {
+    let Ok(_slot) = slots.try_acquire_owned() else {
         return broker_answer(
-            StatusCode::BAD_REQUEST,
-            "not-permitted",
-            "the call must be JSON {method, path, body}",
+            StatusCode::TOO_MANY_REQUESTS,
+            "budget",
+            "16 calls are already in flight",
         );
     };
-    let body = shape.body.map(|b| b.to_string().into_bytes());
-    call_detached(session, shape.method, shape.path, body).await
+    let too_large = || {
+        broker_answer(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "budget",
+            "the request body is over 1 MiB",
+        )
+    };
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_REQUEST_BODY as u64) {
+        return too_large();
+    }
+    let method = req.method().as_str().to_string();
+    // The raw request target, exactly as sent, as on the socket: the
+    // broker refuses what it would have to rewrite, never repaired here.
+    let target = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    let read = Limited::new(req.into_body(), MAX_REQUEST_BODY).collect();
+    let body = match tokio::time::timeout(READ_BODY, read).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(_)) => return too_large(),
+        Err(_) => {
+            return broker_answer(
+                StatusCode::REQUEST_TIMEOUT,
+                "budget",
+                "the request body did not arrive in time",
+            );
+        }
+    };
+    let body = (!body.is_empty()).then(|| body.to_vec());
+    call_detached(session, method, target, body).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     async fn serve(app: axum::Router) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -139,12 +199,16 @@ mod tests {
         format!("http://{addr}")
     }
 
-    /// An upstream that answers every request with its path.
+    /// An upstream that answers every request with its method, path and
+    /// body, as it got them.
     async fn upstream() -> String {
-        serve(
-            axum::Router::new()
-                .fallback(|uri: axum::http::Uri| async move { uri.path().to_string() }),
-        )
+        serve(axum::Router::new().fallback(|req: Request| async move {
+            let head = format!("{} {}", req.method(), req.uri().path());
+            let body = axum::body::to_bytes(req.into_body(), 1 << 20)
+                .await
+                .unwrap_or_default();
+            format!("{head} {}", String::from_utf8_lossy(&body))
+        }))
         .await
     }
 
@@ -158,11 +222,20 @@ mod tests {
         Arc::new(Session::open(profile, "me", budget, client).expect("session"))
     }
 
-    async fn post(url: &str, token: &str, body: serde_json::Value) -> (u16, String, String) {
+    async fn send(
+        url: &str,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> (u16, String, String) {
         let r = reqwest::Client::new()
-            .post(format!("{url}{CALL_PATH}"))
+            .request(
+                reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+                format!("{url}{path}"),
+            )
             .header(TOKEN_HEADER, token)
-            .json(&body)
+            .body(body.to_vec())
             .send()
             .await
             .expect("send");
@@ -179,124 +252,73 @@ mod tests {
         )
     }
 
-    #[tokio::test]
-    async fn a_ticket_is_worth_its_runs_grant_and_nothing_once_dropped() {
-        let origin = upstream().await;
+    async fn guard() -> (Arc<Guard>, String, String) {
         let guard = Arc::new(Guard::default());
         let url = serve(guard.clone().router()).await;
-        let s = session(&origin, Duration::from_secs(30));
-        let ticket = guard.admit(s.clone()).expect("admit");
-        let call = json_call("GET", "/items/7");
+        (guard, url, upstream().await)
+    }
 
+    #[tokio::test]
+    async fn a_ticket_is_worth_its_runs_grant_and_nothing_once_dropped() {
+        let (guard, url, origin) = guard().await;
+        let s = session(&origin, Duration::from_secs(30));
+        let ticket = guard.admit(&s).expect("admit");
+        let token = ticket.token.expose().to_string();
+        assert_eq!(format!("{:?}", ticket.token), "Token(..)");
+
+        let got = send(&url, &token, "GET", "/items/7", b"").await;
+        assert_eq!(got, (200, "upstream".into(), "GET /items/7 ".into()));
+        // The body goes as it came, byte for byte: no JSON rewriting.
+        let body = br#"{"z":1,"a":12345678901234567890123,"a":2}"#;
+        let got = send(&url, &token, "POST", "/items", body).await;
         assert_eq!(
-            post(&url, &ticket.token, call.clone()).await,
-            (200, "upstream".into(), "/items/7".into())
+            got.2,
+            format!("POST /items {}", String::from_utf8_lossy(body))
         );
         // The broker still decides: an ungranted route is refused.
-        let (status, kind, _) = post(&url, &ticket.token, json_call("DELETE", "/items/7")).await;
+        let (status, kind, _) = send(&url, &token, "DELETE", "/items/7", b"").await;
         assert_eq!((status, kind.as_str()), (403, "not-permitted"));
         // Another token, or none, is nobody's.
-        assert_eq!(post(&url, "guess", call.clone()).await.0, 403);
-        let token = ticket.token.clone();
+        assert_eq!(send(&url, "guess", "GET", "/items/7", b"").await.0, 403);
+        assert_eq!(send(&url, "", "GET", "/items/7", b"").await.0, 403);
         drop(ticket);
-        // Replayed after its run: dead.
-        assert_eq!(post(&url, &token, call).await.0, 403);
-        assert_eq!(s.trace().calls.len(), 1);
+        // Replayed after its ticket: dead.
+        assert_eq!(send(&url, &token, "GET", "/items/7", b"").await.0, 403);
+        assert_eq!(s.trace().calls.len(), 2);
         assert_eq!(s.trace().denied, 1);
     }
 
     #[tokio::test]
-    async fn a_run_past_its_time_is_worth_nothing_even_admitted() {
-        let origin = upstream().await;
-        let guard = Arc::new(Guard::default());
-        let url = serve(guard.clone().router()).await;
-        let ticket = guard
-            .admit(session(&origin, Duration::from_millis(50)))
-            .expect("admit");
+    async fn a_token_dies_with_its_runs_session_or_time() {
+        let (guard, url, origin) = guard().await;
+        let s = session(&origin, Duration::from_secs(30));
+        let ticket = guard.admit(&s).expect("admit");
+        let token = ticket.token.expose().to_string();
+        // The run's session gone (the run over), its ticket leaked: dead,
+        // and the table does not keep the session alive.
+        drop(s);
+        assert_eq!(send(&url, &token, "GET", "/items/1", b"").await.0, 403);
+        std::mem::forget(ticket);
+        let short = session(&origin, Duration::from_millis(50));
+        let ticket = guard.admit(&short).expect("admit");
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(
-            post(&url, &ticket.token, json_call("GET", "/items/1"))
-                .await
-                .0,
-            403
-        );
+        let got = send(&url, ticket.token.expose(), "GET", "/items/1", b"").await;
+        assert_eq!(got.0, 403);
+        // Admitting clears runs that are over: the leaked entry is gone.
+        let live = session(&origin, Duration::from_secs(30));
+        let _t = guard.admit(&live).expect("admit");
+        assert_eq!(guard.table().len(), 1);
     }
 
     #[tokio::test]
-    async fn malformed_and_oversized_calls_and_other_routes_are_refused() {
-        let origin = upstream().await;
-        let guard = Arc::new(Guard::default());
-        let url = serve(guard.clone().router()).await;
-        let ticket = guard
-            .admit(session(&origin, Duration::from_secs(30)))
-            .expect("admit");
-        let c = reqwest::Client::new();
-        let sent = |path: &str, method: reqwest::Method, body: Vec<u8>| {
-            c.request(method, format!("{url}{path}"))
-                .header(TOKEN_HEADER, &ticket.token)
-                .body(body)
-                .send()
-        };
-        let status = |r: reqwest::Response| r.status().as_u16();
-        assert_eq!(
-            status(
-                sent(CALL_PATH, reqwest::Method::POST, b"{\"method\":1}".to_vec())
-                    .await
-                    .unwrap()
-            ),
-            400
-        );
-        assert_eq!(
-            status(
-                sent(
-                    CALL_PATH,
-                    reqwest::Method::POST,
-                    b"{\"method\":\"GET\",\"path\":\"/items/1\",\"extra\":1}".to_vec()
-                )
-                .await
-                .unwrap()
-            ),
-            400
-        );
-        assert_eq!(
-            status(
-                sent(
-                    CALL_PATH,
-                    reqwest::Method::POST,
-                    vec![b' '; MAX_ENVELOPE + 1]
-                )
-                .await
-                .unwrap()
-            ),
-            413
-        );
-        assert_eq!(
-            status(
-                sent(CALL_PATH, reqwest::Method::GET, Vec::new())
-                    .await
-                    .unwrap()
-            ),
-            405
-        );
-        assert_eq!(
-            status(
-                sent("/v1/other", reqwest::Method::POST, Vec::new())
-                    .await
-                    .unwrap()
-            ),
-            404
-        );
-        // A JSON body reaches the API as JSON.
-        let (status, kind, _) = post(
-            &url,
-            &ticket.token,
-            serde_json::json!({"method": "POST", "path": "/items", "body": {"n": 1}}),
-        )
-        .await;
-        assert_eq!((status, kind.as_str()), (200, "upstream"));
-    }
-
-    fn json_call(method: &str, path: &str) -> serde_json::Value {
-        serde_json::json!({"method": method, "path": path})
+    async fn an_oversized_body_is_refused_and_no_token_no_read() {
+        let (guard, url, origin) = guard().await;
+        let s = session(&origin, Duration::from_secs(30));
+        let ticket = guard.admit(&s).expect("admit");
+        let big = vec![b'x'; MAX_REQUEST_BODY + 1];
+        let got = send(&url, ticket.token.expose(), "POST", "/items", &big).await;
+        assert_eq!((got.0, got.1.as_str()), (413, "budget"));
+        assert_eq!(send(&url, "guess", "POST", "/items", &big).await.0, 403);
+        assert!(s.trace().calls.is_empty());
     }
 }
