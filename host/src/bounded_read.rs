@@ -25,14 +25,23 @@ pub enum Unread {
     TooLarge,
 }
 
+/// The flags every file read here is opened with (see above). A caller
+/// that opens through a directory handle of its own uses them too.
+pub const OPEN_FLAGS: i32 = libc::O_NONBLOCK | libc::O_NOCTTY;
+
 /// The bytes of the regular file at `path`, if at most `limit`, and its
 /// metadata as read from the descriptor.
 pub fn read_regular(path: &Path, limit: u64) -> Result<(Vec<u8>, Metadata), Unread> {
     let file = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .custom_flags(OPEN_FLAGS)
         .open(path)
         .map_err(Unread::Io)?;
+    read_opened(file, limit)
+}
+
+/// `read_regular` for a file already opened with `OPEN_FLAGS`.
+pub fn read_opened(file: std::fs::File, limit: u64) -> Result<(Vec<u8>, Metadata), Unread> {
     let meta = file.metadata().map_err(Unread::Io)?;
     if !meta.is_file() {
         return Err(Unread::NotAFile);

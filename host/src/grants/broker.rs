@@ -272,15 +272,33 @@ impl Session {
             return false;
         };
         let remaining = self.ends.saturating_duration_since(Instant::now());
-        let origin = self.profile.base_url.as_str().trim_end_matches('/');
-        let Ok(url) = url::Url::parse(&format!("{origin}{}", check.path_template())) else {
+        let Some(req) = self.outgoing("GET", check.path_template(), PROBE_TIMEOUT.min(remaining))
+        else {
             return false;
         };
-        let mut req = self.client.get(url).timeout(PROBE_TIMEOUT.min(remaining));
+        matches!(req.send().await, Ok(r) if r.status().is_success())
+    }
+
+    /// The request for `method` and `path` on the profile's origin, with
+    /// the run's credential: `None` unless the URL, parsed back, carries
+    /// exactly the approved path, so what goes on the wire is byte for byte
+    /// what was approved. Every request the broker sends is made here.
+    fn outgoing(
+        &self,
+        method: &'static str,
+        path: &str,
+        timeout: Duration,
+    ) -> Option<reqwest::RequestBuilder> {
+        let origin = self.profile.base_url.as_str().trim_end_matches('/');
+        let url = url::Url::parse(&format!("{origin}{path}"))
+            .ok()
+            .filter(|u| u.path() == path && u.query().is_none())?;
+        let method = reqwest::Method::from_bytes(method.as_bytes()).ok()?;
+        let mut req = self.client.request(method, url).timeout(timeout);
         if let Some(c) = &self.credential {
             req = req.header(reqwest::header::AUTHORIZATION, c.clone());
         }
-        matches!(req.send().await, Ok(r) if r.status().is_success())
+        Some(req)
     }
 
     /// One call the guest asked for.
@@ -344,25 +362,11 @@ impl Session {
             return self.deny(CallError::Budget("the run's time is spent"));
         }
 
-        // The URL is the origin and the approved path, parsed back to check
-        // that what goes on the wire is byte for byte what was approved.
-        let origin = self.profile.base_url.as_str().trim_end_matches('/');
-        let url = match url::Url::parse(&format!("{origin}{path}")) {
-            Ok(u) if u.path() == path && u.query().is_none() => u,
-            _ => return self.deny(CallError::NotPermitted(route::Denied::NotCanonical.text())),
-        };
         let method_name = route.method;
+        let Some(mut req) = self.outgoing(method_name, path, CALL_TIMEOUT.min(remaining)) else {
+            return self.deny(CallError::NotPermitted(route::Denied::NotCanonical.text()));
+        };
         let request_bytes = body.as_ref().map_or(0, Vec::len) as u64;
-        let mut req = self
-            .client
-            .request(
-                reqwest::Method::from_bytes(method_name.as_bytes()).unwrap_or(reqwest::Method::GET),
-                url,
-            )
-            .timeout(CALL_TIMEOUT.min(remaining));
-        if let Some(c) = &self.credential {
-            req = req.header(reqwest::header::AUTHORIZATION, c.clone());
-        }
         if let Some(b) = body {
             req = req
                 .header(reqwest::header::CONTENT_TYPE, "application/json")

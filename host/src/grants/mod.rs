@@ -14,7 +14,7 @@ pub mod catalog;
 pub mod describe;
 pub mod guard;
 pub mod mint;
-mod names;
+pub mod names;
 mod preamble;
 mod profile;
 pub mod route;

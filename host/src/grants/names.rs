@@ -2,7 +2,7 @@
 //! a client or an SDK method is installed under.
 
 /// A profile's name: what callers send and audit lines show.
-pub(crate) fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     (1..=128).contains(&name.len())
         && name
             .bytes()

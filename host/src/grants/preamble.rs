@@ -7,12 +7,13 @@
 //! neither `..` nor a symlink can name anything outside it, and only a
 //! regular file within the bound.
 
-use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
+
+use crate::bounded_read::{self, Unread};
 
 /// The largest preamble, inline or in a file.
 pub const MAX_PREAMBLE_BYTES: usize = 256 << 10;
@@ -58,22 +59,18 @@ fn read_inside(dir: &Path, name: &str) -> Result<String, String> {
     // holding the start until a writer comes.
     let mut options = cap_std::fs::OpenOptions::new();
     options.read(true);
-    cap_std::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK | libc::O_NOCTTY);
+    cap_std::fs::OpenOptionsExt::custom_flags(&mut options, bounded_read::OPEN_FLAGS);
     let file = root
         .open_with(name, &options)
         .map_err(|e| format!("cannot be read inside the grants directory: {e}"))?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err("is not a regular file".into());
-    }
-    let mut bytes = Vec::new();
-    file.into_std()
-        .take(MAX_PREAMBLE_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() > MAX_PREAMBLE_BYTES {
-        return Err(format!("is over {} KiB", MAX_PREAMBLE_BYTES >> 10));
-    }
+    let bytes = match bounded_read::read_opened(file.into_std(), MAX_PREAMBLE_BYTES as u64) {
+        Ok((bytes, _)) => bytes,
+        Err(Unread::Io(e)) => return Err(e.to_string()),
+        Err(Unread::NotAFile) => return Err("is not a regular file".into()),
+        Err(Unread::TooLarge) => {
+            return Err(format!("is over {} KiB", MAX_PREAMBLE_BYTES >> 10));
+        }
+    };
     String::from_utf8(bytes).map_err(|_| "is not UTF-8 text".into())
 }
 

@@ -142,7 +142,7 @@ fn from_openapi(args: FromOpenapiArgs) -> ExitCode {
 
 /// The options, or what is wrong with the command line.
 fn options(args: &FromOpenapiArgs) -> Result<Options, String> {
-    if !specgen::valid_profile_name(&args.profile) {
+    if !plimsoll::grants::names::valid_name(&args.profile) {
         return Err(format!(
             "--profile {:?}: a profile name is 1-128 of letters, digits, '.', '_', '-'",
             args.profile

@@ -116,12 +116,6 @@ pub struct Generated {
     pub warnings: Vec<String>,
 }
 
-/// Whether `name` may name a profile (1-128 letters, digits, `.`, `_`,
-/// `-`): the rule the grants file holds names to.
-pub fn valid_profile_name(name: &str) -> bool {
-    valid_name(name)
-}
-
 /// The profile, SDK and description `text` gives, or every error found.
 pub fn generate(text: &str, format: Format, opts: &Options) -> Result<Generated, Vec<String>> {
     let mut errors = check_options(opts);
