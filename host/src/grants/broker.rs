@@ -15,6 +15,7 @@
 //! matched.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -178,6 +179,8 @@ pub struct Session {
     credential: Option<HeaderValue>,
     client: reqwest::Client,
     in_flight: Semaphore,
+    /// Set when the run is over (`finish`): no call starts after it.
+    closed: AtomicBool,
     ends: Instant,
     state: Mutex<State>,
 }
@@ -201,6 +204,7 @@ impl Session {
             credential,
             client,
             in_flight: Semaphore::new(MAX_IN_FLIGHT),
+            closed: AtomicBool::new(false),
             ends: Instant::now() + budget,
             state: Mutex::new(State::default()),
         })
@@ -217,6 +221,17 @@ impl Session {
 
     pub fn profile_arc(&self) -> Arc<Profile> {
         self.profile.clone()
+    }
+
+    /// Ends the run's calls and reads its trace: no call starts from now,
+    /// and every call that started (it may have reached the API) is waited
+    /// for, at most `within`, so the trace holds it. A call is made in a
+    /// task of its own, which a run's end does not stop.
+    pub async fn finish(&self, within: Duration) -> CallTrace {
+        self.closed.store(true, Ordering::SeqCst);
+        let _ =
+            tokio::time::timeout(within, self.in_flight.acquire_many(MAX_IN_FLIGHT as u32)).await;
+        self.trace()
     }
 
     /// The run's trace so far.
@@ -264,7 +279,7 @@ impl Session {
             s.breaker_until = None;
             s.attempts -= 1;
         }
-        self.call(method, path, body).await
+        self.checked_call(method, path, body).await
     }
 
     async fn probe(&self) -> bool {
@@ -301,10 +316,33 @@ impl Session {
         Some(req)
     }
 
-    /// One call the guest asked for.
+    /// One call the guest asked for. Its slot is taken before anything is
+    /// counted against a route, so a call refused for want of one spends
+    /// no route's cap; and the close is checked after the slot, so a run's
+    /// `finish`, which waits for every slot, either sees the call through
+    /// or keeps it from starting.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Response, CallError> {
+        let Ok(_permit) = self.in_flight.try_acquire() else {
+            if let Ok(mut s) = self.state.lock() {
+                s.attempts += 1;
+            }
+            return self.deny(CallError::Budget("16 calls are already in flight"));
+        };
+        if self.closed.load(Ordering::SeqCst) {
+            return self.deny(CallError::NotPermitted("the run is over"));
+        }
+        self.checked_call(method, path, body).await
+    }
+
+    /// A call holding its slot.
     /// Long on purpose: the grant's checks in the order the promise states
     /// them, each counted in the CallTrace.
-    pub async fn call(
+    async fn checked_call(
         &self,
         method: &str,
         path: &str,
@@ -353,9 +391,6 @@ impl Session {
         };
         let Some((allow_index, route)) = checked else {
             return Box::pin(self.probe_then(method, path, body)).await;
-        };
-        let Ok(_permit) = self.in_flight.try_acquire() else {
-            return self.deny(CallError::Budget("16 calls are already in flight"));
         };
         let remaining = self.ends.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
@@ -463,145 +498,5 @@ async fn send(req: reqwest::RequestBuilder) -> Result<(u16, Option<Duration>, Ve
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
-
-    /// An API that is down: /items answers 503 (Retry-After 30) until
-    /// /health has answered once, and /health answers 503 the first time
-    /// and 200 after; /limited always answers 429.
-    async fn flaky_api() -> (String, Arc<[AtomicU32; 3]>) {
-        let hits: Arc<[AtomicU32; 3]> = Arc::new(Default::default());
-        let seen = hits.clone();
-        let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
-            let seen = seen.clone();
-            async move {
-                use axum::http::StatusCode;
-                let down = (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "30")]);
-                match uri.path() {
-                    "/items" => {
-                        seen[0].fetch_add(1, SeqCst);
-                        if seen[1].load(SeqCst) < 2 {
-                            return (down.0, down.1, "down");
-                        }
-                        (StatusCode::OK, down.1, "items")
-                    }
-                    "/hang" => {
-                        seen[1].fetch_add(1, SeqCst);
-                        tokio::time::sleep(Duration::from_secs(10)).await;
-                        (StatusCode::OK, down.1, "late")
-                    }
-                    "/health" => {
-                        if seen[1].fetch_add(1, SeqCst) == 0 {
-                            return (down.0, down.1, "still down");
-                        }
-                        (StatusCode::OK, down.1, "ok")
-                    }
-                    _ => {
-                        seen[2].fetch_add(1, SeqCst);
-                        (StatusCode::TOO_MANY_REQUESTS, down.1, "slow down")
-                    }
-                }
-            }
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        (format!("http://{addr}"), hits)
-    }
-
-    fn session(origin: &str) -> Session {
-        session_probing(origin, "/health")
-    }
-
-    fn session_probing(origin: &str, health: &str) -> Session {
-        let text = format!(
-            r#"{{"profiles":{{"p":{{"base_url":"{origin}","allow":["GET /items","GET /limited","GET {health}"],
-                "allowed_callers":["*"],"health_check":"GET {health}"}}}}}}"#
-        );
-        let grants = crate::grants::Grants::parse(&text, &|_| None, None).expect("grants");
-        let profile = grants.for_caller("p", "me").expect("profile");
-        let client = crate::outbound::client().expect("client");
-        Session::open(profile, "me", Duration::from_secs(30), client).expect("session")
-    }
-
-    #[tokio::test]
-    async fn an_open_breaker_probes_the_health_check_at_most_once_a_second() {
-        let (origin, hits) = flaky_api().await;
-        let s = session(&origin);
-        let items = || s.call("GET", "/items", None);
-        assert_eq!(items().await.map(|r| r.status), Ok(503));
-        // Open: shed at once, nothing sent.
-        assert_eq!(items().await, Err(CallError::Shed));
-        assert_eq!((hits[0].load(SeqCst), hits[1].load(SeqCst)), (1, 0));
-        // A second on: this call probes, the API is still down, it sheds.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert_eq!(items().await, Err(CallError::Shed));
-        assert_eq!((hits[0].load(SeqCst), hits[1].load(SeqCst)), (1, 1));
-        assert_eq!(
-            items().await,
-            Err(CallError::Shed),
-            "probed twice in a second"
-        );
-        assert_eq!(hits[1].load(SeqCst), 1);
-        // Another second: the probe answers 200, the breaker closes and the
-        // same call reaches the API.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert_eq!(items().await.map(|r| r.status), Ok(200));
-        assert_eq!((hits[0].load(SeqCst), hits[1].load(SeqCst)), (2, 2));
-        let t = s.trace();
-        assert_eq!(t.calls.len(), 2, "the probe is not traced");
-        assert_eq!(t.shed, 3);
-    }
-
-    #[tokio::test]
-    async fn a_probe_abandoned_midway_does_not_stop_later_probes() {
-        let (origin, hits) = flaky_api().await;
-        let s = session_probing(&origin, "/hang");
-        assert_eq!(
-            s.call("GET", "/items", None).await.map(|r| r.status),
-            Ok(503)
-        );
-        for probes in 1..=2 {
-            tokio::time::sleep(Duration::from_millis(1100)).await;
-            // The caller gives up while the probe waits on the API.
-            let call = s.call("GET", "/items", None);
-            assert!(
-                tokio::time::timeout(Duration::from_millis(300), call)
-                    .await
-                    .is_err()
-            );
-            assert_eq!(hits[1].load(SeqCst), probes, "probe {probes} was not sent");
-        }
-    }
-
-    #[tokio::test]
-    async fn a_429_is_never_probed() {
-        let (origin, hits) = flaky_api().await;
-        let s = session(&origin);
-        assert_eq!(
-            s.call("GET", "/limited", None).await.map(|r| r.status),
-            Ok(429)
-        );
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert_eq!(s.call("GET", "/limited", None).await, Err(CallError::Shed));
-        assert_eq!(s.call("GET", "/items", None).await, Err(CallError::Shed));
-        assert_eq!((hits[1].load(SeqCst), hits[2].load(SeqCst)), (0, 1));
-    }
-
-    #[test]
-    fn the_breaker_opens_only_on_back_off_answers_and_never_for_long() {
-        assert_eq!(backoff(200, Some(Duration::from_secs(5))), None);
-        assert_eq!(backoff(500, None), None);
-        assert_eq!(backoff(503, None), Some(Duration::from_secs(1)));
-        assert_eq!(
-            backoff(429, Some(Duration::from_secs(5))),
-            Some(Duration::from_secs(5))
-        );
-        assert_eq!(
-            backoff(503, Some(Duration::from_secs(3600))),
-            Some(MAX_BACKOFF)
-        );
-        assert_eq!(MAX_BACKOFF, Duration::from_secs(30));
-    }
-}
+#[path = "broker_tests.rs"]
+mod tests;

@@ -26,6 +26,9 @@ use crate::record::Link;
 use crate::refusal::Refusal;
 use crate::wire::RunRequest;
 
+/// Longest a run's answer waits for its grant's calls still at the API.
+const FINISH_CALLS: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Where a job runs.
 pub(crate) enum Target<'a> {
     /// A single run, in a sandbox of the provider's.
@@ -89,7 +92,13 @@ impl Daemon {
             }
         };
         let elapsed_ms = started.elapsed().as_millis() as i64;
-        let call_trace = work.grant.as_ref().map(|s| s.trace());
+        // The run is over: its broker starts no call now, and one already at
+        // the API (made in a task of its own) is waited for, so the trace
+        // holds every call that could have reached it.
+        let call_trace = match &work.grant {
+            Some(s) => Some(s.finish(FINISH_CALLS).await),
+            None => None,
+        };
         let grant_profile = work.grant.as_ref().map(|s| s.profile().name.clone());
         if let (Some(t), Some(p)) = (&call_trace, &grant_profile) {
             self.metrics.record_calls(p, t);
