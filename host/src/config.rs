@@ -17,6 +17,7 @@ use crate::attest::receipts::Receipts;
 use crate::callers::settings::{Auth, CallerSettings};
 use crate::env_vars::{ConfigError, Env, Var, invalid, var};
 use crate::grants::Grants;
+use crate::grants::guard::GuardSettings;
 use crate::plugin_host::settings::PluginSettings;
 use crate::providers::{ProviderKind, ProviderSettings};
 use crate::quota::QuotaSettings;
@@ -43,6 +44,7 @@ pub const PARTS: &[(&str, &[Var])] = &[
     ("replicas", crate::replicas::settings::VARIABLES),
     ("sessions", crate::sessions::settings::VARIABLES),
     ("grants", crate::grants::VARIABLES),
+    ("guard", crate::grants::guard::settings::VARIABLES),
     ("signed records", crate::attest::receipts::VARIABLES),
     ("providers", crate::providers::settings::VARIABLES),
     ("provider plugins", crate::plugin_host::settings::VARIABLES),
@@ -72,6 +74,8 @@ pub struct Config {
     pub providers: ProviderSettings,
     /// Grant profiles, frozen.
     pub grants: Arc<Grants>,
+    /// Where hosted sandboxes reach granted runs' brokers, if anywhere.
+    pub guard: Option<GuardSettings>,
     pub quotas: QuotaSettings,
     /// Where the per-caller limits are counted.
     pub state: StateSettings,
@@ -128,6 +132,7 @@ impl Config {
         let hardened = part(&mut errors, env.flag("PLIMSOLL_HARDENED"));
         let listeners = part(&mut errors, ListenerSettings::from_env(&env));
         let grants = part(&mut errors, Grants::from_env(&env));
+        let guard = part(&mut errors, GuardSettings::from_env(&env));
         let receipts = part(&mut errors, Receipts::from_env(&env));
         let callers = part(&mut errors, CallerSettings::from_env(&env));
         let quotas = part(&mut errors, QuotaSettings::from_env(&env));
@@ -166,10 +171,15 @@ impl Config {
         if let (Some(p), Some(g)) = (&providers, &grants)
             && !g.is_empty()
             && !p.kind.carries_grants()
+            // A plugin may carry one through a container engine or the
+            // guard: whether it does is known once it loads, and a start
+            // without a way is refused then (`providers::start`).
+            && !(matches!(p.kind, ProviderKind::Plugin(_))
+                && (p.docker.is_some() || matches!(guard, Some(Some(_)))))
         {
             errors.push(invalid(
                 "PLIMSOLL_GRANTS_FILE",
-                "grant profiles are configured, but this provider has no way to carry a grant (wasm and docker do)",
+                "grant profiles are configured, but this provider has no way to carry a grant (wasm and docker do; a hosted plugin needs PLIMSOLL_GUARD_ADDR and PLIMSOLL_GUARD_URL)",
             ));
         }
         // In hardened mode this is one of the violations it names together.
@@ -199,6 +209,7 @@ impl Config {
             Some(hardened),
             Some(listeners),
             Some(grants),
+            Some(guard),
             Some(callers),
             Some(quotas),
             Some(state),
@@ -206,8 +217,8 @@ impl Config {
             Some(sessions),
             Some(receipts),
         ) = (
-            providers, log_format, hardened, listeners, grants, callers, quotas, state, replicas,
-            sessions, receipts,
+            providers, log_format, hardened, listeners, grants, guard, callers, quotas, state,
+            replicas, sessions, receipts,
         )
         else {
             return Err(ConfigErrors(errors));
@@ -237,6 +248,7 @@ impl Config {
             callers,
             providers,
             grants: Arc::new(grants),
+            guard,
             quotas,
             state,
             replicas,

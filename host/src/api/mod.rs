@@ -37,6 +37,7 @@ mod conn_io;
 mod connect;
 pub mod connections;
 mod delivery;
+pub mod guard;
 mod mcp;
 #[cfg(test)]
 mod mutation_tests;

@@ -84,6 +84,12 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     // open (docs/callers.md).
     let nofile = plimsoll::fd_limit::raise();
     let ceiling = plimsoll::fd_limit::connection_ceiling(nofile);
+    // The guard's connections come out of the same share, before the API's.
+    let guard_limits = cfg.guard.as_ref().map(|_| {
+        let total = GUARD_CONNECTIONS.min(ceiling / 4).max(1);
+        api::serve::ConnectionLimits::new(total, GUARD_CONNECTIONS_PER_PEER.min(total))
+    });
+    let ceiling = ceiling - guard_limits.as_ref().map_or(0, |l| l.total);
     let total = match cfg.listeners.max_connections {
         None => ceiling,
         Some(n) if n as usize <= ceiling => n as usize,
@@ -116,7 +122,33 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("PLIMSOLL_METRICS_ADDR {addr}: {e}"))?,
         ),
     };
-    let provider = plimsoll::providers::start(&cfg.providers, &cfg.grants).await?;
+    // The guard, where hosted sandboxes reach granted runs' brokers: its
+    // TLS read and its port bound before any provider starts, as the API's.
+    let guard = match &cfg.guard {
+        None => None,
+        Some(g) => {
+            let tls = match &g.tls {
+                Some((cert, key)) => Some(
+                    plimsoll::tls::acceptor(cert, key)
+                        .map_err(|e| anyhow::anyhow!("the guard's TLS: {e}"))?,
+                ),
+                None => None,
+            };
+            let listener = tokio::net::TcpListener::bind(g.addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("PLIMSOLL_GUARD_ADDR {}: {e}", g.addr))?;
+            let guard = plimsoll::grants::guard::Guard::new(
+                plimsoll::grants::guard::Dial::from_settings(g),
+            );
+            Some((guard, listener, tls))
+        }
+    };
+    let provider = plimsoll::providers::start(
+        &cfg.providers,
+        &cfg.grants,
+        guard.as_ref().map(|(g, _, _)| g.clone()),
+    )
+    .await?;
     let limits = Limits::new(cfg.providers.max_concurrent);
     release_startup_memory();
     if !cfg.grants.is_empty() {
@@ -192,6 +224,24 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             )))
         }
     };
+    let guard_task = match (guard, guard_limits) {
+        (Some((guard, listener, tls)), Some(limits)) => {
+            tracing::info!(
+                addr = %listener.local_addr()?,
+                tls = tls.is_some(),
+                max_connections = limits.total,
+                "guard listening for hosted sandboxes"
+            );
+            Some(tokio::spawn(api::serve::serve(
+                listener,
+                api::guard::router(guard),
+                stopped(stop_rx.clone()),
+                tls,
+                limits,
+            )))
+        }
+        _ => None,
+    };
     tracing::info!(
         addr = %listener.local_addr()?,
         sandbox = ev.sandbox,
@@ -246,6 +296,9 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     if let Some(t) = metrics_task {
         let _ = t.await;
     }
+    if let Some(t) = guard_task {
+        let _ = t.await;
+    }
     match releasing.lock().await.take() {
         Some(release) => {
             let _ = release.await;
@@ -254,6 +307,12 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The guard's connections: hosted sandboxes of many runs may share one
+/// vendor NAT address, so the per-peer cap is most of the total; a
+/// connection that carried a live token is kept over strangers'.
+const GUARD_CONNECTIONS: usize = 1024;
+const GUARD_CONNECTIONS_PER_PEER: usize = 768;
 
 /// /metrics has no callers: a scraper needs a few connections, and an
 /// attacker's idle ones are always the first to go.

@@ -11,6 +11,7 @@ pub mod advice;
 mod answer;
 pub mod broker;
 pub mod catalog;
+mod clients;
 pub mod describe;
 pub mod guard;
 pub mod mint;

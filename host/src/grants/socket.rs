@@ -34,8 +34,7 @@ pub const MOUNT_POINT: &str = "/run/plimsoll";
 const MAX_CONNECTIONS: usize = 32;
 pub use super::answer::BROKER_HEADER;
 
-const NODE_CLIENT: &str = include_str!("clients/host.cjs");
-const PYTHON_CLIENT: &str = include_str!("clients/sitecustomize.py");
+use super::clients::{NODE as NODE_CLIENT, PYTHON as PYTHON_CLIENT};
 
 /// One run's (or one session's) socket directory and its server; both go
 /// when this is dropped.

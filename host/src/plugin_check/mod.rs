@@ -115,6 +115,7 @@ pub async fn describe(target: &Target, vars: &BTreeMap<String, String>) -> Resul
             exchange: None,
         }),
         engine: Engine::Given(RunsNothing::new()),
+        guard: None,
         instruments: None,
     }
     .describe(&settings)
@@ -182,6 +183,7 @@ pub async fn check(
         max_tier: p.max_tier.unwrap_or(Tier::Process),
         http: p.http.clone(),
         engine: Engine::from(settings.docker.as_ref()),
+        guard: None,
         instruments: Some(Instruments {
             watch: recorder.clone(),
             wrap_backend: wrap,

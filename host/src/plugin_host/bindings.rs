@@ -15,6 +15,7 @@ mod generated {
 
 pub use generated::PluginPre;
 pub use generated::plimsoll::provider::container_engine as engine_if;
+pub use generated::plimsoll::provider::grant as grant_if;
 pub use generated::plimsoll::provider::http as http_if;
 pub use generated::plimsoll::provider::log as log_if;
 pub use generated::plimsoll::provider::types;

@@ -22,6 +22,7 @@ use super::capabilities::config_keys::{ConfigState, ConfigView};
 use super::capabilities::container_engine::{
     ContainerEngine, ContainerEngineState, ContainerEngineView,
 };
+use super::capabilities::grant::{GrantState, GrantView};
 use super::capabilities::http::outgoing::{FIELDS_LIMIT, OutgoingHooks};
 use super::capabilities::http::{HttpCapability, HttpView};
 use super::capabilities::log::{LogState, LogView};
@@ -39,6 +40,10 @@ const TICKER_NAME: &str = "plimsoll-plugin-epoch";
 pub struct Granted {
     pub http: Option<Arc<HttpCapability>>,
     pub container_engine: Option<Arc<ContainerEngine>>,
+    /// The daemon's guard, where a hosted sandbox reaches a granted run's
+    /// broker (`grant`); none without one. Not an operator grant: every
+    /// plugin may ask, and only a granted call gets an answer.
+    pub guard: Option<Arc<crate::grants::guard::Guard>>,
     /// Pulled by `plimsoll plugin check` to stop the plugin mid-call, as
     /// its own trap would; none in the daemon.
     pub trip_wire: Option<Arc<TripWire>>,
@@ -110,6 +115,8 @@ pub struct Runner {
     pre: PluginPre<PluginState>,
     pub(super) exports: AdapterExports,
     pub(super) granted: Granted,
+    /// Whether the plugin imports `grant` (see `load`).
+    pub(super) imports_grant: bool,
     /// The plugin's configuration, as settled when it described itself
     /// (empty until then).
     pub(super) config: Arc<wasmtime_wasi_config::WasiConfigVariables>,
@@ -124,6 +131,7 @@ impl Runner {
         pre: PluginPre<PluginState>,
         exports: AdapterExports,
         granted: Granted,
+        imports_grant: bool,
         memory_limit: usize,
     ) -> Runner {
         let ticker = EpochTicker::start(&wasm, TICK, TICKER_NAME);
@@ -136,6 +144,7 @@ impl Runner {
             pre,
             exports,
             granted,
+            imports_grant,
             config: Arc::default(),
             memory_limit,
             _ticker: ticker,
@@ -174,6 +183,7 @@ impl Runner {
             ),
             call,
             log: LogState::new(self.name.clone()),
+            grant: GrantState::new(self.granted.guard.clone()),
             report: ProjectReport::default(),
             config: ConfigState::Settled(self.config.clone()),
             http: self.granted.http.clone(),
@@ -260,6 +270,7 @@ pub struct PluginState {
     http_hooks: OutgoingHooks,
     pub(super) call: CallContext,
     pub(super) log: LogState,
+    grant: GrantState,
     pub(super) report: ProjectReport,
     pub(super) config: ConfigState,
     http: Option<Arc<HttpCapability>>,
@@ -317,6 +328,12 @@ impl CallView for PluginState {
 impl LogView for PluginState {
     fn log(&mut self) -> &mut LogState {
         &mut self.log
+    }
+}
+
+impl GrantView for PluginState {
+    fn grant(&mut self) -> &mut GrantState {
+        &mut self.grant
     }
 }
 

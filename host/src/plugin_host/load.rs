@@ -91,6 +91,9 @@ pub struct Checked {
     component: Component,
     exports: AdapterExports,
     grants: Grants,
+    /// Whether it imports `grant`: how it carries a grant to a hosted
+    /// sandbox.
+    imports_grant: bool,
 }
 
 impl Pinned {
@@ -137,7 +140,7 @@ impl Pinned {
                 c
             }
         };
-        check_imports(&self.name, grants, &component, &wasm)?;
+        let imports_grant = check_imports(&self.name, grants, &component, &wasm)?;
         let exports = AdapterExports::find(&component).ok_or_else(|| {
             PluginError::Mismatch(
                 self.name.clone(),
@@ -151,21 +154,25 @@ impl Pinned {
             component,
             exports,
             grants,
+            imports_grant,
         })
     }
 }
 
 /// Checks the component's imports against the operator's grants: WASI is
 /// linked with an empty context (no files, no sockets, no environment), the
-/// plugin interfaces only where granted, anything else is refused.
+/// plugin interfaces only where granted, anything else is refused. Says
+/// whether `grant` is among them.
 fn check_imports(
     name: &str,
     grants: Grants,
     component: &Component,
     engine: &Engine,
-) -> Result<(), PluginError> {
+) -> Result<bool, PluginError> {
+    let mut imports_grant = false;
     for (import, _) in component.component_type().imports(engine) {
         let interface = import.split('@').next().unwrap_or(import);
+        imports_grant |= interface == capabilities::GRANT;
         let Some(granted) = granted_by(interface, grants) else {
             return Err(PluginError::UnknownImport(
                 name.to_string(),
@@ -179,7 +186,7 @@ fn check_imports(
             ));
         }
     }
-    Ok(())
+    Ok(imports_grant)
 }
 
 /// Whether `grants` allow importing `interface` (`None`: no plugin may).
@@ -191,7 +198,8 @@ fn granted_by(interface: &str, grants: Grants) -> Option<bool> {
         capabilities::TYPES
         | capabilities::LOG
         | capabilities::PROJECT_REPORT
-        | capabilities::CONFIG_KEYS => true,
+        | capabilities::CONFIG_KEYS
+        | capabilities::GRANT => true,
         capabilities::HTTP => grants.http,
         capabilities::CONTAINER_ENGINE => grants.container_engine,
         _ => return None,
@@ -232,6 +240,7 @@ impl Checked {
             pre,
             self.exports,
             granted,
+            self.imports_grant,
             (memory_mb as usize) << 20,
         );
         Ok(Linked {

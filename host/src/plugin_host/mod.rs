@@ -109,6 +109,12 @@ impl PluginProvider {
             .map(|e| &e.backend)
     }
 
+    /// Whether this plugin can carry a grant into a hosted sandbox: it
+    /// imports `grant`, and the daemon has a guard for it to hand out.
+    pub fn carries_hosted_grants(&self) -> bool {
+        self.runner.imports_grant && self.runner.granted.guard.is_some()
+    }
+
     /// The last readiness verdict, without asking the backend.
     pub fn ready(&self) -> Result<(), NotReady> {
         self.backend().map_or(Ok(()), |b| b.ready())

@@ -27,6 +27,7 @@ pub async fn start(settings: &ProviderSettings) -> Result<PluginProvider, StartE
         max_tier: Tier::Vm,
         http: None,
         engine: super::plugin::Engine::Docker(docker),
+        guard: None,
         instruments: None,
     }
     .start(settings)

@@ -145,8 +145,9 @@ pub enum StartError {
 pub async fn start(
     settings: &ProviderSettings,
     grants: &crate::grants::Grants,
+    guard: Option<Arc<crate::grants::guard::Guard>>,
 ) -> Result<Arc<dyn Provider>, StartError> {
-    Ok(match &settings.kind {
+    let provider: Arc<dyn Provider> = match &settings.kind {
         ProviderKind::Disabled => {
             tracing::warn!("SANDBOX_PROVIDER is unset: the Disabled provider refuses every run");
             Arc::new(disabled::Disabled)
@@ -159,8 +160,18 @@ pub async fn start(
             Arc::new(w)
         }
         ProviderKind::Docker => Arc::new(docker::start(settings).await?),
-        ProviderKind::Plugin(name) => Arc::new(plugin::start(name, settings).await?),
-    })
+        ProviderKind::Plugin(name) => Arc::new(plugin::start(name, settings, guard).await?),
+    };
+    // Profiles that no run here could carry are a configuration mistake,
+    // said at start rather than as a refusal on every granted request.
+    let offer = provider.offer();
+    if !grants.is_empty() && !offer.javascript_grants && !offer.project_grants {
+        provider.shutdown().await;
+        return Err(StartError::Backend(
+            "grant profiles are configured, but this provider cannot carry a grant: a plugin carries one through a container engine, or through `plimsoll:provider/grant` with PLIMSOLL_GUARD_ADDR and PLIMSOLL_GUARD_URL set".into(),
+        ));
+    }
+    Ok(provider)
 }
 
 /// The not-dispatched answer for a payload a provider was handed but does

@@ -8,6 +8,7 @@ use futures_util::future::{BoxFuture, ready};
 
 use super::{Evidence, Offer, Provider, ProviderSession, ProviderSettings, Resources, StartError};
 use crate::backends::docker::{self, DockerEngine};
+use crate::grants::guard::Guard;
 use crate::job::{Ended, Job, Output, Payload, SessionOptions};
 use crate::outcome::{NotReady, RunFailure};
 use crate::plugin_host::call::{Granted, TripWire};
@@ -22,8 +23,12 @@ use crate::plugin_host::{PluginError, PluginProvider};
 use crate::tier::Tier;
 
 /// Starts the plugin `name` from the plugin directory, with what the
-/// operator granted it.
-pub async fn start(name: &str, settings: &ProviderSettings) -> Result<PluginProvider, StartError> {
+/// operator granted it and the daemon's guard, if it has one.
+pub async fn start(
+    name: &str,
+    settings: &ProviderSettings,
+    guard: Option<Arc<Guard>>,
+) -> Result<PluginProvider, StartError> {
     let p = &settings.plugin;
     let plugin = Load {
         name,
@@ -32,6 +37,7 @@ pub async fn start(name: &str, settings: &ProviderSettings) -> Result<PluginProv
         max_tier: p.max_tier.unwrap_or(Tier::Process),
         http: p.http.clone(),
         engine: Engine::from(settings.docker.as_ref()),
+        guard,
         instruments: None,
     }
     .start(settings)
@@ -86,6 +92,8 @@ pub struct Load<'a> {
     pub max_tier: Tier,
     pub http: Option<HttpAllowance>,
     pub engine: Engine<'a>,
+    /// The daemon's guard, for a plugin that imports `grant`.
+    pub guard: Option<Arc<Guard>>,
     pub instruments: Option<Instruments>,
 }
 
@@ -109,6 +117,7 @@ impl Load<'_> {
             max_tier,
             http,
             engine,
+            guard,
             instruments,
         } = self;
         let cache = settings.open_compile_cache();
@@ -153,6 +162,7 @@ impl Load<'_> {
             Granted {
                 http,
                 container_engine: backend.map(|b| Arc::new(ContainerEngine::new(b))),
+                guard,
                 trip_wire,
             },
             settings.memory_mb,
@@ -175,8 +185,9 @@ impl Provider for PluginProvider {
 
     fn offer(&self) -> Offer {
         let d = self.described();
-        // Grants reach a run only through a container's broker socket.
-        let carries = self.backend().is_some();
+        // Grants reach a run through a container's broker socket, or a
+        // hosted sandbox's way to the guard.
+        let carries = self.backend().is_some() || self.carries_hosted_grants();
         Offer {
             javascript: d.runs_javascript,
             project: d.runs_project,
@@ -224,14 +235,16 @@ impl Provider for PluginProvider {
 
     fn session_offer(&self) -> Option<super::SessionOffer> {
         let s = self.described().sessions.as_ref()?;
+        let carries = self.backend().is_some() || self.carries_hosted_grants();
         Some(super::SessionOffer {
             javascript: s.javascript,
             project: s.project,
             cell_languages: s.cell_languages.clone(),
             // A container session mounts a broker directory that serves
-            // each granted call while it runs (see plugin_host/session.rs).
-            javascript_grants: self.backend().is_some() && s.javascript,
-            project_grants: self.backend().is_some() && s.project,
+            // each granted call while it runs (see plugin_host/session.rs);
+            // a hosted one is handed each granted call's channel.
+            javascript_grants: carries && s.javascript,
+            project_grants: carries && s.project,
             software_identity: None,
         })
     }

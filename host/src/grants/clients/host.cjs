@@ -1,21 +1,50 @@
-// The grant client for node in a container, preloaded (NODE_OPTIONS
-// --require) only in runs that carry a grant. It speaks HTTP to the broker
-// over the run's Unix socket; the broker decides everything. Same surface as
-// the QuickJS guest's client: call/get/put/post/patch/del, Promise-based,
-// JSON in and out, rejecting on anything but a 2xx.
+// The grant client for node, preloaded (NODE_OPTIONS --require) only in
+// runs that carry a grant. In a container it speaks HTTP to the broker over
+// the run's Unix socket; in a hosted sandbox, HTTPS to the daemon's guard
+// with the run's token, trusting only the authority it was handed if any.
+// The broker decides everything. Same surface as the QuickJS guest's client:
+// call/get/put/post/patch/del, Promise-based, JSON in and out, rejecting on
+// anything but a 2xx.
 'use strict';
 (function () {
   const socketPath = process.env.HOST_API_SOCKET;
+  const guardUrl = process.env.PLIMSOLL_GUARD_URL;
   const name = process.env.PLIMSOLL_GRANT_GLOBAL || 'host';
-  if (!socketPath) return;
-  const http = require('http');
+  if (!socketPath && !guardUrl) return;
+
+  // How one request goes out: options for http(s).request, and which.
+  let transport;
+  if (socketPath) {
+    const http = require('http');
+    transport = (options, onAnswer) => http.request({ socketPath, ...options }, onAnswer);
+  } else {
+    const https = require('https');
+    const guard = new URL(guardUrl);
+    const token = process.env.PLIMSOLL_GUARD_TOKEN || '';
+    const caFile = process.env.PLIMSOLL_GUARD_CA;
+    const ca = caFile ? require('fs').readFileSync(caFile) : undefined;
+    transport = (options, onAnswer) =>
+      https.request(
+        {
+          host: guard.hostname,
+          port: guard.port || 443,
+          servername: guard.hostname,
+          // Its own connection every time: no agent the snippet could
+          // reconfigure, no proxy from the environment.
+          agent: false,
+          ca,
+          ...options,
+          headers: { ...options.headers, 'x-plimsoll-guard': token },
+        },
+        onAnswer,
+      );
+  }
 
   function call(method, path, body) {
     return new Promise((resolve, reject) => {
       const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
-      const req = http.request(
+      const req = transport(
         {
-          socketPath,
           method: String(method).toUpperCase(),
           path: String(path),
           headers: payload ? { 'content-type': 'application/json', 'content-length': payload.length } : {},

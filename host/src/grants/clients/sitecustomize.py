@@ -2,13 +2,17 @@
 in runs that carry a grant. It installs `host` (or the profile's name) as a
 builtin: host.get(path), host.post(path, body), ..., host.call(method, path,
 body). Synchronous; JSON in and out; raises HostApiError on anything but a
-2xx. It speaks HTTP to the broker over the run's Unix socket."""
+2xx. In a container it speaks HTTP to the broker over the run's Unix
+socket; in a hosted sandbox, HTTPS to the daemon's guard with the run's
+token, trusting only the authority it was handed if any."""
 
 import builtins
 import http.client
 import json
 import os
 import socket
+import ssl
+import urllib.parse
 
 
 class HostApiError(Exception):
@@ -36,15 +40,45 @@ _PREFIX = {
 }
 
 
-class _Host:
+class _Guard:
+    """Connections to the daemon's guard: TLS to its name, verified against
+    the handed authority (or the system's), the run's token on each request."""
+
+    def __init__(self, url, token, cafile):
+        parsed = urllib.parse.urlsplit(url)
+        self._host, self._port = parsed.hostname, parsed.port or 443
+        self._token = token
+        self._context = ssl.create_default_context(cafile=cafile)
+
+    def connection(self):
+        return http.client.HTTPSConnection(self._host, self._port, context=self._context)
+
+    def headers(self):
+        return {"x-plimsoll-guard": self._token}
+
+
+class _Socket:
     def __init__(self, path):
         self._path = path
 
+    def connection(self):
+        return _Connection(self._path)
+
+    def headers(self):
+        return {}
+
+
+class _Host:
+    def __init__(self, transport):
+        self._transport = transport
+
     def call(self, method, path, body=None):
-        conn = _Connection(self._path)
+        conn = self._transport.connection()
         try:
             payload = None if body is None else json.dumps(body).encode()
-            headers = {"content-type": "application/json"} if payload is not None else {}
+            headers = self._transport.headers()
+            if payload is not None:
+                headers["content-type"] = "application/json"
             conn.request(str(method).upper(), str(path), body=payload, headers=headers)
             resp = conn.getresponse()
             text = resp.read().decode("utf-8", "replace")
@@ -80,7 +114,17 @@ class _Host:
         return self.call("PATCH", path, body)
 
 
-_socket = os.environ.get("HOST_API_SOCKET")
-if _socket:
-    setattr(builtins, os.environ.get("PLIMSOLL_GRANT_GLOBAL", "host"), _Host(_socket))
+def _transport():
+    if os.environ.get("HOST_API_SOCKET"):
+        return _Socket(os.environ["HOST_API_SOCKET"])
+    if os.environ.get("PLIMSOLL_GUARD_URL"):
+        return _Guard(os.environ["PLIMSOLL_GUARD_URL"],
+                      os.environ.get("PLIMSOLL_GUARD_TOKEN", ""),
+                      os.environ.get("PLIMSOLL_GUARD_CA") or None)
+    return None
+
+
+_transport_now = _transport()
+if _transport_now is not None:
+    setattr(builtins, os.environ.get("PLIMSOLL_GRANT_GLOBAL", "host"), _Host(_transport_now))
     builtins.HostApiError = HostApiError

@@ -10,21 +10,38 @@ use wasmtime::component::{Linker, WasmStr};
 use wasmtime::{AsContext, StoreContextMut};
 
 use crate::plugin_host::bindings::log_if;
-use crate::text::sanitize;
+use crate::text::{sanitize, truncate};
 
 /// Log lines one plugin call may write; the rest are dropped and counted.
 pub const LINES_PER_CALL: u32 = 200;
 const LINE_BYTES: usize = 512;
+/// Longer than any secret redacted from a line.
+const REDACT_MARGIN: usize = 64;
 
 /// One call's log budget.
 pub struct LogState {
     plugin: Arc<str>,
     lines: u32,
+    /// Secrets of this call the plugin was handed (a grant's token): cut
+    /// from every line it writes.
+    redacted: Vec<String>,
 }
 
 impl LogState {
     pub fn new(plugin: Arc<str>) -> LogState {
-        LogState { plugin, lines: 0 }
+        LogState {
+            plugin,
+            lines: 0,
+            redacted: Vec::new(),
+        }
+    }
+
+    /// Keeps `secret` out of every line written from now on in this call.
+    pub fn redact(&mut self, secret: String) {
+        debug_assert!(secret.len() <= REDACT_MARGIN);
+        if !secret.is_empty() {
+            self.redacted.push(secret);
+        }
     }
 
     /// Reports lines dropped over the budget; called when the call ends.
@@ -63,9 +80,17 @@ fn write<T: LogView>(store: &mut StoreContextMut<'_, T>, level: log_if::Level, m
         return;
     }
     let plugin = state.plugin.clone();
-    // Read in place and cut to the line budget before copying anything.
+    // Read in place and cut before copying anything; cut wide enough that
+    // a secret starting inside the line is whole when it is redacted (a
+    // token is 43 bytes), then to the line budget.
     let message = match message.to_str(store.as_context()) {
-        Ok(text) => sanitize(&text, LINE_BYTES),
+        Ok(text) => {
+            let mut text = truncate(&text, LINE_BYTES + REDACT_MARGIN).to_string();
+            for secret in &store.data_mut().log().redacted {
+                text = text.replace(secret.as_str(), "[redacted]");
+            }
+            sanitize(&text, LINE_BYTES)
+        }
         Err(_) => return,
     };
     let plugin = &*plugin;

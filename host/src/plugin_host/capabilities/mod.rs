@@ -13,6 +13,7 @@
 
 pub mod config_keys;
 pub mod container_engine;
+pub mod grant;
 pub mod http;
 pub mod log;
 pub mod project_report;
@@ -66,6 +67,8 @@ pub const HTTP: &str = "plimsoll:provider/http";
 pub const CONTAINER_ENGINE: &str = "plimsoll:provider/container-engine";
 pub const TYPES: &str = "plimsoll:provider/types";
 pub const CONFIG_KEYS: &str = "plimsoll:provider/config-keys";
+/// Needs no operator grant: it answers only in a granted call (`grant`).
+pub const GRANT: &str = "plimsoll:provider/grant";
 /// Every wasi:http interface (only the outgoing side and its types are
 /// linked, policed by `http::outgoing`): granted with `http`, from the same
 /// allowlist.
@@ -78,12 +81,14 @@ where
         + config_keys::ConfigView
         + project_report::ProjectReportView
         + http::HttpView
-        + container_engine::ContainerEngineView,
+        + container_engine::ContainerEngineView
+        + grant::GrantView,
 {
     log::add_to_linker(linker)?;
     config_keys::add_to_linker(linker)?;
     project_report::add_to_linker(linker)?;
     http::add_to_linker(linker)?;
     container_engine::add_to_linker(linker)?;
+    grant::add_to_linker(linker)?;
     Ok(())
 }

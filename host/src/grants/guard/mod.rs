@@ -16,8 +16,10 @@
 //! run's slots (at most MAX_IN_FLIGHT of its requests at once) and the
 //! declared length. The body is read within READ_BODY and MAX_REQUEST_BODY.
 //!
-//! Not wired yet: the listener (its own connection limits and deadlines,
-//! TLS off loopback) and the adapters that admit a run come next.
+//! The listener is the API's (`api::serve` and `api::guard`, with the
+//! guard's own connection limits; TLS off loopback, `settings`); a plugin
+//! admits a run through the `grant` capability, which hands the sandbox
+//! what it needs (`channel`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -34,10 +36,20 @@ use tokio::sync::Semaphore;
 use super::answer::{broker_answer, call_detached};
 use super::broker::{MAX_IN_FLIGHT, MAX_REQUEST_BODY, Session};
 
+mod channel;
+pub mod settings;
+
+pub use channel::{Channel, ChannelError};
+pub use settings::GuardSettings;
+
 /// The header the sandbox's client sends its run's token in.
 pub const TOKEN_HEADER: &str = "x-plimsoll-guard";
 /// Longest a request's body may take to arrive.
 const READ_BODY: Duration = Duration::from_secs(10);
+/// Bodies being read at once, over every run: what a flood of admitted
+/// runs' sandboxes can make the guard hold in memory (at most this many
+/// MiB).
+const BODY_SLOTS: usize = 64;
 
 type TokenDigest = [u8; 32];
 
@@ -47,10 +59,33 @@ struct Admitted {
     slots: Arc<Semaphore>,
 }
 
-/// Every run admitted now, by its token's digest.
-#[derive(Default)]
+/// Every run admitted now, by its token's digest, and how sandboxes dial
+/// the guard.
 pub struct Guard {
     admitted: Mutex<HashMap<TokenDigest, Admitted>>,
+    bodies: Arc<Semaphore>,
+    dial: Dial,
+}
+
+/// What a sandbox is told about reaching the guard.
+#[derive(Debug, Clone, Default)]
+pub struct Dial {
+    /// The origin, without a trailing slash.
+    pub url: String,
+    pub host: String,
+    pub port: u16,
+    pub ca_pem: Option<String>,
+}
+
+impl Dial {
+    pub fn from_settings(s: &GuardSettings) -> Dial {
+        Dial {
+            url: s.url.as_str().trim_end_matches('/').to_string(),
+            host: s.host.clone(),
+            port: s.port,
+            ca_pem: s.ca_pem.clone(),
+        }
+    }
 }
 
 /// A run's token: shown only through `expose`, never by `Debug`.
@@ -86,6 +121,18 @@ fn digest(token: &str) -> TokenDigest {
 }
 
 impl Guard {
+    pub fn new(dial: Dial) -> Arc<Guard> {
+        Arc::new(Guard {
+            admitted: Mutex::default(),
+            bodies: Arc::new(Semaphore::new(BODY_SLOTS)),
+            dial,
+        })
+    }
+
+    pub fn dial(&self) -> &Dial {
+        &self.dial
+    }
+
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<TokenDigest, Admitted>> {
         self.admitted.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -123,6 +170,11 @@ impl Guard {
         Some((s, a.slots.clone()))
     }
 
+    /// Whether `token` is a live run's (the listener trusts its connection).
+    pub fn admits(&self, token: &str) -> bool {
+        self.admitted(token).is_some()
+    }
+
     /// The guard's service: every method and path is a call.
     pub fn router(self: Arc<Self>) -> axum::Router {
         axum::Router::new().fallback(call).with_state(self)
@@ -147,6 +199,13 @@ async fn call(State(guard): State<Arc<Guard>>, req: Request) -> Response<Body> {
             StatusCode::TOO_MANY_REQUESTS,
             "budget",
             "16 calls are already in flight",
+        );
+    };
+    let Ok(reading) = guard.bodies.clone().try_acquire_owned() else {
+        return broker_answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shed",
+            "the guard is reading as many bodies as it may",
         );
     };
     let too_large = || {
@@ -184,6 +243,7 @@ async fn call(State(guard): State<Arc<Guard>>, req: Request) -> Response<Body> {
             );
         }
     };
+    drop(reading);
     let body = (!body.is_empty()).then(|| body.to_vec());
     call_detached(session, method, target, body).await
 }
@@ -253,7 +313,7 @@ mod tests {
     }
 
     async fn guard() -> (Arc<Guard>, String, String) {
-        let guard = Arc::new(Guard::default());
+        let guard = Guard::new(Dial::default());
         let url = serve(guard.clone().router()).await;
         (guard, url, upstream().await)
     }
