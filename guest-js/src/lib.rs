@@ -19,11 +19,11 @@ use rquickjs::{
     Value,
 };
 
+mod preamble;
+
 // The generated export glue takes `grant-client` flattened into plain
 // arguments, more than clippy's default allows; it is not ours to shape.
 #[allow(clippy::too_many_arguments)]
-mod preamble;
-
 mod bindings {
     wit_bindgen::generate!({
         world: "guest",

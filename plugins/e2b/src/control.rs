@@ -77,8 +77,15 @@ impl Service {
     }
 
     /// Creates a sandbox with internet access off and inbound traffic
-    /// locked, kept by the service for `lifetime_s` plus a margin.
-    pub fn create(&self, lifetime_s: u64, deadline: Instant) -> Result<Sandbox, RunError> {
+    /// locked, kept by the service for `lifetime_s` plus a margin. With
+    /// `guard` (a granted run's), its egress allows that one destination.
+    pub fn create(
+        &self,
+        lifetime_s: u64,
+        deadline: Instant,
+        guard: Option<(&str, u16)>,
+    ) -> Result<Sandbox, RunError> {
+        let network = egress(guard)?;
         let nonce = format!(
             "{:016x}{:016x}",
             wasi::random::random::get_random_u64(),
@@ -90,7 +97,7 @@ impl Service {
             "timeout": ttl,
             "secure": true,
             "allow_internet_access": false,
-            "network": {"denyOut": ["0.0.0.0/0"], "allowPublicTraffic": false},
+            "network": network,
             "metadata": {
                 LABEL_OWNER.0: LABEL_OWNER.1,
                 LABEL_NONCE: nonce,
@@ -165,6 +172,33 @@ impl Service {
             token: token.to_string(),
             traffic: traffic.to_string(),
         })
+    }
+
+    /// Sets a running sandbox's egress: everything denied, and with
+    /// `guard`, that one destination allowed (a session's granted call).
+    /// E2B replaces every rule with the body's, clearing what it omits, so
+    /// the denial is sent every time: a body with only the allowance would
+    /// leave the sandbox open to everything.
+    pub fn set_egress(
+        &self,
+        id: &str,
+        guard: Option<(&str, u16)>,
+        deadline: Instant,
+    ) -> Result<(), RunError> {
+        let mut network = egress(guard)?;
+        if let Some(n) = network.as_object_mut() {
+            // Ingress is not the update's to say; the field is not in it.
+            n.remove("allowPublicTraffic");
+            n.insert("allow_internet_access".into(), Value::Bool(false));
+        }
+        let path = format!("/sandboxes/{id}/network");
+        match self.call(Method::Put, &path, network.to_string().as_bytes(), deadline) {
+            Ok(Answer {
+                status: 204 | 200, ..
+            }) => Ok(()),
+            Ok(a) => Err(RunError::NotDispatched(refusal(a.status, &a.body))),
+            Err(e) => Err(lost(e, "the egress update")),
+        }
     }
 
     /// Deletes a sandbox: three tries, a 404 counts as done (its own
@@ -318,6 +352,24 @@ impl Service {
             next_token,
         })
     }
+}
+
+/// The `network` of a create: everything out denied, nothing in without
+/// the traffic token, and a granted run's guard allowed. E2B matches a
+/// domain by the TLS name on port 443 (or the Host header on 80) and opens
+/// an address on every port: a guard named by domain must be on 443.
+fn egress(guard: Option<(&str, u16)>) -> Result<Value, RunError> {
+    let mut network = json!({"denyOut": ["0.0.0.0/0"], "allowPublicTraffic": false});
+    if let Some((host, port)) = guard {
+        let is_address = host.parse::<std::net::Ipv4Addr>().is_ok();
+        if !is_address && port != 443 {
+            return Err(not_started(
+                "E2B allows a domain only on port 443: give the guard a URL on 443, or an IPv4 address",
+            ));
+        }
+        network["allowOut"] = json!([host]);
+    }
+    Ok(network)
 }
 
 /// The value of the listing's `metadata` query parameter: `key=value` pairs

@@ -33,6 +33,9 @@ pub struct Envd<'a> {
     /// deleted right after, which ends everything in it, and the cleanup
     /// time is better spent on the delete.
     kill_on_stop: bool,
+    /// What every command started here gets in its environment (a granted
+    /// call's way to its broker).
+    env: Vec<(String, String)>,
 }
 
 impl<'a> Envd<'a> {
@@ -42,6 +45,7 @@ impl<'a> Envd<'a> {
             service,
             sandbox,
             kill_on_stop: false,
+            env: Vec::new(),
         }
     }
 
@@ -51,7 +55,14 @@ impl<'a> Envd<'a> {
             service,
             sandbox,
             kill_on_stop: true,
+            env: Vec::new(),
         }
+    }
+
+    /// The same sandbox, with `env` for every command started through it.
+    pub fn with_env(mut self, env: Vec<(String, String)>) -> Envd<'a> {
+        self.env = env;
+        self
     }
 
     fn send(
@@ -89,8 +100,13 @@ impl<'a> Envd<'a> {
         // envd takes a directory for every command; `/` is always there.
         let cwd = command.cwd.unwrap_or("/");
         let limit = command.limit;
+        let envs: serde_json::Map<String, Value> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
         let request = json!({
-            "process": {"cmd": program, "args": args, "cwd": cwd, "envs": {}},
+            "process": {"cmd": program, "args": args, "cwd": cwd, "envs": envs},
             "stdin": false,
         })
         .to_string();

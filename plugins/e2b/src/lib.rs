@@ -50,12 +50,17 @@ impl wire::CloudAdapter for E2b {
         let deadline = wire::begin_call(u64::from(request.timeout_ms));
         let service = service()?;
         let lifetime_s = wire::seconds(request.timeout_ms);
+        // Asked before the sandbox exists: its egress is set at create.
+        let granted = wire::grant::channel()?;
+        let granted = granted.as_ref();
         match request.payload {
-            Payload::Javascript(code) => in_sandbox(&service, lifetime_s, deadline, |envd| {
-                snippet(envd, &code, request.output_limit, deadline)
-            })
-            .map(RunResult::Javascript),
-            Payload::Project(p) => in_sandbox(&service, lifetime_s, deadline, |envd| {
+            Payload::Javascript(code) => {
+                in_sandbox(&service, lifetime_s, deadline, granted, |envd| {
+                    snippet(envd, &code, request.output_limit, deadline)
+                })
+                .map(RunResult::Javascript)
+            }
+            Payload::Project(p) => in_sandbox(&service, lifetime_s, deadline, granted, |envd| {
                 wire::project::run(envd, PROJECT_DIR, &p, request.output_limit, deadline)
             })
             .map(RunResult::Project),
@@ -72,15 +77,24 @@ fn service() -> Result<Service, RunError> {
     wire::adapter::configured(Service::configured)
 }
 
-/// Creates a sandbox, runs `f` in it, and deletes it however `f` ended.
+/// Creates a sandbox, runs `f` in it, and deletes it however `f` ended. A
+/// granted run's sandbox can reach the guard and nothing else, and has the
+/// channel's files before `f` starts anything.
 fn in_sandbox<T>(
     service: &Service,
     lifetime_s: u64,
     deadline: Instant,
+    granted: Option<&wire::grant::Channel>,
     f: impl FnOnce(&Envd<'_>) -> Result<T, RunError>,
 ) -> Result<T, RunError> {
-    let sandbox: Sandbox = service.create(lifetime_s, deadline)?;
-    let outcome = f(&Envd::for_run(service, &sandbox));
+    let guard = granted.map(|g| (g.host.as_str(), g.port));
+    let sandbox: Sandbox = service.create(lifetime_s, deadline, guard)?;
+    let outcome = (|| {
+        let envd = Envd::for_run(service, &sandbox);
+        let Some(g) = granted else { return f(&envd) };
+        g.put(&envd, deadline)?;
+        f(&envd.with_env(g.env.clone()))
+    })();
     service.delete(&sandbox.id);
     outcome
 }

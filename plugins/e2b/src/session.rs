@@ -27,7 +27,8 @@ impl wire::Sessions for E2b {
     fn open_session(options: SessionOptions) -> Result<String, RunError> {
         let service = service()?;
         let deadline = wire::begin_call(u64::from(options.timeout_ms));
-        let sandbox = service.create(wire::seconds(options.lifetime_ms), deadline)?;
+        // No egress at all: a granted call opens the guard for its time only.
+        let sandbox = service.create(wire::seconds(options.lifetime_ms), deadline, None)?;
         Ok(session::state(&[
             &sandbox.id,
             &sandbox.token,
@@ -40,6 +41,19 @@ impl wire::Sessions for E2b {
         let service = service().map_err(|error| failure(error, None))?;
         let deadline = wire::begin_call(u64::from(request.timeout_ms));
         let envd = Envd::for_session(&service, &sandbox);
+        // A granted call: the guard reachable for this call only, its
+        // channel's files rewritten (the token is the call's own).
+        let granted = wire::grant::channel().map_err(|error| failure(error, None))?;
+        let envd = match &granted {
+            None => envd,
+            Some(g) => {
+                service
+                    .set_egress(&sandbox.id, Some((&g.host, g.port)), deadline)
+                    .and_then(|()| g.put(&envd, deadline))
+                    .map_err(|error| failure(error, None))?;
+                envd.with_env(g.env.clone())
+            }
+        };
         let outcome = match request.payload {
             Payload::Javascript(code) => {
                 snippet(&envd, &code, request.output_limit, deadline).map(RunResult::Javascript)
@@ -54,6 +68,10 @@ impl wire::Sessions for E2b {
         // spared (`0`). Run in a directory that is always there: the work
         // directory may not be yet (a session's first call may be a project).
         let swept = session::sweep(&envd, &leftovers::sweep(), "0", Some("/"));
+        // The guard closed again; the call's token is dead either way.
+        if granted.is_some() {
+            let _ = service.set_egress(&sandbox.id, None, wire::cleanup_deadline());
+        }
         // A failed call may mean the service ended the sandbox (its own
         // timeout, say).
         session::answer(outcome, swept, || {

@@ -50,7 +50,7 @@ impl wire::Startup for E2b {
         let deadline = wire::begin_call(PROBE_MS);
         let token = smoke::token();
         let sandbox = service
-            .create(PROBE_MS / 1000, deadline)
+            .create(PROBE_MS / 1000, deadline, None)
             .map_err(|e| format!("creating the probe sandbox failed: {}", describe(&e)))?;
         let envd = Envd::for_run(&service, &sandbox);
         // The directory is made on its own, so a lost upload shows as a

@@ -2,7 +2,7 @@
 //! (e2b, dockercloud, openshell) and the remote-plimsoll example share, so
 //! a new cloud adapter is its service's API and nothing else.
 //!
-//! - `bindings`: the `cloud-adapter` world, generated once, here; an
+//! - `bindings`: the `granted-cloud-adapter` world (`cloud-adapter` and `grant`), generated once, here; an
 //!   adapter implements `Startup`, `CloudAdapter` and `Sessions` (none
 //!   unless it says so), each beside its code (`adapter`), and exports it
 //!   with `plimsoll_plugin_wire::bindings::export!`.
@@ -13,6 +13,8 @@
 //!   `wasi:config/store`), declared and checked while it describes itself.
 //! - `smoke`: the startup smoke test's probe step, the script lines and
 //!   the checks every adapter's probe shares.
+//! - `grant`: a granted run's way to its broker through the daemon's
+//!   guard, written into the sandbox.
 //! - `session`: what sessions on a kept sandbox share: their state, the
 //!   sandbox's standing at a call, the sweep after each call and the answer
 //!   it shapes.
@@ -28,19 +30,20 @@
 pub mod adapter;
 pub mod capture;
 pub mod config;
+pub mod grant;
 pub mod project;
 pub mod sandbox;
 pub mod session;
 pub mod smoke;
 
-/// The `cloud-adapter` world's bindings, generated once for every cloud
+/// The `granted-cloud-adapter` world's bindings, generated once for every cloud
 /// adapter. Its `export!` is public, so an adapter's own crate (the
 /// component) exports its `CloudAdapter` with
 /// `plimsoll_plugin_wire::bindings::export!(MyAdapter);`: the exports, and
 /// the world's description they carry, are then emitted in that crate.
 pub mod bindings {
     wit_bindgen::generate!({
-        world: "cloud-adapter",
+        world: "granted-cloud-adapter",
         path: "../../wit/provider",
         generate_all,
         pub_export_macro: true,
