@@ -7,7 +7,8 @@ containers can be found and removed by label. `--init` reaps orphans, so a
 killed command's children do not linger as zombies. Each fake picks the
 network from what the create asked for (`none`: only `lo`, which is what
 makes "egress denied" true rather than claimed; `bridge`: docker's default
-network, the way out).
+network, the way out; or a jail's own network, jail.py, with the names it
+lets out written into /etc/hosts).
 A caller that names the sandbox's own main process (fake-openshell) gets
 that process in place of `sleep infinity`, and a container that stays once
 it ends, so how it ended can be read.
@@ -56,7 +57,8 @@ class Docker:
 
     def create(self, image: str, sandbox_id: str, *, network: str,
                env: "dict[str, str]", container_signs: bool = False,
-               main: "list[str] | None" = None, tty: bool = False) -> str:
+               main: "list[str] | None" = None, tty: bool = False,
+               hosts: "list[tuple[str, str]] | None" = None) -> str:
         """A prepared container; its ID.
 
         By default its main process is `sleep infinity` and docker removes
@@ -66,11 +68,14 @@ class Docker:
         pseudo-terminal: the container ends when it ends. Such a container
         is kept once it ends, so `wait` can say how it ended; `remove` takes
         it away. A main process that ends before the container is prepared
-        is not an error here: the container is returned, ended."""
+        is not an error here: the container is returned, ended. `hosts`
+        are (name, address) pairs for the container's /etc/hosts."""
         args = ["run", "-d"] + (["--rm"] if main is None else []) + [
             "--init", "--network", network,
             "--label", f"{LABEL}={self.instance_id}",
             "--label", f"{LABEL}.sandbox={sandbox_id}"]
+        for name, address in hosts or []:
+            args += ["--add-host", f"{name}:{address}"]
         for key, value in env.items():
             args += ["-e", f"{key}={value}"]
         if main is not None:
@@ -102,6 +107,28 @@ class Docker:
 
     def remove(self, container: str) -> None:
         self._run(["rm", "-f", container])
+
+    def join_network(self, container: str, network: str) -> None:
+        """Moves a running container onto `network`. One made with `--network
+        none` must leave `none` first: docker refuses to add a network to it."""
+        self._run(["network", "disconnect", "none", container])
+        done = self._run(["network", "connect", network, container])
+        if done.returncode != 0:
+            raise ContainerError("docker", done.stderr.decode(errors="replace").strip())
+
+    def leave_network(self, container: str, network: str) -> None:
+        self._run(["network", "disconnect", "-f", network, container])
+
+    def add_hosts(self, container: str, hosts: "list[tuple[str, str]]") -> None:
+        """Appends (name, address) lines to the container's /etc/hosts, as
+        root, for names it does not list yet (what `--add-host` does at
+        create, for a running container). Names are checked by the caller:
+        they go into a shell script only as arguments."""
+        listed = """awk -v n="$2" '{for (i = 2; i <= NF; i++) if ($i == n) f = 1} END {exit !f}'"""
+        script = (f'while [ $# -gt 1 ]; do {listed} /etc/hosts '
+                  '|| printf "%s\\t%s\\n" "$1" "$2" >> /etc/hosts; shift 2; done')
+        pairs = [word for name, address in hosts for word in (address, name)]
+        self._script(container, "root", script, *pairs)
 
     def remove_all(self) -> "list[str]":
         """Every container this fake instance made (by label), removed."""

@@ -8,6 +8,10 @@ running and paused sandboxes, filtered, newest first, in pages of at most
 fake counts the calls to each, so a test can show a client stays off the
 deprecated one.
 
+A running sandbox's egress rules can be replaced (`PUT
+/sandboxes/{id}/network`) for the sandboxes whose network the fake can
+change: those with none and those in a jail (egress.py, jail.py).
+
 Create comes in two versions. `POST /sandboxes` takes the published spec's
 `NewSandbox`; `POST /v2/sandboxes` takes `NewSandboxV2`, which the official
 SDK (2.63.0) sends: the same fields less `secure`, plus lifecycle, IAM and
@@ -20,7 +24,6 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as _dt
-import ipaddress
 import json
 import re
 import secrets
@@ -28,6 +31,7 @@ import threading
 import time
 from urllib.parse import unquote_plus
 
+import egress
 from container import ContainerError
 from httpio import BadRequest, Exchange
 from sandboxes import Registry, Sandbox
@@ -68,6 +72,12 @@ TIMEOUT_BODY = {"type": "object", "required": ["timeout"], "properties": {"timeo
 REFRESH_BODY = {"type": "object", "properties": {
     "duration": {"type": "integer", "min": 0, "max": 3600}}}
 CONNECT_BODY = TIMEOUT_BODY
+# SandboxNetworkUpdateConfig, the body of PUT /sandboxes/{id}/network, as
+# the published spec has it (E2B's SDK 2.63.0 also knows `dnsServers`; the
+# spec does not, so the fake refuses it as an unknown field).
+NETWORK_UPDATE = {"type": "object", "properties": {
+    "allowOut": STR_LIST, "denyOut": STR_LIST, "egressProxy": {**ANY_OBJECT, "nullable": True},
+    "rules": ANY_OBJECT, "allow_internet_access": BOOL}}
 CONNECT_V2_BODY = {"type": "object", "properties": {"timeout": TIMEOUT, "memory": BOOL}}
 
 
@@ -160,11 +170,12 @@ class ControlPlane:
             ("POST", "refreshes", False): self.refresh,
             ("POST", "connect", False): self.connect,
             ("POST", "connect", True): self.connect,
+            ("PUT", "network", False): self.update_network,
         }
         if route in handlers:
             return handlers[route](ex, sandbox_id)
         # In E2B's API but not in this fake (pause/resume, metrics, logs,
-        # snapshots, forks, network updates): say so rather than pretend.
+        # snapshots, forks): say so rather than pretend.
         return _error(ex, 501, f"{method} {path} is not implemented by fake-e2b")
 
     # ---- create ------------------------------------------------------------------------
@@ -187,7 +198,8 @@ class ControlPlane:
             return _error(ex, 404, f"template '{template}' not found")
         # Faults that break what a sandbox is, not what the API says.
         if self.faults.take("create_network_ignored") is not None:
-            spec["egress"] = True  # the lock asked for is not applied (and reads back as asked)
+            # The lock asked for is not applied (and reads back as asked).
+            spec["egress"], spec["domains"] = "open", []
         if self.faults.take("create_container_signs") is not None:
             spec["container_signs"] = True  # the sandbox shows it is a container
         delay = self.faults.take("create_delay")
@@ -219,20 +231,21 @@ class ControlPlane:
         """What the sandbox will be, from a valid body; Invalid for what the
         fake cannot honour (it refuses rather than pretends)."""
         network = body.get("network") or {}
-        for name in ("allowOut", "denyOut"):
-            for entry in network.get(name, []):
-                if not _valid_destination(entry, allow_domains=v2 and name == "allowOut"):
-                    raise Invalid(f"body.network.{name}: {entry!r} is not a CIDR or IP"
-                                  + (" or domain" if v2 and name == "allowOut" else ""))
+        try:
+            # Domains in allowOut on either version: both creates take the
+            # spec's SandboxNetworkConfig, whose allowOut "can be a CIDR
+            # block ..., a bare IP address ..., or a domain name".
+            egress.check_entries(network, "body.network")
+            kind, domains = egress.decide(body.get("allow_internet_access"), network)
+        except egress.Refused as e:
+            raise Invalid(str(e)) from None
         if body.get("autoPause"):
             raise Invalid("autoPause: pausing is not implemented by fake-e2b")
         for name in ("mcp", "iam", "volumeMounts"):
             if body.get(name):
                 raise Invalid(f"{name}: not implemented by fake-e2b")
-        for name in ("egressProxy", "rules", "httpsPorts"):
-            if network.get(name):
-                raise Invalid(f"network.{name}: not implemented by fake-e2b")
-        egress = _egress(body.get("allow_internet_access"), network)
+        if network.get("httpsPorts"):
+            raise Invalid("network.httpsPorts: not implemented by fake-e2b")
         secure = True if v2 else bool(body.get("secure"))
         return {
             "template_id": body["templateID"],
@@ -240,9 +253,9 @@ class ControlPlane:
             "metadata": body.get("metadata") or {},
             "env_vars": body.get("envVars") or {},
             # What the create said (None: nothing), as GET reads it back,
-            # and whether the sandbox gets a network.
+            # and which network the sandbox gets (egress.py).
             "allow_internet_access": body.get("allow_internet_access"),
-            "egress": egress,
+            "egress": kind, "domains": domains,
             "network": network or None,
             "access_token": secrets.token_hex(16) if secure else None,
             "traffic_token": (secrets.token_hex(16)
@@ -370,6 +383,41 @@ class ControlPlane:
             sandbox.end_at = max(sandbox.end_at, time.time() + body.get("timeout", 300))
             ex.json(200, self._created(sandbox))
 
+    def update_network(self, ex: Exchange, sandbox_id: str) -> None:
+        """`PUT /sandboxes/{id}/network`: "Replaces the current egress rules
+        with the provided configuration. Omitting field clears it." 204;
+        the body is checked first (400), then the sandbox (404, or 409 when
+        it is not running), as E2B's handler does. The fake changes a
+        sandbox with no network or in a jail into either; a sandbox on the
+        bridge network, or an update that would give the whole way out, is
+        refused with 400 as not implemented (README.md, "Egress")."""
+        try:
+            body = ex.read_json()
+            validate(NETWORK_UPDATE, body)
+            egress.check_entries(body, "body")
+            kind, domains = egress.decide(body.get("allow_internet_access"), body)
+        except (Invalid, BadRequest, egress.Refused) as e:
+            return _error(ex, 400, str(e))
+        sandbox = self.registry.get(sandbox_id)
+        if sandbox is None:
+            return _error(ex, 404, f"sandbox \"{sandbox_id}\" not found")
+        if sandbox.state != "running":
+            return _error(ex, 409, f"sandbox \"{sandbox_id}\" is not running")
+        if kind == "open" or sandbox.egress == "open":
+            if kind == sandbox.egress:
+                return ex.reply(204)  # the whole way out stays the whole way out
+            return _error(ex, 400, "network: opening a sandbox's way out, or narrowing a sandbox "
+                                   "that has it, on a running sandbox is not implemented by "
+                                   "fake-e2b (only a sandbox with no network or a jail changes)")
+        try:
+            if not self.registry.set_egress(sandbox, kind, domains):
+                return _error(ex, 409, f"sandbox \"{sandbox_id}\" is not running")
+        except (ContainerError, RuntimeError) as e:
+            return _error(ex, 500, f"cannot update the sandbox's network: {e}")
+        sandbox.network = egress.after_update(sandbox.network, body)
+        sandbox.allow_internet_access = body.get("allow_internet_access")
+        ex.reply(204)
+
 
 # ---- listing's query ------------------------------------------------------------------
 
@@ -457,46 +505,3 @@ def _v2_query(ex: Exchange) -> dict:
     return {"states": states, "order": order, "limit": limit,
             "after": _uncursor(token) if token else None,
             "started_after": started_after, "template": ex.arg("template")}
-
-
-ALL_TRAFFIC = "0.0.0.0/0"  # what E2B's SDKs name ALL_TRAFFIC
-
-
-def _egress(allow_internet_access: "bool | None", network: dict) -> bool:
-    """Whether a sandbox gets a network, from a valid create body; Invalid
-    for egress rules the fake cannot enforce (README.md, "Egress").
-
-    E2B's default is internet access on. `allow_internet_access: false`
-    is `denyOut: ["0.0.0.0/0"]` (the spec says so), and allowed entries
-    win over denied ones. A container either has docker's bridge network
-    or none, so only "nothing denied" and "everything denied, nothing
-    allowed" can be honoured; anything between is refused, never widened
-    or narrowed in silence."""
-    allow_out = list(network.get("allowOut") or [])
-    deny_out = list(network.get("denyOut") or [])
-    domains = [e for e in allow_out if not _valid_destination(e, allow_domains=False)]
-    if domains and ALL_TRAFFIC not in deny_out:
-        # As E2B's API refuses it: a domain can only be allowed out of
-        # a sandbox whose traffic is otherwise all denied.
-        raise Invalid("network.allowOut: domains need network.denyOut to hold "
-                      f"{ALL_TRAFFIC} (ALL_TRAFFIC)")
-    if allow_internet_access is False:
-        deny_out = deny_out + [ALL_TRAFFIC]
-    if not deny_out:
-        return True  # nothing denied: allowOut alone narrows nothing
-    if ALL_TRAFFIC in deny_out and not allow_out:
-        return False  # everything denied, nothing allowed
-    raise Invalid("network: per-destination egress rules (a denyOut other than "
-                  f"{ALL_TRAFFIC}, or allowOut beside a denial) are not implemented by "
-                  "fake-e2b; it gives a sandbox the whole network (nothing denied) or none "
-                  f"(allow_internet_access false, or denyOut {ALL_TRAFFIC} with no allowOut)")
-
-
-def _valid_destination(entry: str, *, allow_domains: bool) -> bool:
-    try:
-        ipaddress.ip_network(entry, strict=False)
-        return True
-    except ValueError:
-        pass
-    return allow_domains and re.fullmatch(
-        r"(\*\.)?([a-z0-9]([a-z0-9-]*[a-z0-9])?\.)+[a-z]{2,}", entry.lower()) is not None

@@ -8,6 +8,7 @@ the edge; any other request is for the API (control plane). Fake-only
 endpoints live under `/_fake/`. Each sandbox is a real docker container.
 
     python3 fake_e2b.py --port 0 --api-key KEY [--ready-file PATH]
+                        [--resolve NAME:PORT=HOST:PORT ...] [--jail-pool CIDR]
 
 prints `listening 127.0.0.1:PORT` as its first line (and writes the same
 line to the ready file), and removes every container it made on SIGTERM or
@@ -35,7 +36,9 @@ from container import Docker  # noqa: E402
 from control_plane import ControlPlane  # noqa: E402
 from envd import ENVD_PORT, Envd  # noqa: E402
 from faults import FaultError, Faults  # noqa: E402
+from forwarder import ResolveTable  # noqa: E402
 from httpio import BadRequest, Exchange  # noqa: E402
+from jail import DEFAULT_POOL, Jails  # noqa: E402
 from sandboxes import Registry, new_id  # noqa: E402
 
 DEFAULT_IMAGE = "plimsoll/sandbox:bookworm"
@@ -153,13 +156,18 @@ class FakeE2B:
                  image: str = DEFAULT_IMAGE, templates: "dict[str, str] | None" = None,
                  domain: "str | None" = None,
                  envd_version: str = ENVD_VERSION, docker: str = "docker",
-                 verbose: bool = False, tls: "tuple[str, str] | None" = None) -> None:
+                 verbose: bool = False, tls: "tuple[str, str] | None" = None,
+                 resolve: "list[str] | None" = None, jail_pool: str = DEFAULT_POOL) -> None:
         self.instance_id = "fake-e2b-" + new_id(12)  # the container label's value
         self.host, self.port, self.verbose = host, port, verbose
         self.tls = tls  # (certificate chain PEM, key PEM) paths: serve https
         self.faults = Faults()
         self.docker = Docker(self.instance_id, docker)
-        self.registry = Registry(self.docker)
+        # Where a jailed sandbox's allowed names are dialled: the fake's
+        # stand-in for public DNS (`NAME:PORT=HOST:PORT` entries).
+        self.resolve = ResolveTable(resolve)
+        self.jails = Jails(self.instance_id, self.resolve, pool=jail_pool, docker=docker)
+        self.registry = Registry(self.docker, self.jails)
         self.control = ControlPlane(self.registry, self.faults, api_key=api_key,
                                     templates=templates or {"base": image},
                                     envd_version=envd_version, domain=domain)
@@ -176,6 +184,9 @@ class FakeE2B:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> "FakeE2B":
+        # What a fake that died without cleaning up left: its jails' rules
+        # and networks (only a dead owner's; see jail.py).
+        self.swept = self.jails.sweep()
         handler = type("Handler", (_Handler,), {"fake": self})
         if self.tls:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -239,6 +250,8 @@ class FakeE2B:
                 "containers": {s.id: s.container for s in live},
                 **self.registry.counts, "faults": self.faults.snapshot(),
                 "paused": [s.id for s in live if s.state == "paused"],
+                "jails": {s.id: {**s.jail.describe(), "domains": s.gate.domains}
+                          for s in live if s.jail is not None},
                 "listings": dict(self.control.listings),
                 "templates_used": dict(self.control.templates_used),
                 "connections": self._server.connections if self._server else 0,
@@ -300,12 +313,26 @@ def main(argv: "list[str] | None" = None) -> int:
     parser.add_argument("--domain", help="the domain create answers name (default: null)")
     parser.add_argument("--tls-cert", help="serve https with this PEM certificate chain")
     parser.add_argument("--tls-key", help="the PEM private key for --tls-cert")
+    parser.add_argument("--resolve", action="append", default=[], metavar="NAME:PORT=HOST:PORT",
+                        help="where a jailed sandbox's firewall dials an allowed NAME:PORT "
+                             "(curl style; repeatable): the fake's public DNS")
+    parser.add_argument("--jail-pool", default=DEFAULT_POOL, metavar="CIDR",
+                        help=f"IPv4 range the jails' /28 networks come from (default "
+                             f"{DEFAULT_POOL})")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
+    try:
+        ResolveTable(args.resolve)
+    except ValueError as e:
+        parser.error(f"--resolve: {e}")
 
-    fake = FakeE2B(args.api_key, port=args.port, image=args.image, domain=args.domain,
-                   verbose=args.verbose,
-                   tls=(args.tls_cert, args.tls_key) if args.tls_cert else None).start()
+    try:
+        fake = FakeE2B(args.api_key, port=args.port, image=args.image, domain=args.domain,
+                       verbose=args.verbose, resolve=args.resolve, jail_pool=args.jail_pool,
+                       tls=(args.tls_cert, args.tls_key) if args.tls_cert else None)
+    except ValueError as e:
+        parser.error(str(e))
+    fake.start()
     done = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: done.set())

@@ -2,9 +2,12 @@
 
 A `Registry` owns every live sandbox, enforces each one's timeout (a reaper
 thread kills it when its end time passes, as E2B does), and keeps the counts
-the leak accounting reads. A `Process` is one command started through envd:
-its output is read from `docker exec` in chunks and handed to every stream
-subscribed to it (Start's, and any Connect's).
+the leak accounting reads. A jailed sandbox's jail (jail.py) is made before
+its container and closed after it, so no container runs on a network with
+nothing guarding it, and no jail outlives its sandbox. A `Process` is one
+command started through envd: its output is read from `docker exec` in
+chunks and handed to every stream subscribed to it (Start's, and any
+Connect's).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import threading
 import time
 
 from container import Docker
+from egress import DOMAIN_PORTS, DomainGate, hosts_for
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 READ_CHUNK = 32 * 1024  # how much output one DataEvent carries at most
@@ -152,10 +156,15 @@ class Sandbox:
         self.access_token: "str | None" = spec.get("access_token")
         self.traffic_token: "str | None" = spec.get("traffic_token")
         # What the create said about internet access (None: nothing), and
-        # whether the sandbox has a network.
+        # which network the sandbox has: "open", "none" or "jail" (egress.py).
         self.allow_internet_access: "bool | None" = spec.get("allow_internet_access")
-        self.egress: bool = bool(spec.get("egress"))
+        self.egress: str = spec.get("egress") or "none"
         self.network: "dict | None" = spec.get("network")
+        # A jailed sandbox's jail and the domains it lets out (None: no jail).
+        self.jail = None
+        self.gate: "DomainGate | None" = None
+        # Held while the sandbox's network changes or its jail goes.
+        self.network_lock = threading.Lock()
         self.envd_version: str = spec["envd_version"]
         self.started_at = time.time()
         self.end_at = self.started_at + spec["timeout"]
@@ -189,8 +198,9 @@ class Sandbox:
 class Registry:
     """Live sandboxes, their timeouts, and the create/delete counts."""
 
-    def __init__(self, docker: Docker) -> None:
+    def __init__(self, docker: Docker, jails=None) -> None:
         self.docker = docker
+        self.jails = jails  # jail.Jails, or None: a jail cannot be made
         self._lock = threading.Lock()
         self._sandboxes: "dict[str, Sandbox]" = {}
         self.counts = {"creates": 0, "deletes": 0, "expired": 0}
@@ -200,18 +210,66 @@ class Registry:
 
     def create(self, image: str, spec: dict) -> Sandbox:
         sandbox_id = new_id()
-        container = self.docker.create(image, sandbox_id,
-                                       network="bridge" if spec.get("egress") else "none",
-                                       container_signs=bool(spec.get("container_signs")),
-                                       env=spec.get("env_vars") or {})
+        kind = spec.get("egress") or "none"
+        network, hosts, jail, gate = {"open": "bridge"}.get(kind, "none"), [], None, None
+        if kind == "jail":
+            gate = DomainGate(spec.get("domains") or [])
+            jail = self._jail(sandbox_id, gate)
+            network, hosts = jail.network, hosts_for(gate.domains, jail.gateway)
+        try:
+            container = self.docker.create(image, sandbox_id, network=network, hosts=hosts,
+                                           container_signs=bool(spec.get("container_signs")),
+                                           env=spec.get("env_vars") or {})
+        except Exception:
+            if jail is not None:
+                jail.close()
+            raise
         sandbox = Sandbox(sandbox_id, container, spec)
+        sandbox.jail, sandbox.gate = jail, gate
         with self._lock:
             if self._stop.is_set():  # stopping: do not hand out a sandbox nobody will reap
                 self.docker.remove(container)
+                if jail is not None:
+                    jail.close()
                 raise RuntimeError("the fake is stopping")
             self._sandboxes[sandbox_id] = sandbox
             self.counts["creates"] += 1
         return sandbox
+
+    def _jail(self, sandbox_id: str, gate: DomainGate):
+        if self.jails is None:
+            raise RuntimeError("this fake makes no jails")
+        return self.jails.open(sandbox_id, DOMAIN_PORTS, gate.allows)
+
+    def set_egress(self, sandbox: Sandbox, kind: str, domains: "list[str]") -> bool:
+        """Changes a running sandbox with no network or a jail to `none` or
+        `jail` with these domains; False when the sandbox is gone. A jail,
+        once made, stays for the sandbox's life: `none` is a jail that lets
+        no name out (what E2B's firewall does with every name when nothing
+        is allowed: accepts, then closes). Names newly allowed are written
+        into the sandbox's /etc/hosts; names no longer allowed keep their
+        line and are refused by the forwarder."""
+        with sandbox.network_lock:
+            if sandbox.removed:
+                return False
+            if sandbox.jail is not None:
+                sandbox.gate.set(domains)
+                sandbox.egress = "jail"
+            elif kind == "jail":
+                gate = DomainGate(domains)
+                jail = self._jail(sandbox.id, gate)
+                try:
+                    self.docker.join_network(sandbox.container, jail.network)
+                except Exception:
+                    # Off the network again (if it got on), so the network can go;
+                    # the sandbox keeps no network at all.
+                    self.docker.leave_network(sandbox.container, jail.network)
+                    jail.close()
+                    raise
+                sandbox.jail, sandbox.gate, sandbox.egress = jail, gate, "jail"
+            if sandbox.jail is not None:
+                self.docker.add_hosts(sandbox.container, hosts_for(domains, sandbox.jail.gateway))
+            return True
 
     def get(self, sandbox_id: str) -> "Sandbox | None":
         with self._lock:
@@ -241,6 +299,9 @@ class Registry:
             sandbox.removed = True
             self.counts["expired" if expired else "deletes"] += 1
         self.docker.remove(sandbox.container)
+        with sandbox.network_lock:
+            if sandbox.jail is not None:
+                sandbox.jail.close()  # its rules, its forwarder, its network
         return True
 
     def _reap(self) -> None:
@@ -256,3 +317,5 @@ class Registry:
         for sandbox in self.all():
             self.remove(sandbox.id)
         self.docker.remove_all()  # anything a crash or race left behind, by label
+        if self.jails is not None:
+            self.jails.remove_own()

@@ -15,20 +15,22 @@ GetSandbox answers is that stored spec. Each sandbox is a real container
 whose main process is the stored command: when it ends, the sandbox is
 terminal, COMPLETED for exit 0 and ERROR otherwise, with the exit code.
 Its network follows the stored policy: none when the policy has no
-`network_policies` entry (OpenShell then denies every connection out),
-docker's bridge network when it has one, or when the create sent no policy
-at all (README.md says why). An exec runs the command in it for real as
-the sandbox user, through bash as the gateway does (`bash -lc`, or `bash -c`
-with `no_login_shell`), in `/sandbox` unless a working directory is given (stdin
-from the stream's frames, stdout and stderr as they come, then the exit; a
+`network_policies` endpoint (OpenShell then denies every connection out),
+a jail when it has some (its own network, where only the endpoints'
+hosts at their ports are let out, to where the `resolve` table says:
+network_policy.py and ../e2b/jail.py), and docker's bridge network when
+the create sent no policy at all (README.md says why). An exec runs the
+command in it for real as the sandbox user, through bash as the gateway
+does (`bash -lc`, or `bash -c` with `no_login_shell`), in `/sandbox`
+unless a working directory is given (stdin from the stream's frames, stdout and stderr as they come, then the exit; a
 cancelled call kills the command's process group). GetSandboxConfig
 answers the policy the sandbox was created with and its hash, computed as
 the client computes it. Requests are checked as the gateway checks them (a
 spec, a name, a command, the workspace, a page), and the fake counts live
 sandboxes. README.md says, field by field, what the gateway does and what
 the fake does. Knobs (`KNOBS`) make it misbehave the ways a
-gateway can. It shares the container runner and the knob table with
-fake-e2b.
+gateway can. It shares the container runner, the knob table and the
+jails with fake-e2b.
 """
 
 from __future__ import annotations
@@ -51,8 +53,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "e2b"))
 sys.path.insert(0, str(HERE))
 import messages as m  # noqa: E402
+import network_policy  # noqa: E402
 from container import ContainerError, Docker  # noqa: E402
 from faults import Faults  # noqa: E402
+from forwarder import ResolveTable  # noqa: E402
+from jail import DEFAULT_POOL, JailError, Jails  # noqa: E402
 from protowire import WireError, decode, encode  # noqa: E402
 
 SERVICE = "openshell.v1.OpenShell"
@@ -87,16 +92,6 @@ KNOBS: "dict[str, dict]" = {
 }
 
 
-def _policy_opens(policy: "dict | None") -> bool:
-    """Whether a sandbox with this stored policy gets a way out. OpenShell
-    denies every connection out that no `network_policies` entry allows; a
-    container cannot be given one endpoint, so one entry opens them all.
-    Without any policy the sandbox's supervisor takes the one its image
-    carries, which may allow endpoints: the fake, which runs its own image
-    whatever was asked, takes the open reading (README.md)."""
-    return policy is None or bool(policy.get("network_policies"))
-
-
 class Sandbox:
     def __init__(self, sid: str, name: str, labels: "dict[str, str]", spec: dict,
                  container: str) -> None:
@@ -108,6 +103,7 @@ class Sandbox:
         self.exit_code: "int | None" = None
         self.processes: "list[subprocess.Popen]" = []
         self.flags: "set[str]" = set()
+        self.jail = None  # its jail (../e2b/jail.py), when its policy names endpoints
 
     def phase(self, *, read: bool = False) -> int:
         """The phase now; `read` counts this as one of the reads a slow
@@ -135,7 +131,8 @@ class Sandbox:
 class FakeOpenShell:
     def __init__(self, *, tls: "tuple[str, str]", client_ca: "str | None" = None,
                  bearer: "str | None" = None, image: str = DEFAULT_IMAGE,
-                 docker: str = "docker", workspaces: "tuple[str, ...]" = ("default",)) -> None:
+                 docker: str = "docker", workspaces: "tuple[str, ...]" = ("default",),
+                 resolve: "list[str] | None" = None, jail_pool: str = DEFAULT_POOL) -> None:
         self.tls, self.client_ca, self.bearer, self.image = tls, client_ca, bearer, image
         # The workspaces the gateway has; a test may add one.
         self.workspaces = set(workspaces)
@@ -143,6 +140,10 @@ class FakeOpenShell:
         self.asked: "list[tuple[str, dict]]" = []
         self.instance_id = "fake-openshell-" + secrets.token_hex(6)
         self.docker = Docker(self.instance_id, docker)
+        # Where a jail's allowed hosts are dialled (`NAME:PORT=HOST:PORT`
+        # entries, curl's --resolve shape): the fake's public DNS.
+        self.resolve = ResolveTable(resolve)
+        self.jails = Jails(self.instance_id, self.resolve, pool=jail_pool, docker=docker)
         self.faults = Faults(KNOBS)
         self._lock = threading.Lock()
         self.sandboxes: "dict[str, Sandbox]" = {}
@@ -156,6 +157,8 @@ class FakeOpenShell:
     # ---- lifecycle -----------------------------------------------------------------
 
     def start(self) -> "FakeOpenShell":
+        # A dead fake's jails (its owner process gone) are swept first.
+        self.swept = self.jails.sweep()
         raw = lambda b: b  # noqa: E731 - the fake decodes with its own tables
         unary = lambda f: grpc.unary_unary_rpc_method_handler(  # noqa: E731
             self._guard(f), request_deserializer=raw, response_serializer=raw)
@@ -191,6 +194,11 @@ class FakeOpenShell:
             self._server.stop(grace=None)
             self._server = None
         self.docker.remove_all()
+        with self._lock:
+            jails = [s.jail for s in self.sandboxes.values() if s.jail is not None]
+        for jail in jails:
+            jail.close()
+        self.jails.remove_own()
 
     @property
     def origin(self) -> str:
@@ -209,7 +217,9 @@ class FakeOpenShell:
     def state(self) -> dict:
         with self._lock:
             return {"live": [s.name for s in self.sandboxes.values()], **self.counts,
-                    "faults": self.faults.snapshot(), "asked": list(self.asked)}
+                    "faults": self.faults.snapshot(), "asked": list(self.asked),
+                    "jails": {s.name: s.jail.describe() for s in self.sandboxes.values()
+                              if s.jail is not None}}
 
     def plant(self, labels: "dict[str, str]") -> str:
         """A ready sandbox made by someone else, with these labels and no
@@ -239,6 +249,8 @@ class FakeOpenShell:
             p.kill()
         if s.container:
             self.docker.remove(s.container)
+        if s.jail is not None:
+            s.jail.close()  # after its container: rules, forwarder, network
 
     # ---- every call ----------------------------------------------------------------
 
@@ -329,16 +341,25 @@ class FakeOpenShell:
             self.asked.append((workspace, dict(spec.get("template") or {})))
         # The network follows the stored policy; egress_open is a gateway
         # whose enforcement is broken (the policy still reads back as sent).
-        lie = self.faults.take("egress_open") is not None
-        network = "bridge" if _policy_opens(spec.get("policy")) or lie else "none"
-        # The stored command is the container's main process.
+        kind, found = network_policy.network_for(spec.get("policy"))
+        if self.faults.take("egress_open") is not None:
+            kind = "open"
+        jail, network, hosts = None, {"open": "bridge"}.get(kind, "none"), []
         try:
+            if kind == "jail":
+                gate = network_policy.EndpointGate(found)
+                jail = self.jails.open(name, gate.ports(), gate.allows)
+                network, hosts = jail.network, gate.hosts(jail.gateway)
+            # The stored command is the container's main process.
             container = self.docker.create(self.image, name, network=network, env={},
                                            container_signs=True, main=spec["command"],
-                                           tty=bool(spec.get("tty")))
-        except ContainerError as e:
-            context.abort(grpc.StatusCode.INTERNAL, f"the sandbox could not start: {e.message}")
+                                           tty=bool(spec.get("tty")), hosts=hosts)
+        except (ContainerError, JailError) as e:
+            if jail is not None:
+                jail.close()
+            context.abort(grpc.StatusCode.INTERNAL, f"the sandbox could not start: {e}")
         s = Sandbox("sb-" + secrets.token_hex(8), name, req.get("labels", {}), spec, container)
+        s.jail = jail
         try:
             self.docker.make_dir(container, "root", WORKSPACE_ROOT)
         except ContainerError:

@@ -36,6 +36,22 @@ FilesystemPolicy = M("openshell.sandbox.v1.FilesystemPolicy", [
 LandlockPolicy = M("openshell.sandbox.v1.LandlockPolicy", [F(1, "compatibility", STRING)])
 ProcessPolicy = M("openshell.sandbox.v1.ProcessPolicy", [
     F(1, "run_as_user", STRING), F(2, "run_as_group", STRING)])
+# A policy's network entries, read (never re-encoded: the policy keeps its
+# entries as raw bytes) to build a sandbox's jail. Only the fields the fake
+# acts on are declared: where (host, port or ports) and who (binaries).
+NetworkEndpoint = M("openshell.sandbox.v1.NetworkEndpoint", [
+    F(1, "host", STRING),
+    F(2, "port", UINT32),
+    F(9, "ports", UINT32, repeated=True),
+])
+NetworkBinary = M("openshell.sandbox.v1.NetworkBinary", [F(1, "path", STRING)])
+NetworkPolicyRule = M("openshell.sandbox.v1.NetworkPolicyRule", [
+    F(1, "name", STRING),
+    F(2, "endpoints", MESSAGE, message=NetworkEndpoint, repeated=True),
+    F(3, "binaries", MESSAGE, message=NetworkBinary, repeated=True),
+])
+NetworkPolicyEntry = M("map<string, NetworkPolicyRule> entry", [
+    F(1, "key", STRING), F(2, "value", MESSAGE, message=NetworkPolicyRule)])
 SandboxPolicy = M("openshell.sandbox.v1.SandboxPolicy", [
     F(1, "version", UINT32),
     F(2, "filesystem", MESSAGE, message=FilesystemPolicy),

@@ -375,7 +375,7 @@ def with_network_rule() -> sb.SandboxPolicy:
 
 @pytest.mark.parametrize("asked, network", [
     (policy, "none"),             # no network_policies entry: every connection out denied
-    (with_network_rule, "bridge"),  # one entry: a way out
+    (with_network_rule, "jail"),  # one entry: its endpoint only (test_fake_openshell_jail.py)
     (None, "bridge"),             # no policy at all: the image's own may allow endpoints
 ])
 def test_the_network_follows_the_stored_policy(fake, pki, asked, network):
@@ -390,8 +390,11 @@ def test_the_network_follows_the_stored_policy(fake, pki, asked, network):
         got = wait_phase(stub, "net", pb.SANDBOX_PHASE_READY)
         assert got.spec.HasField("policy") == (asked is not None)
         mode, interfaces = network_of(fake, stub, "net")
-        assert mode == network
-        assert interfaces == (["eth0", "lo"] if network == "bridge" else ["lo"])
+        if network == "jail":  # a network of its own
+            assert mode == fake.state()["jails"]["net"]["network"]
+        else:
+            assert mode == network
+        assert interfaces == (["lo"] if network == "none" else ["eth0", "lo"])
         delete(stub, "net")
     assert fake.live() == []
 
