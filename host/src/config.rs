@@ -182,6 +182,15 @@ impl Config {
                 "grant profiles are configured, but this provider has no way to carry a grant (wasm and docker do; a hosted plugin needs PLIMSOLL_GUARD_ADDR and PLIMSOLL_GUARD_URL)",
             ));
         }
+        // A listener with nothing to serve is only a way in.
+        if let (Some(Some(_)), Some(g)) = (&guard, &grants)
+            && g.is_empty()
+        {
+            errors.push(invalid(
+                "PLIMSOLL_GUARD_ADDR",
+                "the guard is configured, but no grant profiles are (PLIMSOLL_GRANTS_FILE): unset it",
+            ));
+        }
         // In hardened mode this is one of the violations it names together.
         if let (Some(p), Some(c)) = (&providers, &callers)
             && matches!(c.auth, Auth::Open)
@@ -366,6 +375,17 @@ mod tests {
         ])
         .expect("token");
         assert!(!format!("{:?}", c.callers.auth).contains("sss"));
+    }
+
+    #[test]
+    fn a_guard_with_no_grant_to_carry_is_refused() {
+        let e = Config::from_map(&env(&[
+            ("SANDBOX_PROVIDER", "wasm"),
+            ("PLIMSOLL_GUARD_ADDR", "127.0.0.1:8747"),
+            ("PLIMSOLL_GUARD_URL", "https://guard.example.com"),
+        ]))
+        .expect_err("refused");
+        assert!(e.to_string().contains("PLIMSOLL_GUARD_ADDR"), "{e}");
     }
 
     #[test]

@@ -27,6 +27,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,9 @@ def certs(tmp_path_factory) -> Path:
 
 
 class Api:
-    """The operator's API on loopback: answers only with the credential."""
+    """The operator's API on loopback: answers only with the credential;
+    /items/slow answers after 8 s, /items/big with 4 MiB (for the attack
+    tests, test_e2b_guard_attacks.py)."""
 
     def __init__(self) -> None:
         seen = self.seen = []
@@ -86,7 +89,11 @@ class Api:
             def do_GET(self):  # noqa: N802 (the stdlib's name)
                 seen.append((self.path, self.headers.get("authorization")))
                 ok = self.headers.get("authorization") == f"Bearer {CREDENTIAL}"
+                if self.path.endswith("/slow"):
+                    time.sleep(8)
                 body = json.dumps({"id": self.path.rsplit("/", 1)[-1]} if ok else {}).encode()
+                if ok and self.path.endswith("/big"):
+                    body = b"x" * (4 << 20)
                 self.send_response(200 if ok else 401)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
@@ -121,18 +128,21 @@ def fake(certs, guard_port):
     f.stop()
 
 
-@pytest.fixture(scope="module")
-def daemon(fake, certs, api, guard_port, tmp_path_factory):
-    grants = tmp_path_factory.mktemp("e2b-grants") / "grants.json"
-    grants.write_text(json.dumps({"profiles": {"inventory": {
+def daemon_env(fake, certs: Path, api: Api, guard_port: int, grants: Path,
+               preamble: bool = True) -> dict:
+    """The daemon's environment: the e2b plugin, one profile for the API,
+    and the guard on loopback under its public name."""
+    profile = {
         "base_url": api.origin,
         "allow": ["GET /items/*"],
         "allowed_callers": ["*"],
         "allow_in_sessions": True,
         "token": {"type": "static", "env": "INVENTORY_TOKEN"},
-        "preamble": "host.item = (id) => host.get('/items/' + encodeURIComponent(id));",
-    }}}))
-    d = Daemon({
+    }
+    if preamble:
+        profile["preamble"] = "host.item = (id) => host.get('/items/' + encodeURIComponent(id));"
+    grants.write_text(json.dumps({"profiles": {"inventory": profile}}))
+    return {
         "SANDBOX_PROVIDER": "e2b",
         "SANDBOX_PLUGIN_MAX_TIER": "vm",
         "SANDBOX_PLUGIN_HTTP_ORIGINS": f"{fake.url},https://localhost:{fake.port}",
@@ -150,7 +160,13 @@ def daemon(fake, certs, api, guard_port, tmp_path_factory):
         "PLIMSOLL_GUARD_TLS_KEY": str(certs / "guard.key"),
         "PLIMSOLL_GUARD_CA_FILE": str(certs / "ca.pem"),
         "PLIMSOLL_LOG_FORMAT": "json",
-    })
+    }
+
+
+@pytest.fixture(scope="module")
+def daemon(fake, certs, api, guard_port, tmp_path_factory):
+    grants = tmp_path_factory.mktemp("e2b-grants") / "grants.json"
+    d = Daemon(daemon_env(fake, certs, api, guard_port, grants))
     yield d
     d.stop()
 

@@ -37,6 +37,9 @@ pub const MAX_IN_FLIGHT: usize = 16;
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Rows a trace keeps; further calls are counted as dropped.
 pub const MAX_TRACE_ROWS: usize = 256;
+/// Past the run's time, how long its end waits for a call's answer to be
+/// recorded.
+const FINISH_MARGIN: Duration = Duration::from_secs(1);
 /// Longest the breaker stays open on an API's say-so.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Least time between two health probes of one run's breaker.
@@ -225,9 +228,12 @@ impl Session {
 
     /// Ends the run's calls and reads its trace: no call starts from now,
     /// and every call that started (it may have reached the API) is waited
-    /// for, at most `within`, so the trace holds it. A call is made in a
-    /// task of its own, which a run's end does not stop.
-    pub async fn finish(&self, within: Duration) -> CallTrace {
+    /// for, so the trace holds it. A call is made in a task of its own,
+    /// which a run's end does not stop, but none outlives the run's time
+    /// (its timeout is what is left of it): the wait ends by then, a
+    /// moment after, whatever the sandbox did.
+    pub async fn finish(&self) -> CallTrace {
+        let within = self.ends.saturating_duration_since(Instant::now()) + FINISH_MARGIN;
         self.closed.store(true, Ordering::SeqCst);
         let _ =
             tokio::time::timeout(within, self.in_flight.acquire_many(MAX_IN_FLIGHT as u32)).await;

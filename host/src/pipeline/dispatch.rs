@@ -26,9 +26,6 @@ use crate::record::Link;
 use crate::refusal::Refusal;
 use crate::wire::RunRequest;
 
-/// Longest a run's answer waits for its grant's calls still at the API.
-const FINISH_CALLS: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// Where a job runs.
 pub(crate) enum Target<'a> {
     /// A single run, in a sandbox of the provider's.
@@ -96,7 +93,7 @@ impl Daemon {
         // the API (made in a task of its own) is waited for, so the trace
         // holds every call that could have reached it.
         let call_trace = match &work.grant {
-            Some(s) => Some(s.finish(FINISH_CALLS).await),
+            Some(s) => Some(s.finish().await),
             None => None,
         };
         let grant_profile = work.grant.as_ref().map(|s| s.profile().name.clone());
@@ -157,6 +154,19 @@ impl Daemon {
                     &sealed.response.record.record_sha256,
                 );
                 Ok(sealed)
+            }
+            // A grant's call was asked for: code of the request ran,
+            // whatever the provider says.
+            Err(RunFailure::NotDispatched(refusal))
+                if call_trace.as_ref().is_some_and(|t| !t.is_empty()) =>
+            {
+                let detail = format!(
+                    "the provider refused the run as not dispatched ({}), but its grant was used",
+                    refusal.message
+                );
+                let id = internal_id(&detail);
+                audit.failed(&id);
+                Err(Undone::MayHaveRun { id, detail })
             }
             Err(RunFailure::NotDispatched(refusal)) => Err(Undone::Refused(refusal)),
             Err(RunFailure::MayHaveRun(detail)) => {

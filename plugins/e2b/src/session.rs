@@ -7,10 +7,10 @@
 //! and nothing of the sandbox's own runs as that user, so none is spared.
 
 use crate::bindings::plimsoll::provider::types::{
-    Payload, RunError, RunRequest, RunResult, SessionAnswer, SessionEndReason, SessionFailure,
-    SessionOptions,
+    Payload, RunError, RunRequest, RunResult, SessionAnswer, SessionEndReason, SessionEnded,
+    SessionFailure, SessionOptions,
 };
-use crate::control::{Sandbox, valid_id};
+use crate::control::{Sandbox, Service, valid_id};
 use crate::envd::Envd;
 use crate::wire::session::{self, ended, failure};
 use crate::{E2b, PROJECT_DIR, service, snippet, wire};
@@ -41,16 +41,21 @@ impl wire::Sessions for E2b {
         let service = service().map_err(|error| failure(error, None))?;
         let deadline = wire::begin_call(u64::from(request.timeout_ms));
         let envd = Envd::for_session(&service, &sandbox);
-        // A granted call: the guard reachable for this call only, its
-        // channel's files rewritten (the token is the call's own).
+        // A granted call: its channel's files written (the token is the
+        // call's own), then the guard made reachable for this call only.
+        // The files first: a failed write must not leave the way open.
         let granted = wire::grant::channel().map_err(|error| failure(error, None))?;
         let envd = match &granted {
             None => envd,
             Some(g) => {
-                service
-                    .set_egress(&sandbox.id, Some((&g.host, g.port)), deadline)
-                    .and_then(|()| g.put(&envd, deadline))
+                g.put(&envd, deadline)
                     .map_err(|error| failure(error, None))?;
+                if let Err(error) =
+                    service.set_egress(&sandbox.id, Some((&g.host, g.port)), deadline)
+                {
+                    // The update may have been applied with its answer lost.
+                    return Err(failure(error, close_guard(&service, &sandbox)));
+                }
                 envd.with_env(g.env.clone())
             }
         };
@@ -68,16 +73,17 @@ impl wire::Sessions for E2b {
         // spared (`0`). Run in a directory that is always there: the work
         // directory may not be yet (a session's first call may be a project).
         let swept = session::sweep(&envd, &leftovers::sweep(), "0", Some("/"));
-        // The guard closed again; the call's token is dead either way.
-        if granted.is_some() {
-            let _ = service.set_egress(&sandbox.id, None, wire::cleanup_deadline());
-        }
         // A failed call may mean the service ended the sandbox (its own
         // timeout, say).
-        session::answer(outcome, swept, || {
+        let answer = session::answer(outcome, swept, || {
             (service.exists(&sandbox.id) == Some(false))
                 .then(|| ended(SessionEndReason::Expired, "the E2B sandbox is gone"))
-        })
+        });
+        // The guard closed again; the call's token is dead either way.
+        match granted {
+            None => answer,
+            Some(_) => guard_closed(&service, &sandbox, answer),
+        }
     }
 
     fn close_session(state: String) {
@@ -86,5 +92,42 @@ impl wire::Sessions for E2b {
         if let (Some(sandbox), Ok(service)) = (parse(&state), service()) {
             service.delete(&sandbox.id);
         }
+    }
+}
+
+/// Closes the guard to the sandbox again after a granted call: `None`
+/// when done, else why the session must end (a sandbox whose egress could
+/// not be closed, or is not known closed, cannot go on as a session whose
+/// next call has no grant).
+fn close_guard(service: &Service, sandbox: &Sandbox) -> Option<SessionEnded> {
+    let closed = service
+        .set_egress(&sandbox.id, None, wire::cleanup_deadline())
+        .is_ok();
+    (!closed).then(|| {
+        ended(
+            SessionEndReason::SandboxChanged,
+            "the sandbox's way to the guard could not be closed after a granted call",
+        )
+    })
+}
+
+/// A granted call's answer once the guard is closed again.
+fn guard_closed(
+    service: &Service,
+    sandbox: &Sandbox,
+    answer: Result<SessionAnswer, SessionFailure>,
+) -> Result<SessionAnswer, SessionFailure> {
+    let Some(end) = close_guard(service, sandbox) else {
+        return answer;
+    };
+    match answer {
+        Ok(a) => Ok(SessionAnswer {
+            ended: Some(end),
+            ..a
+        }),
+        Err(f) => Err(SessionFailure {
+            ended: Some(end),
+            ..f
+        }),
     }
 }

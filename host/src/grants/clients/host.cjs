@@ -28,7 +28,8 @@
         {
           host: guard.hostname,
           port: guard.port || 443,
-          servername: guard.hostname,
+          // SNI names a host, never an address.
+          servername: require('net').isIP(guard.hostname) ? undefined : guard.hostname,
           // Its own connection every time: no agent the snippet could
           // reconfigure, no proxy from the environment.
           agent: false,

@@ -50,13 +50,22 @@ const READ_BODY: Duration = Duration::from_secs(10);
 /// runs' sandboxes can make the guard hold in memory (at most this many
 /// MiB).
 const BODY_SLOTS: usize = 64;
+/// Of those, what one run may hold: a few runs trickling bodies cannot
+/// take every slot from the rest.
+const BODY_SLOTS_PER_RUN: usize = 4;
 
 type TokenDigest = [u8; 32];
+/// Longest token the guard makes (43 base64url characters), with room.
+const MAX_TOKEN: usize = 64;
 
 struct Admitted {
     session: Weak<Session>,
-    /// The run's requests being read or answered now.
+    /// The run's requests being read, made or answered now: a slot is
+    /// held until its answer is sent or dropped, so a run's unread answers
+    /// are bounded too (16 of at most 4 MiB).
     slots: Arc<Semaphore>,
+    /// The run's share of the guard's body slots.
+    reading: Arc<Semaphore>,
 }
 
 /// Every run admitted now, by its token's digest, and how sandboxes dial
@@ -153,6 +162,7 @@ impl Guard {
             Admitted {
                 session: Arc::downgrade(session),
                 slots: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+                reading: Arc::new(Semaphore::new(BODY_SLOTS_PER_RUN)),
             },
         );
         Ok(Ticket {
@@ -162,12 +172,17 @@ impl Guard {
         })
     }
 
-    /// The live session a token names, and its slots.
-    fn admitted(&self, token: &str) -> Option<(Arc<Session>, Arc<Semaphore>)> {
+    /// The live session a token names, and its slots. A token longer
+    /// than any the guard makes is nobody's, unhashed.
+    fn admitted(&self, token: &str) -> Option<(Arc<Session>, Arc<Semaphore>, Arc<Semaphore>)> {
+        if token.len() > MAX_TOKEN {
+            return None;
+        }
+        let digest = digest(token);
         let table = self.table();
-        let a = table.get(&digest(token))?;
+        let a = table.get(&digest)?;
         let s = a.session.upgrade().filter(|s| s.is_live())?;
-        Some((s, a.slots.clone()))
+        Some((s, a.slots.clone(), a.reading.clone()))
     }
 
     /// Whether `token` is a live run's (the listener trusts its connection).
@@ -187,25 +202,18 @@ async fn call(State(guard): State<Arc<Guard>>, req: Request) -> Response<Body> {
         .get(TOKEN_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let Some((session, slots)) = guard.admitted(token) else {
+    let Some((session, slots, run_reading)) = guard.admitted(token) else {
         return broker_answer(
             StatusCode::FORBIDDEN,
             "not-permitted",
             "no grant is in force for this token",
         );
     };
-    let Ok(_slot) = slots.try_acquire_owned() else {
+    let Ok(slot) = slots.try_acquire_owned() else {
         return broker_answer(
             StatusCode::TOO_MANY_REQUESTS,
             "budget",
             "16 calls are already in flight",
-        );
-    };
-    let Ok(reading) = guard.bodies.clone().try_acquire_owned() else {
-        return broker_answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shed",
-            "the guard is reading as many bodies as it may",
         );
     };
     let too_large = || {
@@ -223,6 +231,28 @@ async fn call(State(guard): State<Arc<Guard>>, req: Request) -> Response<Body> {
     if declared.is_some_and(|n| n > MAX_REQUEST_BODY as u64) {
         return too_large();
     }
+    // A request with a body to read takes a body slot, the run's and the
+    // guard's, while it is read; one without (a GET) takes neither.
+    let has_body = declared != Some(0)
+        && (declared.is_some()
+            || req
+                .headers()
+                .contains_key(axum::http::header::TRANSFER_ENCODING));
+    let reading = if has_body {
+        let (Ok(mine), Ok(all)) = (
+            run_reading.try_acquire_owned(),
+            guard.bodies.clone().try_acquire_owned(),
+        ) else {
+            return broker_answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shed",
+                "the guard is reading as many bodies as it may",
+            );
+        };
+        Some((mine, all))
+    } else {
+        None
+    };
     let method = req.method().as_str().to_string();
     // The raw request target, exactly as sent, as on the socket: the
     // broker refuses what it would have to rewrite, never repaired here.
@@ -245,7 +275,14 @@ async fn call(State(guard): State<Arc<Guard>>, req: Request) -> Response<Body> {
     };
     drop(reading);
     let body = (!body.is_empty()).then(|| body.to_vec());
-    call_detached(session, method, target, body).await
+    let answer = call_detached(session, method, target, body).await;
+    // The slot goes when the answer has been sent or dropped.
+    let (parts, body) = answer.into_parts();
+    let body = body.map_frame(move |frame| {
+        let _held = &slot;
+        frame
+    });
+    Response::from_parts(parts, Body::new(body))
 }
 
 #[cfg(test)]

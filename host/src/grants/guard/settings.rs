@@ -143,6 +143,9 @@ fn parse_url(text: &str) -> Result<(url::Url, String, u16), ConfigError> {
         }
     };
     let port = url.port_or_known_default().unwrap_or(443);
+    if port == 0 {
+        return Err(bad("must name a port sandboxes can dial, not 0"));
+    }
     Ok((url, host, port))
 }
 
@@ -205,6 +208,7 @@ mod tests {
             "https://guard.example.com/v1",
             "https://guard.example.com/?a=1",
             "https://[::1]:443",
+            "https://guard.example.com:0",
             "guard.example.com",
         ] {
             assert!(ok(bad).is_err(), "{bad}");
