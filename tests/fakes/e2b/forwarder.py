@@ -310,9 +310,9 @@ class Forwarder:
             conn.settimeout(None)
             upstream.settimeout(None)
             upstream.sendall(seen)
-            back = threading.Thread(target=_pipe, args=(upstream, conn), daemon=True)
+            back = threading.Thread(target=pipe, args=(upstream, conn), daemon=True)
             back.start()
-            _pipe(conn, upstream)
+            pipe(conn, upstream)
             back.join()
         except OSError:
             pass
@@ -320,7 +320,7 @@ class Forwarder:
             self._untrack(conn, upstream)
 
 
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
+def pipe(source: socket.socket, sink: socket.socket) -> None:
     """Copies until the source ends, then passes the end on (a half
     close, so the other direction may still finish)."""
     try:

@@ -10,7 +10,8 @@ A jail is three things, made in this order and undone in the reverse:
    do not eat the pools every other docker user on the host draws from).
    Its gateway, the first address, is an address of the host.
 2. a forwarder (forwarder.py) in the fake's process on that gateway, at
-   the ports the vendor's firewall would inspect.
+   the ports the vendor's firewall would inspect (or, for a vendor whose
+   sandboxes must go through an explicit proxy, that proxy, at its port).
 3. host INPUT rules on the network's bridge: everything arriving from it
    is dropped except TCP to the gateway at those ports. These are needed:
    an internal network keeps routed traffic in, but every packet addressed
@@ -170,10 +171,18 @@ class Jails:
         forwarder listens, its rules are in. `ports` is {port: how the
         forwarder reads the name}; `allows(name, port)` is asked per
         connection."""
+        return self.open_serving(
+            sandbox_id, lambda gateway: Forwarder(gateway, ports, allows, self.resolve).start())
+
+    def open_serving(self, sandbox_id: str, serve: "Callable[[str], Forwarder]") -> Jail:
+        """A jail whose gateway is served by what `serve(gateway address)`
+        starts: a Forwarder, or anything shaped like one (`ports`, `counts`,
+        `close`), such as an explicit proxy. The rules let the sandbox reach
+        exactly the ports it listens on, and nothing else."""
         jail = self._network(sandbox_id)
         try:
-            jail.forwarder = Forwarder(jail.gateway, ports, allows, self.resolve).start()
-            jail._add_rules(sorted(ports))
+            jail.forwarder = serve(jail.gateway)
+            jail._add_rules(sorted(jail.forwarder.ports))
         except (OSError, JailError) as e:
             jail.close()
             raise JailError(f"cannot make the sandbox's jail: {e}") from None

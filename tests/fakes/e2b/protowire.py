@@ -168,6 +168,13 @@ def encode(message: Message, value: dict) -> bytes:
                 _put_len(entry, 1, key.encode("utf-8"))
                 _put_len(entry, 2, val.encode("utf-8"))
                 _put_len(out, field.number, bytes(entry))
+        elif field.repeated and field.kind in _VARINT_KINDS:
+            # proto3 packs repeated scalars: one length-delimited run of
+            # varints (a decoder must take either form; encoders write this).
+            packed = bytearray()
+            for element in item:
+                _put_varint(packed, _zigzag(element) if field.kind == SINT32 else int(element))
+            _put_len(out, field.number, bytes(packed))
         elif field.repeated:
             for element in item:
                 _encode_one(out, field, element)

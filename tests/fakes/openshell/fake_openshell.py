@@ -16,31 +16,31 @@ whose main process is the stored command: when it ends, the sandbox is
 terminal, COMPLETED for exit 0 and ERROR otherwise, with the exit code.
 Its network follows the stored policy: none when the policy has no
 `network_policies` endpoint (OpenShell then denies every connection out),
-a jail when it has some (its own network, where only the endpoints'
-hosts at their ports are let out, to where the `resolve` table says:
-network_policy.py and ../e2b/jail.py), and docker's bridge network when
-the create sent no policy at all (README.md says why). An exec runs the
-command in it for real as the sandbox user, through bash as the gateway
-does (`bash -lc`, or `bash -c` with `no_login_shell`), in `/sandbox`
-unless a working directory is given (stdin from the stream's frames, stdout and stderr as they come, then the exit; a
-cancelled call kills the command's process group). GetSandboxConfig
-answers the policy the sandbox was created with and its hash, computed as
-the client computes it. Requests are checked as the gateway checks them (a
-spec, a name, a command, the workspace, a page), and the fake counts live
-sandboxes. README.md says, field by field, what the gateway does and what
-the fake does. Knobs (`KNOBS`) make it misbehave the ways a
-gateway can. It shares the container runner, the knob table and the
-jails with fake-e2b.
+a jail when it has some (its own network, whose only way out is an
+explicit CONNECT proxy on its gateway that tunnels to the endpoints'
+hosts at their ports, dialled where the `resolve` table says, and that
+every process in the sandbox is pointed at by HTTPS_PROXY and the rest:
+egress_proxy.py, network_policy.py and ../e2b/jail.py), and docker's
+bridge network when the create sent no policy at all (README.md says
+why). An exec runs the command in it for real as the sandbox user,
+through bash as the gateway does (`bash -lc`, or `bash -c` with
+`no_login_shell`), in `/sandbox` unless a working directory is given
+(execs.py: stdin from the stream's frames, stdout and stderr as they
+come, then the exit; a cancelled call kills the command's process
+group). GetSandboxConfig answers the policy the sandbox was created with
+and its hash, computed as the gateway computes it (policy_hash.py).
+Requests are checked as the gateway checks them (a spec, a name, a
+command, the workspace, a page), and the fake counts live sandboxes.
+README.md says, field by field, what the gateway does and what the fake
+does. Knobs (`KNOBS`) make it misbehave the ways a gateway can. It shares
+the container runner, the knob table and the jails with fake-e2b.
 """
 
 from __future__ import annotations
 
 import hashlib
-import queue
 import re
 import secrets
-import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -52,13 +52,17 @@ import grpc
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "e2b"))
 sys.path.insert(0, str(HERE))
+import egress_proxy  # noqa: E402
+import execs  # noqa: E402
 import messages as m  # noqa: E402
 import network_policy  # noqa: E402
 from container import ContainerError, Docker  # noqa: E402
 from faults import Faults  # noqa: E402
 from forwarder import ResolveTable  # noqa: E402
 from jail import DEFAULT_POOL, JailError, Jails  # noqa: E402
+from policy_hash import policy_hash  # noqa: E402
 from protowire import WireError, decode, encode  # noqa: E402
+from sandbox_record import Sandbox  # noqa: E402
 
 SERVICE = "openshell.v1.OpenShell"
 DEFAULT_IMAGE = "plimsoll/sandbox:bookworm"
@@ -92,42 +96,6 @@ KNOBS: "dict[str, dict]" = {
 }
 
 
-class Sandbox:
-    def __init__(self, sid: str, name: str, labels: "dict[str, str]", spec: dict,
-                 container: str) -> None:
-        self.id, self.name, self.labels, self.container = sid, name, labels, container
-        self.spec = spec  # as stored: what GetSandbox answers and what runs
-        self.pending_reads = 1
-        self.vanish_at: "float | None" = None
-        # The main process's exit status once it ended (128 + n for signal n).
-        self.exit_code: "int | None" = None
-        self.processes: "list[subprocess.Popen]" = []
-        self.flags: "set[str]" = set()
-        self.jail = None  # its jail (../e2b/jail.py), when its policy names endpoints
-
-    def phase(self, *, read: bool = False) -> int:
-        """The phase now; `read` counts this as one of the reads a slow
-        start needs before READY."""
-        if self.vanish_at:
-            return m.PHASE["DELETING"]
-        if self.exit_code is not None:
-            return m.PHASE["COMPLETED"] if self.exit_code == 0 else m.PHASE["ERROR"]
-        if self.pending_reads > 0:
-            if read:
-                self.pending_reads -= 1
-            return m.PHASE["PROVISIONING"]
-        return m.PHASE["READY"]
-
-    def to_message(self, phase: int, spec: "dict | None" = None) -> dict:
-        status: dict = {"phase": phase}
-        if self.exit_code is not None:
-            status["exit_code"] = self.exit_code
-        return {"metadata": {"id": self.id, "name": self.name,
-                             "labels": self.labels, "workspace": "default"},
-                "spec": spec if spec is not None else self.spec,
-                "status": status}
-
-
 class FakeOpenShell:
     def __init__(self, *, tls: "tuple[str, str]", client_ca: "str | None" = None,
                  bearer: "str | None" = None, image: str = DEFAULT_IMAGE,
@@ -140,8 +108,9 @@ class FakeOpenShell:
         self.asked: "list[tuple[str, dict]]" = []
         self.instance_id = "fake-openshell-" + secrets.token_hex(6)
         self.docker = Docker(self.instance_id, docker)
-        # Where a jail's allowed hosts are dialled (`NAME:PORT=HOST:PORT`
-        # entries, curl's --resolve shape): the fake's public DNS.
+        # Where a jail's proxy dials an allowed CONNECT (`NAME:PORT=HOST:PORT`
+        # entries, curl's --resolve shape): the fake's stand-in for the DNS
+        # OpenShell's supervisor resolves with.
         self.resolve = ResolveTable(resolve)
         self.jails = Jails(self.instance_id, self.resolve, pool=jail_pool, docker=docker)
         self.faults = Faults(KNOBS)
@@ -344,24 +313,34 @@ class FakeOpenShell:
         kind, found = network_policy.network_for(spec.get("policy"))
         if self.faults.take("egress_open") is not None:
             kind = "open"
-        jail, network, hosts = None, {"open": "bridge"}.get(kind, "none"), []
+        jail, network, proxy_env = None, {"open": "bridge"}.get(kind, "none"), {}
         try:
             if kind == "jail":
+                # The sandbox's only way out is the proxy on its gateway;
+                # it resolves nothing itself (no /etc/hosts entries).
                 gate = network_policy.EndpointGate(found)
-                jail = self.jails.open(name, gate.ports(), gate.allows)
-                network, hosts = jail.network, gate.hosts(jail.gateway)
-            # The stored command is the container's main process.
-            container = self.docker.create(self.image, name, network=network, env={},
+                jail = self.jails.open_serving(name, lambda gateway: egress_proxy.ConnectProxy(
+                    gateway, gate.decide, self.resolve).start())
+                network, proxy_env = jail.network, egress_proxy.environment(jail.gateway)
+            # The stored command is the container's main process; like
+            # OpenShell's entrypoint it starts with the proxy variables.
+            container = self.docker.create(self.image, name, network=network, env=proxy_env,
                                            container_signs=True, main=spec["command"],
-                                           tty=bool(spec.get("tty")), hosts=hosts)
+                                           tty=bool(spec.get("tty")))
         except (ContainerError, JailError) as e:
             if jail is not None:
                 jail.close()
             context.abort(grpc.StatusCode.INTERNAL, f"the sandbox could not start: {e}")
         s = Sandbox("sb-" + secrets.token_hex(8), name, req.get("labels", {}), spec, container)
-        s.jail = jail
+        s.jail, s.proxy_env = jail, proxy_env
         try:
             self.docker.make_dir(container, "root", WORKSPACE_ROOT)
+            if jail is not None:
+                # No resolver: an OpenShell sandbox has no DNS of its own
+                # (its nft table rejects UDP and TCP to anything but the
+                # proxy), and docker's embedded one would otherwise answer,
+                # or forward, whatever the engine does for internal networks.
+                self.docker.write_file(container, "root", "/etc/resolv.conf", b"")
         except ContainerError:
             pass  # the main process already ended; the sandbox is terminal
         if self.faults.take("run_as_root") is not None:
@@ -408,7 +387,7 @@ class FakeOpenShell:
         source = ("GLOBAL" if self.faults.take("policy_global") is not None else "SANDBOX")
         admitted = self.faults.take("config_not_admitted") is None
         return encode(m.GetSandboxConfigResponse, {
-            "policy": policy, "version": 1, "policy_hash": m.policy_hash(policy) or "",
+            "policy": policy, "version": 1, "policy_hash": policy_hash(policy) or "",
             "settings": [proposals], "policy_source": m.POLICY_SOURCE[source],
             "workspace": "default", "configuration_admitted": admitted})
 
@@ -487,49 +466,22 @@ class FakeOpenShell:
         with self._lock:
             self.counts["execs"] += 1
         user = "root" if "root" in s.flags else SANDBOX_USER
-        # As the gateway runs it: one shell string (environment, then the
-        # quoted argv, after a `cd` into the working directory when one is
-        # given), through a login shell unless `no_login_shell`, started in
-        # the workspace root.
-        words = [f"{k}={shlex.quote(v)}" for k, v in sorted(start.get("environment", {}).items())]
-        words += [shlex.quote(arg) for arg in command]
-        line = " ".join(words)
-        if start.get("workdir"):
-            line = f"cd {shlex.quote(start['workdir'])} && {line}"
-        shell = "-c" if start.get("no_login_shell") else "-lc"
-        proc = self.docker.spawn(s.container, "/bin/bash", [shell, line], user=user,
-                                 cwd=WORKSPACE_ROOT, env={}, stdin=True)
+        # As the gateway runs it (execs.py): one shell line through bash,
+        # started in the workspace root, the sandbox's proxy variables
+        # overriding the request's.
+        proc = self.docker.spawn(s.container, "/bin/bash", execs.shell_args(start, s.proxy_env),
+                                 user=user, cwd=WORKSPACE_ROOT, env={}, stdin=True)
         s.processes.append(proc)
         pid = int(proc.stdout.readline().strip() or 0)
-        events: "queue.Queue" = queue.Queue()
 
-        def pump(stream, kind):
-            while chunk := stream.read1(4096) if hasattr(stream, "read1") else stream.read(4096):
-                events.put((kind, chunk))
-            events.put((kind, None))
-
-        def feed():
-            try:
-                for chunk in stdin:
-                    proc.stdin.write(chunk)
-                proc.stdin.close()
-            except (BrokenPipeError, ValueError, grpc.RpcError):
-                pass
-
-        left_running = []
-
-        def cancelled():
-            if proc.poll() is not None or left_running:
-                return
+        def kill():
             with self._lock:
                 self.counts["cancelled"] += 1
             self.docker.signal(s.container, pid, 9)
             proc.kill()
 
-        context.add_callback(cancelled)
-        for target, args in ((pump, (proc.stdout, "stdout")), (pump, (proc.stderr, "stderr")),
-                             (feed, ())):
-            threading.Thread(target=target, args=args, daemon=True).start()
+        run = execs.Run(proc, stdin, kill)
+        context.add_callback(run.cancel)
         if knob := self.faults.take("stdout_flood"):
             # A command that writes without end, as far as the client can
             # tell: the fake streams until the call is cancelled or the
@@ -547,22 +499,4 @@ class FakeOpenShell:
             limits.append(timeout["seconds"])
         if (given := start.get("execution_timeout")) is not None:
             limits.append(given.get("seconds", 0) + given.get("nanos", 0) / 1e9)
-        ends = time.time() + min(limits) if limits else None
-        open_streams = 2
-        while open_streams:
-            try:
-                kind, chunk = events.get(timeout=0.1)
-            except queue.Empty:
-                if ends and time.time() >= ends:
-                    # The gateway's own timeout: it reports 124 and leaves
-                    # the process running.
-                    left_running.append(True)
-                    yield encode(m.ExecSandboxEvent, {"exit": {"exit_code": 124}})
-                    return
-                continue
-            if chunk is None:
-                open_streams -= 1
-                continue
-            yield encode(m.ExecSandboxEvent, {kind: {"data": chunk}})
-        code = proc.wait()
-        yield encode(m.ExecSandboxEvent, {"exit": {"exit_code": code}})
+        yield from run.events(time.time() + min(limits) if limits else None)

@@ -2,8 +2,9 @@
 names and numbers as OpenShell publishes them (openshell.v1,
 openshell.sandbox.v1, openshell.datamodel.v1 at v0.1.2), written here; the
 protos are not copied, and the fake does not use the package it is proven
-against. Only what the fake reads or answers is declared: unknown fields
-are skipped on decode.
+against. Only what the fake reads or answers is declared (and, for the
+policy's network entries, all that its hash covers): unknown fields are
+skipped on decode.
 
 `google.protobuf.Struct` values (a template's resources and driver config)
 and map entries whose values are messages are kept as raw bytes: the fake
@@ -12,13 +13,11 @@ stores and echoes them, and compares them byte for byte.
 
 from __future__ import annotations
 
-import hashlib
-import struct
-
 from protowire import (
     BOOL, BYTES, ENUM, INT32, INT64, MAP_SS, MESSAGE, STRING, UINT32,
-    Field as F, Message as M, decode, encode,
+    Field as F, Message as M,
 )
+from protowire import decode, encode  # noqa: F401 - the tests decode and encode with these
 
 WorkspaceSelector = M("openshell.datamodel.v1.WorkspaceSelector", [
     F(1, "workspace", STRING, presence=True),
@@ -27,7 +26,7 @@ WorkspaceSelector = M("openshell.datamodel.v1.WorkspaceSelector", [
 Duration = M("google.protobuf.Duration", [F(1, "seconds", INT64), F(2, "nanos", INT32)])
 
 # ---- the policy (openshell.sandbox.v1), in field-number order: the fake
-# re-encodes it to hash it, as the client does.
+# re-encodes it to hash it, as the gateway does (policy_hash.py).
 FilesystemPolicy = M("openshell.sandbox.v1.FilesystemPolicy", [
     F(1, "include_workdir", BOOL),
     F(2, "read_only", STRING, repeated=True),
@@ -36,13 +35,76 @@ FilesystemPolicy = M("openshell.sandbox.v1.FilesystemPolicy", [
 LandlockPolicy = M("openshell.sandbox.v1.LandlockPolicy", [F(1, "compatibility", STRING)])
 ProcessPolicy = M("openshell.sandbox.v1.ProcessPolicy", [
     F(1, "run_as_user", STRING), F(2, "run_as_group", STRING)])
-# A policy's network entries, read (never re-encoded: the policy keeps its
-# entries as raw bytes) to build a sandbox's jail. Only the fields the fake
-# acts on are declared: where (host, port or ports) and who (binaries).
+# A policy's network entries. The policy keeps them as the raw bytes sent
+# (they are what GetSandboxConfig reads back); they are decoded to build a
+# sandbox's jail, and re-encoded only to hash them (policy_hash.py). A
+# hash over fewer fields than the gateway's messages hold would differ
+# from the gateway's, so these tables declare every field of OpenShell
+# 0.1.2's rule, endpoint and L7 messages. Maps whose values are messages
+# are declared as their wire form: repeated key/value entries.
+NetworkTlsMode = {"UNSPECIFIED": 0, "SKIP": 1, "TERMINATE": 2, "PASSTHROUGH": 3}
+L7QueryMatcher = M("openshell.sandbox.v1.L7QueryMatcher", [
+    F(1, "glob", STRING), F(2, "any", STRING, repeated=True)])
+
+
+def _entry(value: M) -> M:
+    return M(f"map<string, {value.full_name}> entry", [
+        F(1, "key", STRING), F(2, "value", MESSAGE, message=value)])
+
+
+QueryEntry = _entry(L7QueryMatcher)
+
+
+def _l7(name: str) -> M:
+    # L7Allow and L7DenyRule share their fields, numbers and types.
+    return M(f"openshell.sandbox.v1.{name}", [
+        F(1, "method", STRING), F(2, "path", STRING), F(3, "command", STRING),
+        F(4, "query", MESSAGE, message=QueryEntry, repeated=True),
+        F(5, "operation_type", STRING), F(6, "operation_name", STRING),
+        F(7, "fields", STRING, repeated=True),
+        F(9, "params", MESSAGE, message=QueryEntry, repeated=True),
+    ])
+
+
+L7Allow, L7DenyRule = _l7("L7Allow"), _l7("L7DenyRule")
+L7Rule = M("openshell.sandbox.v1.L7Rule", [F(1, "allow", MESSAGE, message=L7Allow)])
+GraphqlOperation = M("openshell.sandbox.v1.GraphqlOperation", [
+    F(1, "operation_type", STRING), F(2, "operation_name", STRING),
+    F(3, "fields", STRING, repeated=True)])
+McpOptions = M("openshell.sandbox.v1.McpOptions", [
+    F(1, "strict_tool_names", BOOL, presence=True),
+    F(2, "allow_all_known_mcp_methods", BOOL, presence=True),
+    F(3, "versions", STRING, repeated=True)])
+NetworkCredentialBinding = M("openshell.sandbox.v1.NetworkCredentialBinding", [
+    F(1, "provider", STRING)])
 NetworkEndpoint = M("openshell.sandbox.v1.NetworkEndpoint", [
     F(1, "host", STRING),
     F(2, "port", UINT32),
+    F(3, "protocol", STRING),
+    F(4, "tls", ENUM),          # NetworkTlsMode: an enum in 0.1.2, a string before
+    F(5, "enforcement", ENUM),
+    F(6, "access", ENUM),
+    F(7, "rules", MESSAGE, message=L7Rule, repeated=True),
+    F(8, "allowed_ips", STRING, repeated=True),
     F(9, "ports", UINT32, repeated=True),
+    F(10, "deny_rules", MESSAGE, message=L7DenyRule, repeated=True),
+    F(11, "allow_encoded_slash", BOOL),
+    F(12, "persisted_queries", STRING),
+    F(13, "graphql_persisted_queries", MESSAGE, message=_entry(GraphqlOperation),
+      repeated=True),
+    F(14, "graphql_max_body_bytes", UINT32),
+    F(15, "path", STRING),
+    F(16, "websocket_credential_rewrite", BOOL),
+    F(17, "request_body_credential_rewrite", BOOL),
+    F(18, "advisor_proposed", BOOL),
+    F(19, "credential_signing", STRING),
+    F(20, "signing_service", STRING),
+    F(21, "signing_region", STRING),
+    F(22, "json_rpc_max_body_bytes", UINT32),
+    F(23, "mcp", MESSAGE, message=McpOptions),
+    F(24, "credential_binding", MESSAGE, message=NetworkCredentialBinding),
+    F(25, "allow_uninspected_credentials", BOOL),
+    F(26, "provider_credentialed", BOOL),
 ])
 NetworkBinary = M("openshell.sandbox.v1.NetworkBinary", [F(1, "path", STRING)])
 NetworkPolicyRule = M("openshell.sandbox.v1.NetworkPolicyRule", [
@@ -50,8 +112,7 @@ NetworkPolicyRule = M("openshell.sandbox.v1.NetworkPolicyRule", [
     F(2, "endpoints", MESSAGE, message=NetworkEndpoint, repeated=True),
     F(3, "binaries", MESSAGE, message=NetworkBinary, repeated=True),
 ])
-NetworkPolicyEntry = M("map<string, NetworkPolicyRule> entry", [
-    F(1, "key", STRING), F(2, "value", MESSAGE, message=NetworkPolicyRule)])
+NetworkPolicyEntry = _entry(NetworkPolicyRule)
 SandboxPolicy = M("openshell.sandbox.v1.SandboxPolicy", [
     F(1, "version", UINT32),
     F(2, "filesystem", MESSAGE, message=FilesystemPolicy),
@@ -178,18 +239,3 @@ ExecSandboxEvent = M("openshell.v1.ExecSandboxEvent", [  # oneof payload
     F(3, "exit", MESSAGE, message=ExitEvent),
 ])
 
-
-def policy_hash(policy: dict) -> "str | None":
-    """OpenShell's policy identity, computed as its client does: SHA-256
-    (lowercase hex) of the policy encoded with both maps emptied, its
-    length first, then each map's name and entry count, every length and
-    count a little-endian u64. With map entries it is not computed here (the
-    entries' own encoding would be needed; plimsoll sends none)."""
-    if policy.get("network_policies") or policy.get("network_middlewares"):
-        return None
-    encoded = encode(SandboxPolicy, policy)
-    u64 = lambda n: struct.pack("<Q", n)  # noqa: E731
-    preimage = u64(len(encoded)) + encoded
-    for name in (b"network_policies", b"network_middlewares"):
-        preimage += u64(len(name)) + name + u64(0)
-    return hashlib.sha256(preimage).hexdigest()

@@ -3,12 +3,11 @@
 OpenShell: "If no `network_policies` entry matches the destination host,
 port, and calling binary, the proxy denies the connection." The fake
 gives a sandbox whose policy names endpoints a jail (../e2b/jail.py): its
-own network, whose forwarder listens on the gateway at exactly the ports
-the endpoints name, reads the name a connection is for (TLS SNI, or the
-HTTP Host header: whichever the first bytes show) and passes it only when
-some endpoint has that host and that port. The binaries are not checked:
-the fake sees a connection arrive on the host, with no process behind it
-it could name (README.md).
+own network, from which only the jail's explicit proxy (egress_proxy.py)
+can be reached; the proxy asks this module, per CONNECT, whether the host
+and port it names match an endpoint. The binaries are not checked: the
+fake sees a connection arrive on the host, with no process behind it it
+could name (README.md).
 
 Three outcomes, from the stored policy:
 
@@ -21,19 +20,24 @@ Three outcomes, from the stored policy:
 
 from __future__ import annotations
 
-import ipaddress
 import re
+from typing import NamedTuple
 
 import messages as m
 from protowire import decode
 
-# Any port may carry TLS or plain HTTP: the forwarder looks at the first byte.
-READER = "sniff"
+TLS_SKIP = m.NetworkTlsMode["SKIP"]
 
 
-def endpoints(policy: dict) -> "list[tuple[str, tuple[int, ...]]]":
-    """(host, ports) for each endpoint of each `network_policies` entry
-    that names both. `port` is "Single port (backwards compat). Use `ports`
+class Endpoint(NamedTuple):
+    host: str                  # lowercased, no trailing dot; may be a glob
+    ports: "tuple[int, ...]"
+    tls: int                   # NetworkTlsMode
+
+
+def endpoints(policy: dict) -> "list[Endpoint]":
+    """Each endpoint of each `network_policies` entry that names both a
+    host and a port. `port` is "Single port (backwards compat). Use `ports`
     for multiple ports. Mutually exclusive with `ports` — if both are set,
     `ports` takes precedence." (`proto/sandbox.proto`)"""
     found = []
@@ -44,11 +48,11 @@ def endpoints(policy: dict) -> "list[tuple[str, tuple[int, ...]]]":
             ports = tuple(sorted({p for p in given if 0 < p < 65536}))
             host = (endpoint.get("host") or "").strip().rstrip(".").lower()
             if host and ports:
-                found.append((host, ports))
+                found.append(Endpoint(host, ports, endpoint.get("tls", 0)))
     return found
 
 
-def network_for(policy: "dict | None") -> "tuple[str, list[tuple[str, tuple[int, ...]]]]":
+def network_for(policy: "dict | None") -> "tuple[str, list[Endpoint]]":
     """(`open` | `none` | `jail`, the endpoints)."""
     if policy is None:
         return "open", []
@@ -74,30 +78,26 @@ def host_matches(name: str, pattern: str) -> bool:
     return tail == rest and re.fullmatch(label, head) is not None
 
 
-class EndpointGate:
-    """Whether a (name, port) matches an endpoint; asked per connection."""
+# What the gate answers for a CONNECT target.
+ALLOW, DENY, NOT_SKIP = "allow", "deny", "not-skip"
 
-    def __init__(self, found: "list[tuple[str, tuple[int, ...]]]") -> None:
+
+class EndpointGate:
+    """Whether a (name, port) a CONNECT names may be tunnelled; asked per
+    connection, so it always reflects the sandbox's endpoints."""
+
+    def __init__(self, found: "list[Endpoint]") -> None:
         self.endpoints = list(found)
 
-    def ports(self) -> "dict[int, str]":
-        return {port: READER for _, ports in self.endpoints for port in ports}
-
-    def allows(self, name: str, port: int) -> bool:
-        return any(port in ports and host_matches(name.lower(), host)
-                   for host, ports in self.endpoints)
-
-    def hosts(self, address: str) -> "list[tuple[str, str]]":
-        """/etc/hosts lines pointing each named host at the jail's gateway
-        (a glob or an IP literal names no line)."""
-        names = {host for host, _ in self.endpoints
-                 if "*" not in host and not _is_address(host)}
-        return [(name, address) for name in sorted(names)]
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
+    def decide(self, name: str, port: int) -> str:
+        """ALLOW when an endpoint matches and every matching endpoint says
+        `tls: SKIP` (a raw tunnel, the only relay the fake has); NOT_SKIP
+        when one matches without it: OpenShell would then terminate TLS
+        with its own CA, which the fake does not do (README.md), and
+        OpenShell reads the mode from the first matching endpoint only, so
+        two that disagree are refused too. DENY otherwise."""
+        matching = [e for e in self.endpoints
+                    if port in e.ports and host_matches(name.lower(), e.host)]
+        if not matching:
+            return DENY
+        return ALLOW if all(e.tls == TLS_SKIP for e in matching) else NOT_SKIP

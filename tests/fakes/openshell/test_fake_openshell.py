@@ -2,8 +2,8 @@
 package (`openshell` 0.1.2, unmodified), over mutual TLS: create, wait
 until ready, exec (server streaming and interactive), config and delete
 all decode on both sides, so the fake's message tables match what
-OpenShell publishes. The policy hash is checked against hashes a real
-v0.1.2 gateway reported. What the gateway documents doing with what a
+OpenShell publishes (the policy hash has its own file,
+test_policy_hash.py). What the gateway documents doing with what a
 client sends is checked too: the main process an omitted command becomes,
 a given one kept as sent, a main process's end making the sandbox
 terminal, execs through bash in the workspace root, paging, the
@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE))
 import certs as fake_certs  # noqa: E402
 import messages  # noqa: E402
 from fake_openshell import FakeOpenShell  # noqa: E402
+from policy_hash import policy_hash  # noqa: E402
 
 WS = dm.WorkspaceSelector(workspace="default")
 
@@ -124,8 +125,7 @@ def test_create_exec_delete_with_openshells_own_stubs(fake, pki):
         # The hash the fake states is OpenShell's identity of the policy
         # as these stubs serialize it (deterministically).
         raw = policy().SerializeToString(deterministic=True)
-        assert config.policy_hash == messages.policy_hash(
-            messages.decode(messages.SandboxPolicy, raw))
+        assert config.policy_hash == policy_hash(messages.decode(messages.SandboxPolicy, raw))
         events = list(stub.ExecSandbox(pb.ExecSandboxRequest(
             workspace_scope=WS, sandbox="stub-test", command=["sh", "-c", "cat; echo err >&2; exit 3"],
             stdin=b"from stdin\n"), timeout=30))
@@ -177,41 +177,6 @@ def test_the_gateway_refuses_what_it_should(fake, pki):
         with pytest.raises(grpc.RpcError) as e:
             pbg.OpenShellStub(ch).GetGatewayInfo(pb.GetGatewayInfoRequest(), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-
-
-# Hashes a real OpenShell v0.1.2 gateway reported for these policies.
-GATEWAY_VECTORS = [
-    (dict(ro=["/bin", "/usr", "/lib", "/etc", "/proc", "/dev/urandom", "/sys/fs/cgroup",
-              "/runner.mjs"], rw=["/tmp", "/dev/null"], compat="hard_requirement"),
-     "d1c56801c3fcf0b1d8473339f3b625b1cbf43d5401c1268026551dd28a39d871"),
-    (dict(ro=["/bin", "/usr", "/lib", "/proc", "/dev/urandom", "/etc", "/var/log"],
-          rw=["/tmp", "/dev/null"], compat="best_effort", include=True),
-     "a45a8ff3564f00ae26cbd66f1131f37eedd8b54a66fbfec103d65a204c19c6e8"),
-    (dict(ro=["/bin", "/usr", "/lib", "/proc", "/dev/urandom", "/etc", "/runner.mjs"],
-          rw=["/sandbox/work", "/tmp", "/dev/null"], compat="best_effort"),
-     "cb87d045a485ed8bbbd10c0580ef19f61a72312572b48664000d6c68014653bc"),
-    (dict(ro=["/bin", "/usr", "/lib", "/proc", "/dev/urandom", "/etc", "/runner.mjs",
-              "/sys/fs/cgroup"], rw=["/sandbox/work", "/tmp", "/dev/null"],
-          compat="best_effort", process=("1000", "1000")),
-     "a407726e71fc08e1452222192dafdfffe9676ce9c3c6ff3f6e7ae1d1ffd24917"),
-]
-
-
-@pytest.mark.parametrize("p,want", GATEWAY_VECTORS)
-def test_the_policy_hash_is_the_gateways(p, want):
-    policy = sb.SandboxPolicy(
-        version=1,
-        filesystem=sb.FilesystemPolicy(include_workdir=p.get("include", False),
-                                       read_only=p["ro"], read_write=p["rw"]),
-        landlock=sb.LandlockPolicy(compatibility=p["compat"]))
-    if "process" in p:
-        policy.process.run_as_user, policy.process.run_as_group = p["process"]
-    ours = messages.decode(messages.SandboxPolicy, policy.SerializeToString(deterministic=True))
-    assert messages.policy_hash(ours) == want
-    # A policy with a network rule is never hashed here.
-    policy.network_policies["x"].name = "x"
-    assert messages.policy_hash(messages.decode(messages.SandboxPolicy,
-                                                policy.SerializeToString())) is None
 
 
 def test_a_given_main_process_and_its_tty_are_kept_and_run(fake, pki):
