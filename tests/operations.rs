@@ -438,10 +438,27 @@ async fn tls_serves_http1_and_http2_and_refuses_cleartext() {
 }
 
 /// A configuration that passes every hardened-mode check.
+/// A record signing key made by `plimsoll attest keygen` in `dir`.
+fn record_key(dir: &Scratch) -> String {
+    let prefix = dir.path("records");
+    let out = Command::new(cli())
+        .args(["attest", "keygen", "--out"])
+        .arg(&prefix)
+        .output()
+        .expect("plimsoll attest keygen");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    prefix.with_extension("key").display().to_string()
+}
+
 fn hardened_env(dir: &Scratch) -> (Vec<(String, String)>, String, PathBuf) {
     let file = dir.path("clients.json");
     let alice = create(&file, "alice", &[]);
     let (cert, key) = certificate(dir);
+    let record_key = record_key(dir);
     let env = [
         ("PLIMSOLL_HARDENED", "1".to_string()),
         ("SANDBOX_PROVIDER", "docker".into()),
@@ -459,6 +476,7 @@ fn hardened_env(dir: &Scratch) -> (Vec<(String, String)>, String, PathBuf) {
         ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
         ("PLIMSOLL_TLS_CERT", cert.display().to_string()),
         ("PLIMSOLL_TLS_KEY", key.display().to_string()),
+        ("PLIMSOLL_RECORD_SIGNING_KEY", record_key),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -494,6 +512,10 @@ fn hardened_mode_names_every_missing_safeguard() {
         (
             |e| unset(e, "SANDBOX_DOCKER_RUNTIME"),
             "SANDBOX_DOCKER_RUNTIME",
+        ),
+        (
+            |e| unset(e, "PLIMSOLL_RECORD_SIGNING_KEY"),
+            "PLIMSOLL_RECORD_SIGNING_KEY",
         ),
         (
             |e| {
@@ -578,6 +600,7 @@ fn hardened_mode_names_every_missing_safeguard() {
         "SANDBOX_DISK_MB",
         "SANDBOX_RATE_PER_MIN",
         "SANDBOX_PER_KEY_CONCURRENT",
+        "PLIMSOLL_RECORD_SIGNING_KEY",
     ] {
         assert!(text.contains(named), "{named} not named in:\n{text}");
     }
@@ -615,6 +638,7 @@ fn hardened_plugin_env(dir: &Scratch) -> Vec<(String, String)> {
         ("SANDBOX_PER_KEY_CONCURRENT", "2".into()),
         ("SANDBOX_RATE_PER_MIN", "60".into()),
         ("PLIMSOLL_CLIENTS_FILE", file.display().to_string()),
+        ("PLIMSOLL_RECORD_SIGNING_KEY", record_key(dir)),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -638,6 +662,13 @@ fn hardened_mode_names_the_plugin_grant_and_allowance_checks() {
     let unpaid = dir.path("unpaid.json");
     create(&unpaid, "bob", &[]);
     let unpaid = unpaid.display().to_string();
+    let alices = dir.path("alices.json");
+    std::fs::write(
+        &alices,
+        r#"{"profiles":{"mine":{"base_url":"http://127.0.0.1:9","allow":["GET /x"],"allowed_callers":["alice"]}}}"#,
+    )
+    .expect("grants");
+    let alices = alices.display().to_string();
     let with = |changes: &[(&str, Option<&str>)]| {
         let mut env = good.clone();
         for (k, v) in changes {
@@ -664,6 +695,14 @@ fn hardened_mode_names_the_plugin_grant_and_allowance_checks() {
         (
             with(&[("PLIMSOLL_CLIENTS_FILE", Some(unpaid.as_str()))]),
             "caller bob has no paid_seconds_per_day",
+        ),
+        (
+            with(&[
+                ("PLIMSOLL_GRANTS_FILE", Some(alices.as_str())),
+                ("PLIMSOLL_GUARD_ADDR", Some("127.0.0.1:0")),
+                ("PLIMSOLL_GUARD_URL", Some("https://guard.example.com")),
+            ]),
+            "the guard must serve TLS itself",
         ),
     ];
     for (env, named) in &cases {
@@ -692,6 +731,9 @@ fn hardened_mode_names_the_plugin_grant_and_allowance_checks() {
         ("SANDBOX_PLUGIN_SHA256", None),
         ("SANDBOX_PLUGIN_MAX_TIER", Some("container")),
         ("PLIMSOLL_CLIENTS_FILE", Some(unpaid.as_str())),
+        ("PLIMSOLL_GRANTS_FILE", Some(alices.as_str())),
+        ("PLIMSOLL_GUARD_ADDR", Some("127.0.0.1:0")),
+        ("PLIMSOLL_GUARD_URL", Some("https://guard.example.com")),
     ]);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let (code, text) = run_to_exit(&[], &env);
@@ -699,7 +741,7 @@ fn hardened_mode_names_the_plugin_grant_and_allowance_checks() {
     for (_, named) in &cases {
         assert!(text.contains(named), "{named} not named in:\n{text}");
     }
-    assert!(text.contains("(4 problems)"), "{text}");
+    assert!(text.contains("(5 problems)"), "{text}");
 }
 
 /// A plugin allowed kernel whose backend can only stand behind container

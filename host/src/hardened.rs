@@ -57,6 +57,24 @@ pub fn violations(cfg: &Config) -> Vec<String> {
         ));
     }
 
+    // An unsigned record is the daemon's word only while the answer is in
+    // hand; signed, anyone holding the public key can check it later.
+    if cfg.receipts.is_none() {
+        v.push(
+            "PLIMSOLL_RECORD_SIGNING_KEY: records must be signed, so they can be checked away from the daemon"
+                .into(),
+        );
+    }
+
+    // A guard without TLS of its own leans on a proxy in front of it that
+    // the daemon cannot see: its tokens may cross a network in clear.
+    if cfg.guard.as_ref().is_some_and(|g| g.tls.is_none()) {
+        v.push(
+            "PLIMSOLL_GUARD_TLS_CERT/PLIMSOLL_GUARD_TLS_KEY: the guard must serve TLS itself"
+                .into(),
+        );
+    }
+
     if let Some(e) = &cfg.providers.docker {
         let pinned = e
             .image
