@@ -52,6 +52,9 @@ demo: build
 test: build image
 	scripts/leftovers.sh > $(CARGO_TARGET_DIR)/leftovers.before
 	$(CARGO) test --release -p plimsoll-host -p plimsoll-tests -p plimsoll-plugin-probe
+# The plugin's own tests run on their own: built with the host, its
+# dependencies' features would change the host's build.
+	$(CARGO) test --release -p plimsoll-plugin-openshell
 	node plugins/remote-js/test.mjs $(CARGO_TARGET_DIR)/plugins/remote-js.wasm
 	.venv/bin/python -m pytest -q tests/compat tests/session_agent
 	.venv-e2b/bin/python -m pytest -q tests/fakes/e2b tests/fakes/dockercloud

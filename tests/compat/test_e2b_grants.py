@@ -57,12 +57,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory) -> Path:
-    """The fake's certificate, and the guard's for its public name, from one
-    test CA."""
-    d = tmp_path_factory.mktemp("e2b-grants-tls")
-    fake_certs.make(d)
+def make_guard_certificate(d: Path) -> None:
+    """guard.pem and guard.key in `d`: the guard's certificate for its
+    public name, signed by the test CA there (certs.make's)."""
 
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True)
@@ -74,6 +71,15 @@ def certs(tmp_path_factory) -> Path:
     openssl("x509", "-req", "-in", str(d / "guard.csr"), "-CA", str(d / "ca.pem"),
             "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "guard.pem"),
             "-days", "2", "-extfile", str(d / "guard-ext"))
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Path:
+    """The fake's certificate, and the guard's for its public name, from one
+    test CA."""
+    d = tmp_path_factory.mktemp("e2b-grants-tls")
+    fake_certs.make(d)
+    make_guard_certificate(d)
     return d
 
 
@@ -128,10 +134,10 @@ def fake(certs, guard_port):
     f.stop()
 
 
-def daemon_env(fake, certs: Path, api: Api, guard_port: int, grants: Path,
-               preamble: bool = True) -> dict:
-    """The daemon's environment: the e2b plugin, one profile for the API,
-    and the guard on loopback under its public name."""
+def grant_env(certs: Path, api: Api, guard_port: int, grants: Path,
+              preamble: bool = True) -> dict:
+    """The grants part of a daemon's environment, whatever its provider: one
+    profile for the API, and the guard on loopback under its public name."""
     profile = {
         "base_url": api.origin,
         "allow": ["GET /items/*"],
@@ -143,6 +149,21 @@ def daemon_env(fake, certs: Path, api: Api, guard_port: int, grants: Path,
         profile["preamble"] = "host.item = (id) => host.get('/items/' + encodeURIComponent(id));"
     grants.write_text(json.dumps({"profiles": {"inventory": profile}}))
     return {
+        "PLIMSOLL_GRANTS_FILE": str(grants),
+        "INVENTORY_TOKEN": CREDENTIAL,
+        "PLIMSOLL_GUARD_ADDR": f"127.0.0.1:{guard_port}",
+        "PLIMSOLL_GUARD_URL": f"https://{GUARD_NAME}",
+        "PLIMSOLL_GUARD_TLS_CERT": str(certs / "guard.pem"),
+        "PLIMSOLL_GUARD_TLS_KEY": str(certs / "guard.key"),
+        "PLIMSOLL_GUARD_CA_FILE": str(certs / "ca.pem"),
+        "PLIMSOLL_LOG_FORMAT": "json",
+    }
+
+
+def daemon_env(fake, certs: Path, api: Api, guard_port: int, grants: Path,
+               preamble: bool = True) -> dict:
+    """The e2b plugin against the fake, with `grant_env`."""
+    return {
         "SANDBOX_PROVIDER": "e2b",
         "SANDBOX_PLUGIN_MAX_TIER": "vm",
         "SANDBOX_PLUGIN_HTTP_ORIGINS": f"{fake.url},https://localhost:{fake.port}",
@@ -152,14 +173,7 @@ def daemon_env(fake, certs: Path, api: Api, guard_port: int, grants: Path,
         "E2B_API_KEY": API_KEY,
         "SANDBOX_PLUGIN_HTTP_CA": str(certs / "ca.pem"),
         "SANDBOX_MAX_SESSIONS": "2",
-        "PLIMSOLL_GRANTS_FILE": str(grants),
-        "INVENTORY_TOKEN": CREDENTIAL,
-        "PLIMSOLL_GUARD_ADDR": f"127.0.0.1:{guard_port}",
-        "PLIMSOLL_GUARD_URL": f"https://{GUARD_NAME}",
-        "PLIMSOLL_GUARD_TLS_CERT": str(certs / "guard.pem"),
-        "PLIMSOLL_GUARD_TLS_KEY": str(certs / "guard.key"),
-        "PLIMSOLL_GUARD_CA_FILE": str(certs / "ca.pem"),
-        "PLIMSOLL_LOG_FORMAT": "json",
+        **grant_env(certs, api, guard_port, grants, preamble),
     }
 
 
@@ -235,7 +249,8 @@ def test_a_granted_snippet_reaches_the_api_without_the_credential(daemon, api, f
     assert any('"grant_profile":"inventory","host_calls":2,' in line for line in daemon.lines)
 
 
-def test_a_granted_python_project_reaches_the_api(daemon, api):
+def assert_a_granted_python_project_reaches_the_api(daemon, api) -> None:
+    """Python's client, preloaded in a granted project's steps."""
     before = len(api.seen)
     r = Client(daemon.url).run_project(
         {"main.py": "print(host.get('/items/9')['id'])\n"}, ["python3 main.py"],
@@ -243,6 +258,10 @@ def test_a_granted_python_project_reaches_the_api(daemon, api):
     assert r.outcome == "completed", r
     assert r.steps[0].stdout == b"9\n"
     assert api.seen[before:] == [("/items/9", f"Bearer {CREDENTIAL}")]
+
+
+def test_a_granted_python_project_reaches_the_api(daemon, api):
+    assert_a_granted_python_project_reaches_the_api(daemon, api)
 
 
 def test_a_call_outside_the_allow_list_is_refused_by_the_broker(daemon, api):

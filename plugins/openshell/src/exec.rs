@@ -23,6 +23,8 @@ pub struct Command<'a> {
     pub stdin: &'a [u8],
     /// Bytes kept per stream.
     pub limit: usize,
+    /// Environment for the process (a granted call's way to its broker).
+    pub env: &'a [(String, String)],
 }
 
 /// Runs `cmd` in sandbox `name`. From the send on, the guest may have run.
@@ -37,6 +39,7 @@ pub fn run(
             sandbox: name.to_string(),
             command: cmd.argv.iter().map(|s| s.to_string()).collect(),
             workdir: cmd.workdir.to_string(),
+            environment: cmd.env.iter().cloned().collect(),
             no_login_shell: true,
             workspace_scope: workspace_scope(),
             execution_timeout: Some(gateway::execution_timeout(deadline)),

@@ -87,8 +87,14 @@ impl Gateway {
 
     /// Creates a sandbox and waits until it is ready; everything the gateway
     /// reports is checked against what was asked before this returns, and
-    /// a sandbox that fails a check is deleted.
-    pub fn create(&self, lifetime_s: u64, deadline: Instant) -> Result<Made, RunError> {
+    /// a sandbox that fails a check is deleted. With `guard`, its policy
+    /// lets node and python reach the guard and nothing else.
+    pub fn create(
+        &self,
+        lifetime_s: u64,
+        deadline: Instant,
+        guard: Option<policy::Guard<'_>>,
+    ) -> Result<Made, RunError> {
         let name = format!("plp-{:014x}", wasi::random::random::get_random_u64() >> 8);
         let labels = HashMap::from([
             (LABEL_OWNER.0.to_string(), LABEL_OWNER.1.to_string()),
@@ -97,7 +103,7 @@ impl Gateway {
                 (wire::wall_seconds() + lifetime_s + 60).to_string(),
             ),
         ]);
-        let spec = spec();
+        let spec = spec(guard);
         let request = CreateSandboxRequest {
             spec: Some(spec.clone()),
             name: name.clone(),
@@ -140,7 +146,7 @@ impl Gateway {
         if let Err(why) = read_back(&sandbox, &made.name, &labels, &spec) {
             return fail(why);
         }
-        if let Err(e) = self.check_config(&made.name, deadline) {
+        if let Err(e) = self.check_config(&made.name, deadline, guard) {
             self.delete(&made.name);
             return Err(e);
         }
@@ -149,7 +155,13 @@ impl Gateway {
 
     /// The policy in force, read back: the sandbox's own, the one sent
     /// (by hash and by value), admitted, and agent proposals proven off.
-    pub fn check_config(&self, name: &str, deadline: Instant) -> Result<(), RunError> {
+    /// `guard` is what the sandbox was created with.
+    pub fn check_config(
+        &self,
+        name: &str,
+        deadline: Instant,
+        guard: Option<policy::Guard<'_>>,
+    ) -> Result<(), RunError> {
         let config: GetSandboxConfigResponse = grpc::unary(
             &self.origin,
             "GetSandboxConfig",
@@ -160,7 +172,7 @@ impl Gateway {
             deadline,
         )
         .map_err(|e| not_started(&format!("reading the sandbox's config failed: {}", e.say())))?;
-        let sent = policy::sandbox_policy();
+        let sent = policy::sandbox_policy(guard);
         let want = policy::hash(&sent).unwrap_or_default();
         if config.policy_source != POLICY_SOURCE_SANDBOX {
             return Err(isolation(
@@ -311,7 +323,7 @@ impl Gateway {
 
 /// What every sandbox is created with: the image with its limits, the
 /// policy, no credential providers, and `MAIN_PROCESS` without a terminal.
-fn spec() -> SandboxSpec {
+fn spec(guard: Option<policy::Guard<'_>>) -> SandboxSpec {
     let text = |s: &str| Value {
         kind: Some(Kind::StringValue(s.into())),
     };
@@ -339,7 +351,7 @@ fn spec() -> SandboxSpec {
             resources: Some(resources),
             driver_config: None,
         }),
-        policy: Some(policy::sandbox_policy()),
+        policy: Some(policy::sandbox_policy(guard)),
         providers: Vec::new(),
         command: MAIN_PROCESS.iter().map(|s| s.to_string()).collect(),
         tty: MAIN_PROCESS_TTY,

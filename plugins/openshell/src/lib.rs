@@ -48,10 +48,27 @@ impl wire::CloudAdapter for OpenShell {
         let deadline = wire::begin_call(u64::from(request.timeout_ms));
         let gw = gateway()?;
         gw.check_driver(deadline)?;
-        let made = gw.create(wire::seconds(request.timeout_ms), deadline)?;
+        // Asked before the sandbox exists: its policy names the guard.
+        let granted = wire::grant::channel()?;
+        let guard = granted.as_ref().map(|g| policy::Guard {
+            host: &g.host,
+            port: g.port,
+        });
+        let made = gw.create(wire::seconds(request.timeout_ms), deadline, guard)?;
         let limit = request.output_limit;
-        let outcome = match request.payload {
-            Payload::Javascript(code) => exec::run(
+        let env = granted.as_ref().map_or(&[][..], |g| g.env.as_slice());
+        let target = Target {
+            gw: &gw,
+            name: &made.name,
+            env,
+        };
+        let written = match &granted {
+            Some(g) => g.put(&target, deadline),
+            None => Ok(()),
+        };
+        let outcome = match (written, request.payload) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Payload::Javascript(code)) => exec::run(
                 &gw,
                 &made.name,
                 &exec::Command {
@@ -59,18 +76,15 @@ impl wire::CloudAdapter for OpenShell {
                     workdir: "",
                     stdin: code.as_bytes(),
                     limit: limit as usize,
+                    env,
                 },
                 deadline,
             )
             .map(RunResult::Javascript),
-            Payload::Project(p) => {
-                let target = Target {
-                    gw: &gw,
-                    name: &made.name,
-                };
+            (Ok(()), Payload::Project(p)) => {
                 wire::project::run(&target, WORK_DIR, &p, limit, deadline).map(RunResult::Project)
             }
-            Payload::Cell(_) => Err(RunError::NotDispatched(Refusal::Unsupported(
+            (Ok(()), Payload::Cell(_)) => Err(RunError::NotDispatched(Refusal::Unsupported(
                 "cells need a session, and openshell's sessions keep no interpreter".into(),
             ))),
         };

@@ -114,12 +114,55 @@ pub struct SandboxPolicy {
     #[prost(message, optional, tag = "4")]
     pub process: Option<ProcessPolicy>,
     /// Map fields (`network_policies` = 5, `network_middlewares` = 6) are
-    /// kept as their raw entries: this plugin sends none and refuses a
-    /// read-back with any.
+    /// kept as their raw entries (`NetworkPolicyEntry`): this plugin sends
+    /// one only for a granted run (the guard), never a middleware.
     #[prost(bytes = "vec", repeated, tag = "5")]
     pub network_policies: Vec<Vec<u8>>,
     #[prost(bytes = "vec", repeated, tag = "6")]
     pub network_middlewares: Vec<Vec<u8>>,
+}
+
+/// One `network_policies` map entry: its key (1) and its rule (2).
+#[derive(Clone, PartialEq, Message)]
+pub struct NetworkPolicyEntry {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    #[prost(message, optional, tag = "2")]
+    pub value: Option<NetworkPolicyRule>,
+}
+
+/// A rule: the endpoints it allows (2) to the binaries it names (3). Only
+/// the fields this plugin sends are modelled; a rule read back with any
+/// other re-encodes differently, which the policy's hash notices.
+#[derive(Clone, PartialEq, Message)]
+pub struct NetworkPolicyRule {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(message, repeated, tag = "2")]
+    pub endpoints: Vec<NetworkEndpoint>,
+    #[prost(message, repeated, tag = "3")]
+    pub binaries: Vec<NetworkBinary>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct NetworkEndpoint {
+    #[prost(string, tag = "1")]
+    pub host: String,
+    #[prost(uint32, tag = "2")]
+    pub port: u32,
+    /// `TlsMode` in the 0.1.x protos: 1 is SKIP, a raw tunnel (the
+    /// proxy never terminates the sandbox's TLS).
+    #[prost(int32, tag = "4")]
+    pub tls: i32,
+}
+
+/// `TlsMode::SKIP`.
+pub const TLS_SKIP: i32 = 1;
+
+#[derive(Clone, PartialEq, Message)]
+pub struct NetworkBinary {
+    #[prost(string, tag = "1")]
+    pub path: String,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -247,6 +290,8 @@ pub struct ExecSandboxRequest {
     pub command: Vec<String>,
     #[prost(string, tag = "3")]
     pub workdir: String,
+    #[prost(map = "string, string", tag = "4")]
+    pub environment: HashMap<String, String>,
     #[prost(bool, tag = "10")]
     pub no_login_shell: bool,
     #[prost(message, optional, tag = "12")]

@@ -19,6 +19,9 @@ const PUT: &str = r#"mkdir -p -- "$(dirname -- "$1")" && cat > "$1""#;
 pub struct Target<'a> {
     pub gw: &'a Gateway,
     pub name: &'a str,
+    /// The environment a project's steps get (a granted call's); the
+    /// plugin's own commands (files in and out) get none.
+    pub env: &'a [(String, String)],
 }
 
 impl Target<'_> {
@@ -40,6 +43,7 @@ impl wire::Sandbox for Target<'_> {
                 workdir: "",
                 stdin: b"",
                 limit: 4096,
+                env: &[],
             },
             deadline,
         )?;
@@ -60,6 +64,7 @@ impl wire::Sandbox for Target<'_> {
                     workdir: "",
                     stdin: content,
                     limit: 4096,
+                    env: &[],
                 },
                 deadline,
             )?;
@@ -78,6 +83,7 @@ impl wire::Sandbox for Target<'_> {
                 workdir: cmd.cwd.unwrap_or(""),
                 stdin: b"",
                 limit: cmd.limit as usize,
+                env: self.env,
             },
             deadline,
         )
@@ -91,6 +97,7 @@ impl wire::Sandbox for Target<'_> {
                 workdir: "",
                 stdin: b"",
                 limit: max,
+                env: &[],
             },
             deadline,
         );

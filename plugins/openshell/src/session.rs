@@ -11,6 +11,13 @@
 //! ends. OpenShell has no lifetime of its own: the host ends the session
 //! at its lifetime or idle timeout, and the sandbox's deadline label lets
 //! any instance's sweep reap it if this one is gone by then.
+//!
+//! On a daemon with a guard, the session's sandbox is made with the guard
+//! in its policy (a policy cannot change under a running sandbox without
+//! the gateway's admin role), so its node and python can reach the guard
+//! for the session's life; the guard answers only a granted call's token,
+//! while that call runs, as a docker session's broker socket serves only
+//! a granted call.
 
 use crate::bindings::plimsoll::provider::types::{
     Payload, ProcessOutput, RunError, RunRequest, RunResult, SessionAnswer, SessionFailure,
@@ -49,7 +56,7 @@ impl wire::Sessions for OpenShell {
         let gw = crate::gateway()?;
         let deadline = wire::begin_call(u64::from(options.timeout_ms));
         gw.check_driver(deadline)?;
-        let made = gw.create(wire::seconds(options.lifetime_ms), deadline)?;
+        let made = gw.create(wire::seconds(options.lifetime_ms), deadline, guard(&dial()))?;
         // The work directory, and the main process found before any call's
         // code ran: the one process of ours the sweeps spare.
         let script = format!("mkdir -p {WORK_DIR} || exit 1\n{}", leftovers::FIND_MAIN);
@@ -63,6 +70,7 @@ impl wire::Sessions for OpenShell {
                 workdir: "",
                 stdin: b"",
                 limit: 4096,
+                env: &[],
             },
             deadline,
         );
@@ -88,16 +96,31 @@ impl wire::Sessions for OpenShell {
         // Still the sandbox the session opened on: ready, its policy the one
         // sent. A policy changed under the session ends it.
         check(&gw, &kept.name, deadline)?;
-        gw.check_config(&kept.name, deadline)
+        let dial = dial();
+        gw.check_config(&kept.name, deadline, guard(&dial))
             .map_err(|e| session::recheck_failure(e, "its policy changed"))?;
         let limit = request.output_limit as usize;
+        // A granted call: its channel's files written (its own token), and
+        // its processes pointed at them.
+        let granted = wire::grant::channel().map_err(|error| failure(error, None))?;
+        if let Some(g) = &granted {
+            let plain = Target {
+                gw: &gw,
+                name: &kept.name,
+                env: &[],
+            };
+            g.put(&plain, deadline)
+                .map_err(|error| failure(error, None))?;
+        }
+        let env = granted.as_ref().map_or(&[][..], |g| g.env.as_slice());
         let target = Target {
             gw: &gw,
             name: &kept.name,
+            env,
         };
         let outcome = match request.payload {
             Payload::Javascript(code) => {
-                snippet(&gw, &kept.name, &code, limit, deadline).map(RunResult::Javascript)
+                snippet(&gw, &kept.name, &code, limit, env, deadline).map(RunResult::Javascript)
             }
             Payload::Project(p) => {
                 wire::project::run(&target, WORK_DIR, &p, request.output_limit, deadline)
@@ -127,12 +150,23 @@ impl wire::Sessions for OpenShell {
     }
 }
 
+/// Where the daemon's guard is, if it has one.
+fn dial() -> Option<(String, u16)> {
+    wire::grant::guard()
+}
+
+fn guard(dial: &Option<(String, u16)>) -> Option<crate::policy::Guard<'_>> {
+    dial.as_ref()
+        .map(|(host, port)| crate::policy::Guard { host, port: *port })
+}
+
 /// A snippet on node's stdin, in the work directory.
 fn snippet(
     gw: &Gateway,
     name: &str,
     code: &str,
     limit: usize,
+    env: &[(String, String)],
     deadline: Instant,
 ) -> Result<ProcessOutput, RunError> {
     exec::run(
@@ -143,6 +177,7 @@ fn snippet(
             workdir: WORK_DIR,
             stdin: code.as_bytes(),
             limit,
+            env,
         },
         deadline,
     )

@@ -55,7 +55,7 @@ impl wire::Startup for OpenShell {
             .map_err(|e| format!("listing sandboxes failed: {e}"))?;
         checks.note(format!("swept {n} expired sandbox(es) of ours"));
         let made = gw
-            .create(PROBE_MS / 1000, deadline)
+            .create(PROBE_MS / 1000, deadline, None)
             .map_err(|e| format!("the probe sandbox failed its checks: {}", describe(&e)))?;
         checks.check(
             true,
@@ -65,6 +65,7 @@ impl wire::Startup for OpenShell {
         let target = Target {
             gw: &gw,
             name: &made.name,
+            env: &[],
         };
         // The file's own write makes the work directory.
         let lines = [WRITABLE, smoke::NODE_EGRESS];

@@ -23,16 +23,52 @@
     const token = process.env.PLIMSOLL_GUARD_TOKEN || '';
     const caFile = process.env.PLIMSOLL_GUARD_CA;
     const ca = caFile ? require('fs').readFileSync(caFile) : undefined;
+    const host = guard.hostname;
+    const port = Number(guard.port || 443);
+    // SNI names a host, never an address.
+    const servername = require('net').isIP(host) ? undefined : host;
+    // A sandbox whose only way out is its service's egress proxy
+    // (OpenShell's) names it here: the guard is then reached through a
+    // CONNECT tunnel, with this client's own TLS inside it, verified as
+    // ever; the proxy sees the guard's name and port, never the token.
+    const proxy = process.env.HTTPS_PROXY || process.env.https_proxy;
+    const tunnel = proxy
+      ? (_opts, done) => {
+          const p = new URL(proxy);
+          const req = require('http').request({
+            host: p.hostname,
+            port: Number(p.port || 80),
+            method: 'CONNECT',
+            path: `${host}:${port}`,
+            agent: false,
+          });
+          req.on('connect', (res, socket) => {
+            if (res.statusCode !== 200) {
+              socket.destroy();
+              done(new Error(`the egress proxy refused the guard (${res.statusCode})`));
+              return;
+            }
+            done(null, require('tls').connect({ socket, servername, ca }));
+          });
+          req.on('error', done);
+          req.end();
+        }
+      : undefined;
+    // An agent of this client's own, made per request (no connection kept,
+    // nothing the snippet could reconfigure): through the tunnel when the
+    // sandbox names a proxy.
+    class Tunnelled extends https.Agent {
+      createConnection(opts, done) {
+        tunnel(opts, done);
+      }
+    }
     transport = (options, onAnswer) =>
       https.request(
         {
-          host: guard.hostname,
-          port: guard.port || 443,
-          // SNI names a host, never an address.
-          servername: require('net').isIP(guard.hostname) ? undefined : guard.hostname,
-          // Its own connection every time: no agent the snippet could
-          // reconfigure, no proxy from the environment.
-          agent: false,
+          host,
+          port,
+          servername,
+          agent: tunnel ? new Tunnelled({ keepAlive: false }) : false,
           ca,
           ...options,
           headers: { ...options.headers, 'x-plimsoll-guard': token },
