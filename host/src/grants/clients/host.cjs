@@ -22,7 +22,9 @@
     const guard = new URL(guardUrl);
     const token = process.env.PLIMSOLL_GUARD_TOKEN || '';
     const caFile = process.env.PLIMSOLL_GUARD_CA;
-    const ca = caFile ? require('fs').readFileSync(caFile) : undefined;
+    // The handed authority, else node's bundled roots only: never one the
+    // sandbox's environment adds (OpenShell injects its own MITM CA there).
+    const ca = caFile ? require('fs').readFileSync(caFile) : require('tls').rootCertificates;
     const host = guard.hostname;
     const port = Number(guard.port || 443);
     // SNI names a host, never an address.
@@ -48,7 +50,9 @@
               done(new Error(`the egress proxy refused the guard (${res.statusCode})`));
               return;
             }
-            done(null, require('tls').connect({ socket, servername, ca }));
+            // `host` too: the certificate is checked against the guard's
+            // name or address, never the proxy's.
+            done(null, require('tls').connect({ socket, host, servername, ca }));
           });
           req.on('error', done);
           req.end();

@@ -48,7 +48,11 @@ class _Guard:
         parsed = urllib.parse.urlsplit(url)
         self._host, self._port = parsed.hostname, parsed.port or 443
         self._token = token
-        self._context = ssl.create_default_context(cafile=cafile)
+        # The handed authority, else the system's compiled-in store only:
+        # never one the sandbox's environment names (SSL_CERT_FILE, which
+        # OpenShell points at its own MITM CA).
+        self._context = ssl.create_default_context(
+            cafile=cafile or ssl.get_default_verify_paths().openssl_cafile)
 
     def connection(self):
         # A sandbox whose only way out is its service's egress proxy
