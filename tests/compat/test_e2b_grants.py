@@ -223,13 +223,17 @@ def test_describe_says_runs_and_sessions_carry_grants(daemon):
     assert info.supports_javascript_grants and info.supports_project_grants
 
 
-def test_a_granted_snippet_reaches_the_api_without_the_credential(daemon, api, fake, certs,
-                                                                   guard_port):
+def assert_a_granted_snippet_keeps_the_credential_out(daemon, api, certs: Path, guard_port: int,
+                                                      **run) -> None:
+    """A granted snippet (with the SDK) reaches the API; the credential is
+    nowhere in its sandbox; its token is dead once it is over; no log line
+    holds the token, the credential or a raw path. `run`: the provider's
+    own run options (its floor)."""
     before = len(api.seen)
     r = Client(daemon.url).run_javascript(
         f"const a = await host.get('/items/42'); const b = await host.item('{PATH_CANARY}');"
         " console.log(a.id, b.id);" + INSPECT,
-        grant_profile="inventory", minimum_isolation="vm", timeout=60)
+        grant_profile="inventory", timeout=60, **run)
     assert r.exit_code == 0, r.stderr
     first, report = r.stdout.decode().split("\n")[:2]
     assert first == f"42 {PATH_CANARY}"
@@ -247,6 +251,12 @@ def test_a_granted_snippet_reaches_the_api_without_the_credential(daemon, api, f
     for secret in (token, CREDENTIAL, PATH_CANARY):
         assert not any(secret in line for line in daemon.lines), secret
     assert any('"grant_profile":"inventory","host_calls":2,' in line for line in daemon.lines)
+
+
+def test_a_granted_snippet_reaches_the_api_without_the_credential(daemon, api, certs,
+                                                                   guard_port):
+    assert_a_granted_snippet_keeps_the_credential_out(daemon, api, certs, guard_port,
+                                                      minimum_isolation="vm")
 
 
 def assert_a_granted_python_project_reaches_the_api(daemon, api) -> None:

@@ -20,7 +20,6 @@ ungranted call has no client.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -31,8 +30,9 @@ from plimsoll_client import Client
 
 from test_published_client import ROOT, Daemon
 from test_e2b_grants import (  # noqa: F401  (fixtures)
-    CREDENTIAL, INSPECT, PATH_CANARY, PROBE_GUARD, api, assert_a_granted_python_project_reaches_the_api,
-    grant_env, guard_call, guard_port, make_guard_certificate,
+    CREDENTIAL, PROBE_GUARD, api, assert_a_granted_python_project_reaches_the_api,
+    assert_a_granted_snippet_keeps_the_credential_out, grant_env, guard_port,
+    make_guard_certificate,
 )
 
 sys.path.insert(0, str(ROOT / "tests" / "fakes" / "e2b"))
@@ -94,22 +94,7 @@ def test_describe_says_runs_and_sessions_carry_grants(daemon):
 
 
 def test_a_granted_snippet_reaches_the_api_through_the_proxy(daemon, api, certs, guard_port):
-    before = len(api.seen)
-    r = Client(daemon.url).run_javascript(
-        f"const a = await host.get('/items/42'); const b = await host.item('{PATH_CANARY}');"
-        " console.log(a.id, b.id);" + INSPECT,
-        grant_profile="inventory", timeout=60)
-    assert r.exit_code == 0, r.stderr
-    first, report = r.stdout.decode().split("\n")[:2]
-    assert first == f"42 {PATH_CANARY}"
-    assert api.seen[before:] == [("/items/42", f"Bearer {CREDENTIAL}"),
-                                 (f"/items/{PATH_CANARY}", f"Bearer {CREDENTIAL}")]
-    inspected = json.loads(report)
-    assert inspected["hits"] == "", f"the credential is inside the sandbox: {inspected['hits']}"
-    token = inspected["token"]
-    assert guard_call(certs, guard_port, token) == (403, "not-permitted")
-    for secret in (token, CREDENTIAL, PATH_CANARY):
-        assert not any(secret in line for line in daemon.lines), secret
+    assert_a_granted_snippet_keeps_the_credential_out(daemon, api, certs, guard_port)
 
 
 def test_a_granted_python_project_reaches_the_api(daemon, api):

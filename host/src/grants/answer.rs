@@ -49,6 +49,18 @@ pub async fn call_detached(
     }
 }
 
+/// A request's call: its method, and its raw target exactly as sent. The
+/// broker refuses a target it would have to rewrite (a query, say), so it
+/// is never repaired here.
+pub fn call_of<B>(req: &axum::http::Request<B>) -> (String, String) {
+    let target = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    (req.method().as_str().to_string(), target)
+}
+
 /// A refusal of the broker's own, never an upstream's.
 pub fn broker_answer(status: StatusCode, kind: &'static str, text: &str) -> Response<Body> {
     Response::builder()

@@ -274,14 +274,7 @@ async fn handle(
     serving: &Serving,
     req: Request<hyper::body::Incoming>,
 ) -> Response<Body> {
-    let method = req.method().as_str().to_string();
-    // The raw request target, exactly as sent: a query or anything the
-    // broker would have to rewrite is refused there, never repaired here.
-    let target = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_default();
+    let (method, target) = answer::call_of(&req);
     let body = match Limited::new(req.into_body(), MAX_REQUEST_BODY)
         .collect()
         .await

@@ -33,7 +33,7 @@ use http_body_util::{BodyExt, Limited};
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
-use super::answer::{broker_answer, call_detached};
+use super::answer::{broker_answer, call_detached, call_of};
 use super::broker::{MAX_IN_FLIGHT, MAX_REQUEST_BODY, Session};
 
 mod channel;
@@ -253,14 +253,7 @@ async fn call(State(guard): State<Arc<Guard>>, req: Request) -> Response<Body> {
     } else {
         None
     };
-    let method = req.method().as_str().to_string();
-    // The raw request target, exactly as sent, as on the socket: the
-    // broker refuses what it would have to rewrite, never repaired here.
-    let target = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_default();
+    let (method, target) = call_of(&req);
     let read = Limited::new(req.into_body(), MAX_REQUEST_BODY).collect();
     let body = match tokio::time::timeout(READ_BODY, read).await {
         Ok(Ok(b)) => b.to_bytes(),
